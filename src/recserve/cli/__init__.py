@@ -1,0 +1,1 @@
+"""The ``recserve`` command line: one module a verb, heavy imports inside each command."""

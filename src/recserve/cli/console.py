@@ -1,0 +1,42 @@
+"""Shared console output and error handling for the CLI."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from recserve.errors import RecserveError
+
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)],
+        force=True,
+    )
+
+
+def handle_errors(fn: F) -> F:
+    """Turns recserve's own errors into one red line and exit code 1 instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RecserveError as err:
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from err
+
+    return wrapper

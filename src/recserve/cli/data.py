@@ -1,0 +1,52 @@
+"""``recserve data``: an interaction log in, vocabulary, sequences and the split out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+
+
+@handle_errors
+def data(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="'ml-100k' (shipped in the recbole wheel), a MovieLens ratings.dat or u.data, a .csv/.parquet "
+            "table with user, item and timestamp columns, or a .txt file of 'user item' lines in time order."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (replaced atomically).")],
+    min_user_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions (>= 3).")] = 5,
+    min_item_interactions: Annotated[int, typer.Option(help="Drop items with fewer interactions.")] = 1,
+    rating_threshold: Annotated[
+        Optional[float], typer.Option(help="Keep only ratings at or above this (implicit feedback).")
+    ] = None,
+    dedup: Annotated[bool, typer.Option(help="Keep only the first interaction of each (user, item) pair.")] = False,
+    user_col: Annotated[str, typer.Option(help="User column of a CSV/Parquet table.")] = "user_id",
+    item_col: Annotated[str, typer.Option(help="Item column of a CSV/Parquet table.")] = "item_id",
+    time_col: Annotated[str, typer.Option(help="Timestamp column of a CSV/Parquet table.")] = "timestamp",
+    rating_col: Annotated[Optional[str], typer.Option(help="Rating column of a CSV/Parquet table.")] = None,
+) -> None:
+    """Prepare an interaction log: item vocabulary, per-user sequences, leave-one-out split, popularity."""
+    from rich.table import Table
+
+    from recserve.data.datasets import PrepareOptions, prepare
+    from recserve.data.io import Columns
+
+    options = PrepareOptions(
+        min_user_interactions=min_user_interactions,
+        min_item_interactions=min_item_interactions,
+        rating_threshold=rating_threshold,
+        dedup=dedup,
+        columns=Columns(user=user_col, item=item_col, timestamp=time_col, rating=rating_col),
+    )
+    with console.status(f"preparing {source}"):
+        info = prepare(source, out, options)
+    table = Table(title=f"{source} -> {out}", show_header=False)
+    for key in ("users", "items", "interactions", "raw_interactions", "item_id_type"):
+        table.add_row(key, f"{info[key]:,}" if isinstance(info[key], int) else str(info[key]))
+    console.print(table)

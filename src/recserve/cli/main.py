@@ -1,0 +1,28 @@
+"""The ``recserve`` application: registers one command per module."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from recserve.cli.console import setup_logging
+from recserve.cli.data import data
+
+app = typer.Typer(
+    name="recserve",
+    help="Real-time sequential recommendations: data, training, export, Triton serving and benchmarks.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
+    setup_logging(verbose)
+
+
+app.command()(data)
+
+if __name__ == "__main__":
+    app()

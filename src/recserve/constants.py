@@ -1,0 +1,42 @@
+"""Names shared by every part: special tokens, file names and the served tensors' names."""
+
+PAD_INDEX = 0  # vocabulary index 0 is padding; items are 1..N, the mask token N + 1
+
+# Prepared data folder (recserve data)
+DATASET_FILE = "dataset.json"
+ITEMS_FILE = "items.parquet"
+SEQUENCES_FILE = "sequences.parquet"
+DATA_FORMAT_VERSION = 1
+
+# Training run folder (recserve train)
+MODEL_CONFIG_FILE = "model_config.json"
+CHECKPOINT_FILE = "model.ckpt"
+METRICS_FILE = "metrics.json"
+
+# Export folder (recserve export): what the serving core loads
+EXPORT_MANIFEST = "export.json"
+ITEM_TABLE_FILE = "item_ids.npy"
+
+# Served model `recommender` (fused layout)
+FUSED_MODEL = "recommender"
+INPUT_ITEM_IDS = "item_ids"
+INPUT_K = "k"
+INPUT_EXCLUDE_SEEN = "exclude_seen"
+OUTPUT_ITEM_IDS = "item_ids"
+OUTPUT_SCORES = "scores"
+DEFAULT_K = 10
+DEFAULT_MAX_K = 100
+PARAM_UNKNOWN_IDS = "unknown_item_ids"
+
+# Seed-compatible layout (the PoC's names)
+SEED_ENSEMBLE = "bert4rec_ensemble"
+SEED_PREPROCESSING = "bert4rec_preprocessing"
+SEED_MODEL = "bert4rec"
+SEED_POSTPROCESSING = "bert4rec_postprocessing"
+SEED_INPUT = "inputs"
+SEED_OUTPUT_IDS = "output__0"
+SEED_OUTPUT_SCORES = "output__1"
+SEED_HISTORY_LENGTH = 39
+SEED_K = 10
+
+ECHO_MODEL = "echo"

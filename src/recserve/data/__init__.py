@@ -1,0 +1,1 @@
+"""Interaction logs in, vocabulary, sequences and the leave-one-out split out."""

@@ -1,0 +1,168 @@
+"""``recserve data``: prepares an interaction log, and loads what it wrote."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
+from recserve.data.io import Columns, read_source
+from recserve.data.sequences import Sequences, sequences_from_frame
+from recserve.data.vocab import Vocab, build_vocab
+from recserve.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How a log becomes sequences."""
+
+    min_user_interactions: int = 5  # users with fewer are dropped (at least 3: train, validation, test)
+    min_item_interactions: int = 1  # items with fewer are dropped
+    rating_threshold: float | None = None  # keep ratings >= this (implicit feedback); None keeps all
+    dedup: bool = False  # keep only the first interaction of each (user, item) pair
+    columns: Columns = field(default_factory=Columns)
+
+    def validate(self) -> None:
+        problems = []
+        if self.min_user_interactions < 3:
+            problems.append(
+                f"min_user_interactions={self.min_user_interactions}: must be at least 3 "
+                "(one train, one validation and one test item)"
+            )
+        if self.min_item_interactions < 1:
+            problems.append(f"min_item_interactions={self.min_item_interactions}: must be at least 1")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared data folder, loaded."""
+
+    vocab: Vocab
+    user_ids: np.ndarray
+    sequences: Sequences
+    popularity: np.ndarray  # (N + 2,) interaction counts by item index; 0 for padding and mask
+    titles: np.ndarray | None  # (N,) titles by item index - 1, where the source has them
+    info: dict
+
+    @property
+    def train(self) -> Sequences:
+        return self.sequences.truncated(2)
+
+
+def _filter(frame: pl.DataFrame, options: PrepareOptions) -> pl.DataFrame:
+    if options.rating_threshold is not None:
+        if "rating" not in frame.columns:
+            raise DataError("a rating threshold needs a rating column; this source has none")
+        frame = frame.filter(pl.col("rating") >= options.rating_threshold)
+    if options.dedup:
+        frame = frame.unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
+    # Both thresholds at once, repeated until stable (a k-core), so neither breaks the other.
+    while True:
+        before = frame.height
+        frame = frame.filter(pl.len().over("item_id") >= options.min_item_interactions)
+        frame = frame.filter(pl.len().over("user_id") >= options.min_user_interactions)
+        if frame.height == before:
+            return frame
+
+
+def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) -> dict:
+    """Reads SOURCE, writes the prepared folder OUT atomically and returns its summary (``dataset.json``)."""
+    options.validate()
+    frame, titles, kind = read_source(source, options.columns)
+    raw_rows = frame.height
+    frame = _filter(frame.with_row_index("_row"), options)
+    if frame.height == 0:
+        raise DataError(
+            f"{source}: no interactions left after filtering (min_user_interactions="
+            f"{options.min_user_interactions}, min_item_interactions={options.min_item_interactions}, "
+            f"rating_threshold={options.rating_threshold})"
+        )
+    vocab = build_vocab(frame["item_id"].to_numpy())
+    frame = frame.sort(["user_id", "timestamp", "_row"]).with_columns(
+        pl.Series("index", vocab.lookup(frame.sort(["user_id", "timestamp", "_row"])["item_id"].to_numpy()))
+    )
+    users = frame.group_by("user_id", maintain_order=True).agg(pl.col("index").alias("items"))
+    users = users.with_columns(
+        pl.col("items").list.get(-2).alias("valid_item"), pl.col("items").list.get(-1).alias("test_item")
+    )
+    counts = np.bincount(frame["index"].to_numpy(), minlength=vocab.size).astype(np.int64)
+    items = pl.DataFrame({"index": np.arange(1, vocab.num_items + 1), "item_id": vocab.ids, "count": counts[1:-1]})
+    if titles is not None:
+        titles = titles.with_columns(pl.col("item_id").cast(items["item_id"].dtype, strict=False))
+        items = items.join(titles.unique("item_id", keep="first"), on="item_id", how="left", maintain_order="left")
+    info = {
+        "format_version": DATA_FORMAT_VERSION,
+        "source": source,
+        "source_kind": kind,
+        "users": users.height,
+        "items": vocab.num_items,
+        "interactions": frame.height,
+        "raw_interactions": raw_rows,
+        "item_id_type": "string" if vocab.is_string else "int64",
+        "user_id_type": "string" if users["user_id"].dtype == pl.String else "int64",
+        "split": "leave-one-out: train = items[:-2], valid = items[-2], test = items[-1]",
+        "options": {k: v for k, v in asdict(options).items() if k != "columns"} | {"columns": asdict(options.columns)},
+    }
+    _write_atomically(out, {ITEMS_FILE: items, SEQUENCES_FILE: users}, info)
+    return info
+
+
+def _write_atomically(out: Path, tables: dict[str, pl.DataFrame], info: dict) -> None:
+    """Writes into a temporary sibling folder, then swaps it in: a failed run leaves OUT as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, table in tables.items():
+            table.write_parquet(tmp / name, statistics=False)
+        (tmp / DATASET_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_prepared(folder: Path) -> PreparedData:
+    """Loads a folder written by ``recserve data``, checking its version and files."""
+    folder = Path(folder)
+    missing = [n for n in (DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE) if not (folder / n).is_file()]
+    if missing:
+        raise DataError(f"{folder}: not a prepared data folder, missing {', '.join(missing)}; run `recserve data` first")
+    info = json.loads((folder / DATASET_FILE).read_text())
+    if info.get("format_version") != DATA_FORMAT_VERSION:
+        raise DataError(
+            f"{folder}: data format version {info.get('format_version')!r}, this recserve reads "
+            f"{DATA_FORMAT_VERSION}; prepare it again with `recserve data`"
+        )
+    items = pl.read_parquet(folder / ITEMS_FILE)
+    users = pl.read_parquet(folder / SEQUENCES_FILE)
+    ids = items["item_id"].to_numpy()
+    vocab = Vocab(ids=ids.astype(str) if ids.dtype.kind in "OUS" else ids.astype(np.int64))
+    popularity = np.concatenate([[0], items["count"].to_numpy(), [0]]).astype(np.int64)
+    titles = items["title"].to_numpy() if "title" in items.columns else None
+    return PreparedData(
+        vocab=vocab,
+        user_ids=users["user_id"].to_numpy(),
+        sequences=sequences_from_frame(users),
+        popularity=popularity,
+        titles=titles,
+        info=info,
+    )

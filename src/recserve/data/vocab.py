@@ -1,0 +1,59 @@
+"""The item vocabulary: index 0 is padding, items 1..N in sorted ID order, N + 1 is the mask token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recserve.constants import PAD_INDEX
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Sorted item IDs; the item with ``ids[i]`` has index ``i + 1``.
+
+    Attributes:
+        ids: sorted unique item IDs, int64 or str (numpy array).
+    """
+
+    ids: np.ndarray
+
+    @property
+    def num_items(self) -> int:
+        return len(self.ids)
+
+    @property
+    def mask_index(self) -> int:
+        return len(self.ids) + 1
+
+    @property
+    def size(self) -> int:
+        """Embedding rows: padding, the items and the mask token."""
+        return len(self.ids) + 2
+
+    @property
+    def is_string(self) -> bool:
+        return self.ids.dtype.kind in "OUS"
+
+    def lookup(self, item_ids: np.ndarray) -> np.ndarray:
+        """Maps IDs to indices with one vectorised search; unknown IDs map to padding (0)."""
+        item_ids = np.asarray(item_ids)
+        if item_ids.size == 0 or self.num_items == 0:
+            return np.zeros(item_ids.shape, dtype=np.int64)
+        pos = np.searchsorted(self.ids, item_ids)
+        pos_clipped = np.minimum(pos, self.num_items - 1)
+        found = self.ids[pos_clipped] == item_ids
+        return np.where(found, pos_clipped + 1, PAD_INDEX).astype(np.int64)
+
+    def to_ids(self, indices: np.ndarray) -> np.ndarray:
+        """Maps item indices (1..N) back to IDs."""
+        return self.ids[np.asarray(indices) - 1]
+
+
+def build_vocab(item_ids: np.ndarray) -> Vocab:
+    """Builds the vocabulary from every item ID seen (duplicates allowed), sorted for determinism."""
+    ids = np.unique(np.asarray(item_ids))
+    if ids.dtype.kind in "OUS":
+        ids = ids.astype(str)
+    return Vocab(ids=ids)

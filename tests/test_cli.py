@@ -1,0 +1,30 @@
+"""The command line: help on every verb, bad input as one red line and a non-zero exit."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from recserve.cli.main import app
+
+runner = CliRunner()
+
+
+def test_every_verb_has_help():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        sub = runner.invoke(app, [name, "--help"])
+        assert sub.exit_code == 0 and "Usage" in sub.output, name
+
+
+def test_data_prints_the_summary(tmp_path):
+    result = runner.invoke(app, ["data", "ml-100k", "--out", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    assert "943" in result.output and "1,682" in result.output
+
+
+def test_data_on_a_missing_file_exits_non_zero_with_the_path(tmp_path):
+    result = runner.invoke(app, ["data", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert "nope.csv: no such file" in result.output
