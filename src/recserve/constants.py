@@ -10,7 +10,7 @@ DATA_FORMAT_VERSION = 1
 
 # Training run folder (recserve train)
 MODEL_CONFIG_FILE = "model_config.json"
-CHECKPOINT_FILE = "model.ckpt"
+WEIGHTS_FILE = "model.pt"
 METRICS_FILE = "metrics.json"
 
 # Export folder (recserve export): what the serving core loads

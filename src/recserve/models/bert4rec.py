@@ -1,0 +1,150 @@
+"""BERT4Rec: a bidirectional transformer over item sequences, trained with the Cloze task.
+
+Sun et al., "BERT4Rec: Sequential Recommendation with Bidirectional Encoder Representations from
+Transformer", CIKM 2019. Index 0 is padding, items are 1..N, N + 1 is the mask token. Sequences are
+left-padded and positions are counted from the right, so the last token always has position
+``window - 1`` and a shorter input needs no padding up to the window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recserve.constants import PAD_INDEX
+from recserve.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Bert4RecConfig:
+    num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and the mask token (N + 1)
+    window: int = 100  # longest input, the mask token included
+    hidden: int = 64  # embedding and model width
+    layers: int = 2  # transformer blocks
+    heads: int = 2  # attention heads; hidden must divide by it
+    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
+    mask_prob: float = 0.2  # Cloze masking probability in training
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_items + 2
+
+    @property
+    def mask_index(self) -> int:
+        return self.num_items + 1
+
+    def validate(self) -> None:
+        problems = []
+        if self.num_items < 1:
+            problems.append(f"num_items={self.num_items}: must be at least 1")
+        if self.window < 2:
+            problems.append(f"window={self.window}: must be at least 2 (one item and the mask token)")
+        if self.hidden < 1 or self.heads < 1 or self.hidden % self.heads:
+            problems.append(f"hidden={self.hidden}, heads={self.heads}: hidden must be a multiple of heads")
+        if self.layers < 1:
+            problems.append(f"layers={self.layers}: must be at least 1")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout={self.dropout}: must be in [0, 1)")
+        if not 0 < self.mask_prob < 1:
+            problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
+        if problems:
+            raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps({"model": "bert4rec", **asdict(self)}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Bert4RecConfig:
+        raw = json.loads(Path(path).read_text())
+        raw.pop("model", None)
+        return cls(**raw)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
+
+    def __init__(self, cfg: Bert4RecConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.dropout = cfg.dropout
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, H); keep: (B, 1, 1, L) True where a key may be attended. Returns (B, L, H)."""
+        # unflatten/flatten instead of view(B, L, ...) keeps batch and length symbolic when traced
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.qkv(self.ln1(x)).chunk(3, -1))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B, nh, L, hd)
+        x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
+        return x + self.drop(self.ffn(self.ln2(x)))
+
+
+class Bert4Rec(nn.Module):
+    """The encoder and its output layer, tied to the item embeddings with a bias, as in the original."""
+
+    def __init__(self, cfg: Bert4RecConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.item_emb = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=PAD_INDEX)
+        self.pos_emb = nn.Embedding(cfg.window, cfg.hidden)
+        self.emb_norm = nn.LayerNorm(cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden)
+        # BERT's prediction head: a dense layer, GELU and layer norm before the tied projection
+        self.head = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden))
+        self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
+        length = tokens.shape[1]
+        positions = torch.arange(self.cfg.window - length, self.cfg.window, device=tokens.device)  # (L,)
+        x = self.drop(self.emb_norm(self.item_emb(tokens) + self.pos_emb(positions)))
+        keep = (tokens != PAD_INDEX)[:, None, None, :]  # (B, 1, 1, L)
+        for block in self.blocks:
+            x = block(x, keep)
+        return self.final_norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
+        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L). Returns the scores of the last position (B, N + 2): the inference fast path."""
+        return self.logits(self.encode(tokens)[:, -1])
+
+    def cloze_loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy over the catalogue at masked positions only.
+
+        Args:
+            tokens: (B, L) inputs with masked positions set to the mask token.
+            labels: (B, L) the original item at masked positions, padding (0) elsewhere.
+        """
+        hidden = self.encode(tokens)  # (B, L, H)
+        picked = labels != PAD_INDEX
+        logits = self.logits(hidden[picked])  # (M, N + 2): only masked positions, never the full sequence
+        logits[:, PAD_INDEX] = -math.inf
+        logits[:, self.cfg.mask_index] = -math.inf
+        return F.cross_entropy(logits, labels[picked])

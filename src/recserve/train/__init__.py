@@ -1,0 +1,1 @@
+"""Training (Lightning), ranking metrics and evaluation protocols."""

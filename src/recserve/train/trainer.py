@@ -1,0 +1,208 @@
+"""``recserve train``: BERT4Rec with PyTorch Lightning (progress bar, checkpoints, early stopping, DDP)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.data.datasets import PreparedData, load_prepared
+from recserve.errors import ConfigError, DataError
+from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.train.cloze import ClozeBatches, ClozeSettings
+from recserve.train.evaluate import rank_targets
+from recserve.train.metrics import ranking_metrics
+
+log = logging.getLogger(__name__)
+
+CURVES_FILE = "curves.png"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 60  # upper bound; early stopping usually ends sooner
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    samples_per_user: int = 4  # windows drawn per user per epoch
+    last_item_rate: float = 0.15  # share of samples that mask only the last item
+    patience: int = 8  # epochs without a better validation NDCG@10 before stopping
+    seed: int = 0
+    device: str = "auto"  # auto, cpu or cuda
+    devices: int = 1  # GPUs (DDP when more than one)
+    resume: bool = True  # continue from the run's last checkpoint when there is one
+
+    def validate(self) -> None:
+        problems = []
+        for name in ("epochs", "batch_size", "samples_per_user", "devices"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.lr <= 0:
+            problems.append(f"lr={self.lr}: must be positive")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device={self.device!r}: expected auto, cpu or cuda")
+        elif self.device == "cuda" and not torch.cuda.is_available():
+            problems.append("device='cuda': no CUDA device is available here; use --device cpu")
+        elif self.device == "cuda" and self.devices > torch.cuda.device_count():
+            problems.append(f"devices={self.devices}: only {torch.cuda.device_count()} GPUs are visible")
+        if problems:
+            raise ConfigError("bad training settings: " + "; ".join(problems))
+
+    @property
+    def accelerator(self) -> str:
+        if self.device == "auto":
+            return "gpu" if torch.cuda.is_available() else "cpu"
+        return "gpu" if self.device == "cuda" else "cpu"
+
+
+def _lightning_module(model: Bert4Rec, data: PreparedData, cfg: TrainConfig):
+    """Builds the LightningModule; defined here so that importing recserve needs no Lightning."""
+    import lightning as L
+
+    class Bert4RecModule(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.train_seq = data.train
+            self.valid_inputs = data.sequences.truncated(2)
+            self.valid_targets = data.sequences.last(2)
+
+        def train_dataloader(self):
+            settings = ClozeSettings(model.cfg.window, model.cfg.mask_index, model.cfg.mask_prob, cfg.last_item_rate)
+            batches = ClozeBatches(self.train_seq, settings, cfg.batch_size, cfg.samples_per_user, cfg.seed)
+            batches.rank, batches.world = self.global_rank, self.trainer.world_size
+            return torch.utils.data.DataLoader(batches, batch_size=None)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
+
+        def training_step(self, batch, _):
+            loss = self.model.cloze_loss(*batch)
+            self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+            return loss
+
+        def validation_step(self, _batch, _):
+            ranks = rank_targets(
+                self.model, self.valid_inputs, self.valid_targets, model.cfg.window, model.cfg.mask_index,
+                data.popularity, device=self.device, protocols=("full",),
+            )["full"]
+            metrics = ranking_metrics(ranks)
+            self.log("val_ndcg@10", metrics["ndcg@10"], prog_bar=True, batch_size=1)
+            self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    return Bert4RecModule()
+
+
+def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig()) -> dict:
+    """Trains BERT4Rec on a prepared folder and writes the run folder.
+
+    The run holds ``model.pt`` (the best weights), ``model_config.json``, ``checkpoints/`` (Lightning's best
+    and last checkpoints; a second run on the same folder resumes from the last), ``logs/`` and ``curves.png``.
+    """
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    cfg.validate()
+    data = load_prepared(data_dir)
+    if data.train.lengths.sum() == 0:
+        raise DataError(f"{data_dir}: the training split is empty (every user has fewer than 3 items)")
+    model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **(model_overrides or {}))
+    model_cfg.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_cfg.save(out_dir / MODEL_CONFIG_FILE)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    module = _lightning_module(Bert4Rec(model_cfg), data, cfg)
+    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val_ndcg@10", mode="max",
+                           save_last=True)
+    trainer = L.Trainer(
+        max_epochs=cfg.epochs,
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        strategy="ddp" if cfg.devices > 1 else "auto",
+        callbacks=[best, EarlyStopping("val_ndcg@10", mode="max", patience=cfg.patience)],
+        logger=CSVLogger(out_dir, name="logs", version=0),
+        deterministic=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=10,
+    )
+    last = out_dir / "checkpoints" / "last.ckpt"
+    trainer.fit(module, ckpt_path=last if cfg.resume and last.exists() else None)
+    if trainer.global_rank != 0:
+        return {}
+    state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+    weights = {k.removeprefix("model."): v for k, v in state.items()}
+    torch.save(weights, out_dir / WEIGHTS_FILE)
+    summary = {
+        "model": "bert4rec",
+        "data": str(data_dir),
+        "best_epoch": _best_epoch(best.best_model_path),
+        "valid": {"ndcg@10": float(best.best_model_score), "protocol": "full, seen items excluded"},
+        "train": asdict(cfg),
+    }
+    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
+    return summary
+
+
+def _best_epoch(path: str) -> int | None:
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+    except (KeyError, OSError):
+        return None
+
+
+def load_run(run_dir: Path) -> Bert4Rec:
+    """The trained model of a run folder, in eval mode on the CPU."""
+    run_dir = Path(run_dir)
+    missing = [n for n in (MODEL_CONFIG_FILE, WEIGHTS_FILE) if not (run_dir / n).is_file()]
+    if missing:
+        raise DataError(f"{run_dir}: not a training run, missing {', '.join(missing)}; run `recserve train` first")
+    model = Bert4Rec(Bert4RecConfig.load(run_dir / MODEL_CONFIG_FILE))
+    model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
+def write_metrics(run_dir: Path, update: dict) -> dict:
+    """Merges ``update`` into the run's metrics.json and returns the whole file."""
+    path = Path(run_dir) / METRICS_FILE
+    metrics = json.loads(path.read_text()) if path.exists() else {}
+    metrics |= update
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def _plot_curves(csv_path: Path, png_path: Path) -> None:
+    """Training loss and validation NDCG@10 per epoch, from Lightning's CSV log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import polars as pl
+
+    if not csv_path.exists():
+        return
+    frame = pl.read_csv(csv_path, infer_schema_length=None)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    if "train_loss_epoch" in frame.columns:
+        loss = frame.filter(pl.col("train_loss_epoch").is_not_null())
+        ax1.plot(loss["epoch"].to_numpy() + 1, loss["train_loss_epoch"].to_numpy(), marker="o")
+    ax1.set(title="training loss (Cloze cross-entropy)", xlabel="epoch", ylabel="loss")
+    if "val_ndcg@10" in frame.columns:
+        val = frame.filter(pl.col("val_ndcg@10").is_not_null())
+        ax2.plot(val["epoch"].to_numpy() + 1, val["val_ndcg@10"].to_numpy(), marker="o", label="NDCG@10")
+        ax2.plot(val["epoch"].to_numpy() + 1, val["val_hr@10"].to_numpy(), marker="s", label="HR@10")
+        ax2.legend()
+    ax2.set(title="validation (full ranking, seen excluded)", xlabel="epoch")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
