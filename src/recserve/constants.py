@@ -11,11 +11,12 @@ DATA_FORMAT_VERSION = 1
 # Training run folder (recserve train)
 MODEL_CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
+ITEM_TABLE_FILE = "item_ids.npy"  # sorted item IDs (index i + 1 is ids[i]); also in every export
+POPULARITY_FILE = "popularity.npy"  # interaction counts by index, padding and mask included
 METRICS_FILE = "metrics.json"
 
 # Export folder (recserve export): what the serving core loads
 EXPORT_MANIFEST = "export.json"
-ITEM_TABLE_FILE = "item_ids.npy"
 
 # Served model `recommender` (fused layout)
 FUSED_MODEL = "recommender"

@@ -8,6 +8,9 @@ import typer
 
 from recserve.cli.console import setup_logging
 from recserve.cli.data import data
+from recserve.cli.evaluate import evaluate
+from recserve.cli.export import export
+from recserve.cli.train import train
 
 app = typer.Typer(
     name="recserve",
@@ -22,7 +25,8 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug lo
     setup_logging(verbose)
 
 
-app.command()(data)
+for command in (data, train, evaluate, export):
+    app.command()(command)
 
 if __name__ == "__main__":
     app()

@@ -101,7 +101,7 @@ def _seen_mask(inputs: Sequences, users: np.ndarray, vocab_size: int) -> torch.T
 def popularity_score_fn(counts: np.ndarray) -> ScoreFn:
     """Scores every user with the items' interaction counts: the baseline to beat."""
     table = torch.as_tensor(counts, dtype=torch.float32)
-    return lambda tokens: table.expand(tokens.shape[0], -1)
+    return lambda tokens: table.repeat(tokens.shape[0], 1)
 
 
 def history_counts(inputs: Sequences, vocab_size: int) -> np.ndarray:
@@ -114,3 +114,32 @@ def evaluate_protocols(score_fn: ScoreFn, inputs: Sequences, targets: np.ndarray
     """Metrics under each protocol (see ``rank_targets``)."""
     ranks = rank_targets(score_fn, inputs, targets, window, mask_index, popularity, **kwargs)
     return {name: ranking_metrics(r) for name, r in ranks.items()}
+
+
+def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
+    """Test metrics of a run and of the popularity baseline under every protocol.
+
+    The test input of each user is the whole sequence but its last item; popularity counts those inputs.
+    """
+    from recserve.data.datasets import load_prepared
+    from recserve.train.trainer import load_run
+
+    data = load_prepared(data_dir)
+    model = load_run(run_dir).to(device)
+    if model.cfg.num_items != data.vocab.num_items:
+        from recserve.errors import DataError
+
+        raise DataError(
+            f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on {model.cfg.num_items}; "
+            "evaluate on the data folder it was trained on"
+        )
+    inputs, targets = data.sequences.truncated(1), data.sequences.last(1)
+    counts = history_counts(inputs, data.vocab.size)
+    common = dict(window=model.cfg.window, mask_index=model.cfg.mask_index, popularity=counts, seed=seed)
+    return {
+        "test": evaluate_protocols(model, inputs, targets, device=device, **common),
+        "popularity": evaluate_protocols(popularity_score_fn(counts), inputs, targets, **common),
+        "test_users": int(inputs.num_users),
+        "sampled_negatives": SAMPLED_NEGATIVES,
+        "seed": seed,
+    }

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.constants import (
+    ITEM_TABLE_FILE,
+    ITEMS_FILE,
+    METRICS_FILE,
+    MODEL_CONFIG_FILE,
+    POPULARITY_FILE,
+    WEIGHTS_FILE,
+)
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError, DataError
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
@@ -120,6 +128,7 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model_cfg.save(out_dir / MODEL_CONFIG_FILE)
+    save_catalog(out_dir, data)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     module = _lightning_module(Bert4Rec(model_cfg), data, cfg)
     best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val_ndcg@10", mode="max",
@@ -152,6 +161,13 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     }
     _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
+
+
+def save_catalog(run_dir: Path, data: PreparedData) -> None:
+    """Copies what serving needs from the data folder, so that a run folder stands alone."""
+    np.save(run_dir / ITEM_TABLE_FILE, data.vocab.ids, allow_pickle=False)
+    np.save(run_dir / POPULARITY_FILE, data.popularity, allow_pickle=False)
+    shutil.copyfile(Path(data.info["folder"]) / ITEMS_FILE, run_dir / ITEMS_FILE)
 
 
 def _best_epoch(path: str) -> int | None:

@@ -1,0 +1,42 @@
+"""``recserve export``: the inference graph for a serving backend, validated; or the speed/accuracy report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+from recserve.constants import DEFAULT_MAX_K
+
+
+@handle_errors
+def export(
+    run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Export folder (or report folder with --report).")],
+    backend: Annotated[str, typer.Option(help="eager, torchscript, onnx, aoti, compile or torch_tensorrt.")] = "eager",
+    precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
+    data: Annotated[Optional[Path], typer.Option(help="Data folder for the NDCG@10 change (default: the run's).")] = None,
+    report: Annotated[bool, typer.Option(help="Export and time every backend and precision available here.")] = False,
+    seconds: Annotated[float, typer.Option(help="Timing per variant and batch size (--report).")] = 1.0,
+) -> None:
+    """Export the ID-in, top-k-out graph; parity-checked against eager fp32 before anything is written."""
+    if report:
+        from recserve.export.report import build_report
+
+        with console.status("building the report") as status:
+            result = build_report(run, out, device, data, seconds, progress=lambda s: status.update(f"report: {s}"))
+        console.print((out / "report.md").read_text(), markup=False, highlight=False)
+        console.print(f"{len(result['results'])} rows -> {out}/report.json, report.md, report.png")
+        return
+    from recserve.export.exporter import export_run
+
+    with console.status(f"exporting {backend} {precision}"):
+        manifest = export_run(run, backend, precision, out, device=device, max_k=max_k, data_dir=data)
+    v = manifest["validation"]
+    console.print(f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "
+                  f"top-10 overlap {v['top10_overlap']:.3f}"
+                  + (f", NDCG@10 change {v['ndcg10_delta']:+.4f}" if v.get("ndcg10_delta") is not None else ""))

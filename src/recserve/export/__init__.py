@@ -1,0 +1,1 @@
+"""Export of the inference graph to serving backends, parity validation and the speed/accuracy report."""

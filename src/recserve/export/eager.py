@@ -1,0 +1,28 @@
+"""``eager`` and ``compile``: the run's weights and config, rebuilt at load (compile: torch.compile then)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.export.graph import GraphSpec, build_graph
+from recserve.export.runner import torch_runner
+
+FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE)
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+    for name in FILES:
+        shutil.copyfile(Path(run_dir) / name, out / name)
+
+
+def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+    graph = build_graph(out, spec, manifest["max_k"], manifest["precision"]).to(device)
+    if manifest["backend"] == "compile":
+        # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch
+        mode = "reduce-overhead" if str(device).startswith("cuda") else None
+        graph = torch.compile(graph, dynamic=True, mode=mode)
+    return torch_runner(graph, device)

@@ -1,0 +1,123 @@
+"""``recserve export``: builds one backend's export, validates it, and only then writes it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from recserve.constants import (
+    DEFAULT_MAX_K,
+    EXPORT_MANIFEST,
+    ITEM_TABLE_FILE,
+    ITEMS_FILE,
+    METRICS_FILE,
+    MODEL_CONFIG_FILE,
+    POPULARITY_FILE,
+)
+from recserve.errors import ExportError
+from recserve.export.backends import backend_module
+from recserve.export.graph import PRECISIONS, build_graph, load_spec
+from recserve.export.runner import torch_runner
+from recserve.export.validate import check_parity, serving_ndcg10
+
+log = logging.getLogger(__name__)
+
+EXPORT_FORMAT_VERSION = 1
+
+
+def _check_request(backend: str, precision: str, device: str) -> None:
+    import torch
+
+    backend_module(backend)
+    if precision not in PRECISIONS:
+        raise ExportError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if device not in ("cpu", "cuda"):
+        raise ExportError(f"device {device!r}: expected cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ExportError("device cuda: no CUDA device is available here; use --device cpu")
+    if precision == "int8" and device != "cpu":
+        raise ExportError("precision int8 runs on the CPU only (dynamic quantization); use fp16 or bf16 on a GPU")
+    if precision == "fp16" and device == "cpu":
+        raise ExportError("precision fp16 needs a GPU (--device cuda); on the CPU use fp32, bf16 or int8")
+
+
+def export_run(
+    run_dir: Path, backend: str, precision: str, out: Path, device: str = "cpu", max_k: int = DEFAULT_MAX_K,
+    data_dir: Path | None = None,
+) -> dict:
+    """Exports a training run; returns the manifest written to ``out/export.json``.
+
+    Raises:
+        ExportError: the backend is not available, or the export failed its parity check (nothing is written).
+    """
+    _check_request(backend, precision, device)
+    run_dir, out = Path(run_dir), Path(out)
+    spec = load_spec(run_dir, graph_searches=backend != "onnx")
+    manifest = {
+        "format_version": EXPORT_FORMAT_VERSION,
+        "model": "bert4rec",
+        "backend": backend,
+        "precision": precision,
+        "device": device,
+        "max_k": max_k,
+        "window": spec.window,
+        "num_items": len(spec.vocab_ids),
+        "item_id_type": "string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
+        "id_mapping": spec.id_mapping,
+        "run": str(run_dir),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name in (ITEM_TABLE_FILE, POPULARITY_FILE, MODEL_CONFIG_FILE, ITEMS_FILE):
+            if (run_dir / name).exists():
+                shutil.copyfile(run_dir / name, tmp / name)
+        module = backend_module(backend)
+        started = time.perf_counter()
+        module.save(run_dir, spec, tmp, manifest)
+        manifest["build_s"] = round(time.perf_counter() - started, 2)
+        runner = module.load(tmp, spec, manifest, device)
+        reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device)
+        manifest["validation"] = check_parity(reference, runner, spec, precision)
+        if precision != "fp32":
+            manifest["validation"] |= _quality_change(reference, runner, spec, run_dir, data_dir)
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _quality_change(reference, runner, spec, run_dir: Path, data_dir: Path | None) -> dict:
+    """Validation NDCG@10 (served answers, seen excluded) of the export against eager fp32."""
+    from recserve.data.datasets import load_prepared
+
+    data_dir = data_dir or _data_dir_of(run_dir)
+    if data_dir is None:
+        return {"ndcg10_delta": None, "ndcg10_note": "no data folder known; pass --data"}
+    data = load_prepared(data_dir)
+    inputs, targets = data.sequences.truncated(2), data.sequences.last(2)
+    ref, got = serving_ndcg10(reference, spec, inputs, targets), serving_ndcg10(runner, spec, inputs, targets)
+    return {"ndcg10_reference": ref, "ndcg10": got, "ndcg10_delta": got - ref}
+
+
+def _data_dir_of(run_dir: Path) -> Path | None:
+    path = run_dir / METRICS_FILE
+    if path.exists():
+        folder = json.loads(path.read_text()).get("data")
+        if folder and Path(folder).is_dir():
+            return Path(folder)
+    return None
+
+
+def items_by_index(export_dir: Path) -> np.ndarray:
+    return np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)

@@ -1,0 +1,79 @@
+"""Builds the inference graph of a training run at a given precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recserve.constants import ITEM_TABLE_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE
+from recserve.errors import ExportError
+from recserve.models.bert4rec import Bert4RecConfig
+from recserve.models.inference import InferenceGraph, use_lookup_table
+from recserve.train.trainer import load_run
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """What an export is built from."""
+
+    vocab_ids: np.ndarray  # (N,) sorted IDs, int64 or str
+    popularity: np.ndarray  # (N + 2,)
+    window: int
+    id_mapping: str  # "graph": the graph maps IDs; "predictor": the predictor maps them and the graph sees 1..N
+
+
+def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
+    """Reads a run's catalogue and decides where IDs get mapped.
+
+    Args:
+        graph_searches: whether the target backend has a search operator (ONNX has none); without it,
+            only dense integer IDs are mapped inside the graph.
+    """
+    run_dir = Path(run_dir)
+    for name in (ITEM_TABLE_FILE, POPULARITY_FILE):
+        if not (run_dir / name).is_file():
+            raise ExportError(f"{run_dir}: missing {name}; this run predates the catalogue copy, train it again")
+    ids = np.load(run_dir / ITEM_TABLE_FILE, allow_pickle=False)
+    window = Bert4RecConfig.load(run_dir / MODEL_CONFIG_FILE).window
+    in_graph = ids.dtype.kind in "iu" and (graph_searches or use_lookup_table(ids))
+    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, "graph" if in_graph else "predictor")
+
+
+def build_graph(run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp32") -> InferenceGraph:
+    """The run's model inside the fused graph, in eval mode, on the CPU, at ``precision``.
+
+    int8 applies PyTorch's dynamic quantization to the linear layers (CPU only).
+    """
+    if precision not in PRECISIONS:
+        raise ExportError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    encoder = load_run(run_dir)
+    table = spec.vocab_ids if spec.id_mapping == "graph" else np.arange(1, len(spec.vocab_ids) + 1)
+    graph = InferenceGraph(encoder, table, spec.popularity, max_k).eval()
+    if precision == "int8":
+        graph.head.encoder = torch.ao.quantization.quantize_dynamic(encoder, {torch.nn.Linear}, dtype=torch.qint8)
+    elif precision != "fp32":
+        encoder.to(DTYPES[precision])
+    return graph
+
+
+def example_inputs(spec: GraphSpec, batch: int, length: int, seed: int = 0, device: str = "cpu"):
+    """Graph inputs from random catalogue IDs, with a few unknown IDs and varied history lengths."""
+    rng = np.random.default_rng(seed)
+    n = len(spec.vocab_ids)
+    if spec.id_mapping == "graph":
+        ids = spec.vocab_ids[rng.integers(0, n, (batch, length))]
+        ids = np.where(rng.random((batch, length)) < 0.05, ids.max() + 7, ids)  # unknown IDs
+    else:
+        ids = rng.integers(0, n + 1, (batch, length))  # indices; 0 stands for unknown
+    lengths = rng.integers(0, length + 1, batch)
+    lengths[0] = length
+    ids = np.where(np.arange(length)[None, :] >= (length - lengths)[:, None], ids, 0)
+    exclude = rng.random(batch) < 0.7
+    as_t = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
+    return as_t(ids.astype(np.int64)), as_t(lengths.astype(np.int64)), as_t(exclude)

@@ -1,0 +1,22 @@
+"""Wraps a torch callable as the predictor's numpy runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def torch_runner(fn, device: str):
+    """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy."""
+    device = torch.device(device)
+
+    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
+        with torch.inference_mode():
+            top_ids, scores = fn(
+                torch.from_numpy(ids).to(device, non_blocking=True),
+                torch.from_numpy(lengths).to(device, non_blocking=True),
+                torch.from_numpy(np.ascontiguousarray(exclude)).to(device, non_blocking=True),
+            )
+        return top_ids.cpu().numpy(), scores.float().cpu().numpy()
+
+    return run

@@ -1,0 +1,50 @@
+"""``torch_tensorrt``: Torch-TensorRT (``ir="dynamo"``) with min/opt/max batch shapes, saved as TorchScript.
+
+Used where Torch-TensorRT is installed (NVIDIA's PyTorch and Triton containers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from recserve.errors import ExportError
+from recserve.export.graph import GraphSpec, build_graph, example_inputs
+from recserve.export.runner import torch_runner
+
+FILE = "model.ts"
+OPT_BATCH, MAX_BATCH = 64, 1024
+
+
+def _torch_tensorrt():
+    try:
+        import torch_tensorrt
+    except ImportError as err:
+        raise ExportError(
+            "backend torch_tensorrt needs Torch-TensorRT and TensorRT with a CUDA GPU: `pip install torch-tensorrt` "
+            "matching your torch, or use NVIDIA's PyTorch container; onnx, torchscript, aoti and compile work without"
+        ) from err
+    return torch_tensorrt
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+    trt = _torch_tensorrt()
+    if not str(manifest["device"]).startswith("cuda"):
+        raise ExportError("backend torch_tensorrt needs --device cuda")
+    graph = build_graph(run_dir, spec, manifest["max_k"], manifest["precision"]).cuda()
+    length = spec.window - 1
+    inputs = [
+        trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, length), max_shape=(MAX_BATCH, length), dtype=torch.int64),
+        trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.int64),
+        trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.bool),
+    ]
+    precisions = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    compiled = trt.compile(graph, ir="dynamo", inputs=inputs, enabled_precisions={precisions[manifest["precision"]]})
+    trt.save(compiled, str(out / FILE), output_format="torchscript",
+             inputs=list(example_inputs(spec, OPT_BATCH, length, device="cuda")))
+
+
+def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+    _torch_tensorrt()
+    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device)

@@ -1,0 +1,25 @@
+"""``torchscript``: a traced ``model.pt``, what Triton's ``pytorch_libtorch`` backend loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from recserve.export.graph import GraphSpec, build_graph, example_inputs
+from recserve.export.runner import torch_runner
+
+FILE = "model.pt"
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+    device = manifest["device"]
+    graph = build_graph(run_dir, spec, manifest["max_k"], manifest["precision"]).to(device)
+    example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
+    with torch.inference_mode():
+        traced = torch.jit.trace(graph, example, check_trace=False)
+    torch.jit.save(traced, out / FILE)
+
+
+def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device)

@@ -1,0 +1,79 @@
+"""Parity of an export against eager fp32 PyTorch, on shapes other than the traced ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recserve.data.sequences import Sequences
+from recserve.errors import ExportError
+from recserve.export.graph import GraphSpec, example_inputs
+
+TOP = 10
+FP32_SCORE_TOL = 1e-3  # absolute, on logits of magnitude ~10: far above fp32 reordering noise
+
+
+def validation_cases(spec: GraphSpec) -> list[tuple[int, int]]:
+    """(batch, history length) pairs: 1, 3 and 64 requests; odd lengths, one item, and the full window."""
+    full = spec.window - 1
+    return [(1, min(7, full)), (3, min(23, full)), (64, full), (5, 1), (17, max(1, full // 2 + 1))]
+
+
+@dataclass(frozen=True)
+class Parity:
+    max_score_diff: float  # over the top-10 positions
+    top10_overlap: float  # mean share of the reference top 10 that the export also returns
+    same_top10: bool  # identical top-10 IDs wherever the reference scores are not tied within the tolerance
+
+
+def compare(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarray], tol: float) -> Parity:
+    ref_ids, ref_scores = ref[0][:, :TOP], ref[1][:, :TOP]
+    got_ids, got_scores = got[0][:, :TOP], got[1][:, :TOP]
+    finite = np.isfinite(ref_scores)
+    diff = float(np.max(np.abs(np.where(finite, ref_scores - got_scores, 0.0)), initial=0.0))
+    overlap = np.mean([len(set(a) & set(b)) / max(len(a), 1) for a, b in zip(ref_ids, got_ids)])
+    # a swap is a tie when the reference scores of the swapped positions are within the tolerance
+    swapped = ref_ids != got_ids
+    tied = np.abs(ref_scores - got_scores) <= tol
+    return Parity(diff, float(overlap), bool(np.all(~swapped | tied)))
+
+
+def check_parity(reference, runner, spec: GraphSpec, precision: str) -> dict:
+    """Runs every validation case; fp32 must match within ``FP32_SCORE_TOL``, reduced precision reports.
+
+    Raises:
+        ExportError: fp32 outputs differ, with the max difference and the tolerance.
+    """
+    results = []
+    for seed, (batch, length) in enumerate(validation_cases(spec)):
+        inputs = [t.numpy() for t in example_inputs(spec, batch, length, seed=100 + seed)]
+        parity = compare(reference(*inputs), runner(*inputs), FP32_SCORE_TOL)
+        results.append({"batch": batch, "length": length, **parity.__dict__})
+        if precision == "fp32" and (parity.max_score_diff > FP32_SCORE_TOL or not parity.same_top10):
+            raise ExportError(
+                f"parity failed at batch {batch}, length {length}: max score difference "
+                f"{parity.max_score_diff:.2e} (tolerance {FP32_SCORE_TOL:.0e}), top-10 overlap {parity.top10_overlap:.3f}"
+            )
+    return {
+        "cases": results,
+        "max_score_diff": max(r["max_score_diff"] for r in results),
+        "top10_overlap": float(np.mean([r["top10_overlap"] for r in results])),
+        "score_tolerance": FP32_SCORE_TOL if precision == "fp32" else None,
+    }
+
+
+def serving_ndcg10(runner, spec: GraphSpec, inputs: Sequences, targets: np.ndarray, batch_size: int = 256) -> float:
+    """NDCG@10 of the served answers (seen items excluded) for each user's target: the served quality."""
+    gains = []
+    limit = spec.window - 1
+    for start in range(0, inputs.num_users, batch_size):
+        users = np.arange(start, min(start + batch_size, inputs.num_users))
+        indices = inputs.windows(users, inputs.lengths[users], limit)
+        ids = indices if spec.id_mapping == "predictor" else np.where(indices > 0, spec.vocab_ids[indices - 1], 0)
+        lengths = np.minimum(inputs.lengths[users], limit)
+        top_ids, _ = runner(ids.astype(np.int64), lengths.astype(np.int64), np.ones(len(users), dtype=bool))
+        target_ids = targets[users] if spec.id_mapping == "predictor" else spec.vocab_ids[targets[users] - 1]
+        hit = top_ids[:, :TOP] == target_ids[:, None]
+        gains.append((hit / np.log2(np.arange(TOP) + 2)).sum(1))
+    return float(np.mean(np.concatenate(gains)))

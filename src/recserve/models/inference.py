@@ -1,0 +1,125 @@
+"""The serving graph: item IDs in, top-k item IDs and scores out, in one module.
+
+Inside: ID to index mapping (a sorted ID table and a search; unknown IDs become padding), the most recent
+``window - 1`` items, the mask token, the encoder, the hidden state at the mask position only, removal of
+special tokens and (per request) of already-seen items, a popularity fallback for histories with no known
+item, top-k and index to ID mapping. No data-dependent Python control flow, so it traces, scripts and
+exports with dynamic batch and length axes. String IDs are mapped to their 1-based rank in the vocabulary
+outside the graph (tensors cannot hold strings), so the graph's ID table is then simply 1..N.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from recserve.constants import PAD_INDEX
+from recserve.models.bert4rec import Bert4Rec
+
+
+LUT_MAX_ENTRIES = 1 << 24  # dense ID tables up to 128 MiB of int64
+
+
+def use_lookup_table(item_ids: np.ndarray) -> bool:
+    """Dense non-negative IDs map through a direct table (one gather, exports to every backend)."""
+    return len(item_ids) > 0 and item_ids[0] >= 0 and item_ids[-1] < max(LUT_MAX_ENTRIES, 16 * len(item_ids))
+
+
+def lookup_table(item_ids: np.ndarray) -> np.ndarray:
+    """(max ID + 1,) index of each ID, 0 where an ID is not in the vocabulary."""
+    lut = np.zeros(int(item_ids[-1]) + 1, dtype=np.int64)
+    lut[item_ids] = np.arange(1, len(item_ids) + 1)
+    return lut
+
+
+def ids_to_indices(table: torch.Tensor, lut: torch.Tensor, item_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Maps IDs to vocabulary indices: a gather where ``lut`` is set, else a binary search in ``table``.
+
+    Args:
+        table: (N,) sorted item IDs.
+        lut: (M + 1,) index by ID for dense IDs, or an empty tensor to search ``table`` instead.
+        item_ids: (B, L) IDs.
+        valid: (B, L) False at padding positions.
+
+    Returns:
+        (B, L) indices 1..N, and padding (0) for unknown IDs and padding positions.
+    """
+    if lut.numel() > 0:  # decided when the graph is built, never by the data
+        inside = (item_ids >= 0) & (item_ids < lut.shape[0]) & valid
+        return torch.where(inside, lut[item_ids.clamp(0, lut.shape[0] - 1)], torch.zeros_like(item_ids))
+    pos = torch.searchsorted(table, item_ids).clamp(max=table.shape[0] - 1)
+    found = (table[pos] == item_ids) & valid
+    return torch.where(found, pos + 1, torch.zeros_like(pos))
+
+
+class TopKHead(nn.Module):
+    """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout."""
+
+    def __init__(self, encoder: Bert4Rec, popularity: np.ndarray, max_k: int):
+        super().__init__()
+        self.encoder = encoder
+        self.max_k = min(max_k, encoder.cfg.num_items)
+        cfg = encoder.cfg
+        special = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        special[[PAD_INDEX, cfg.mask_index]] = True
+        self.register_buffer("special", special, persistent=False)
+        pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32))
+        self.register_buffer("popular_scores", pop, persistent=False)
+
+    def forward(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
+
+        Returns:
+            Top-k vocabulary indices (B, K) int64 and scores (B, K) float32, best first.
+        """
+        scores = self.encoder(tokens).float()  # (B, V): the mask position only
+        known = (tokens[:, :-1] != PAD_INDEX).any(1, keepdim=True)  # (B, 1)
+        scores = torch.where(known, scores, self.popular_scores)
+        seen = torch.zeros_like(scores, dtype=torch.bool).scatter(1, tokens, True) & exclude_seen[:, None]
+        scores = scores.masked_fill(seen | self.special, float("-inf"))
+        top_scores, top_indices = scores.topk(self.max_k, dim=1)
+        return top_indices, top_scores
+
+
+class InferenceGraph(nn.Module):
+    """Item IDs in, top-k item IDs and scores out: the fused serving graph."""
+
+    def __init__(self, encoder: Bert4Rec, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
+        """
+        Args:
+            encoder: a trained BERT4Rec.
+            item_ids: (N,) sorted int64 IDs; 1..N where the predictor maps IDs itself (string IDs, or
+                sparse integer IDs for backends without a search operator).
+            popularity: (N + 2,) interaction counts by index, for histories with no known item.
+            max_k: the most items a request can ask for.
+        """
+        super().__init__()
+        self.head = TopKHead(encoder, popularity, max_k)
+        self.window = encoder.cfg.window
+        self.mask_index = encoder.cfg.mask_index
+        item_ids = np.asarray(item_ids, dtype=np.int64)
+        table = torch.as_tensor(item_ids)
+        self.register_buffer("table", table, persistent=False)
+        lut = lookup_table(item_ids) if use_lookup_table(item_ids) else np.zeros(0, np.int64)
+        self.register_buffer("lut", torch.as_tensor(lut), persistent=False)
+        # index -> ID; -1 for padding and mask, which never reach the top k
+        self.register_buffer("index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]),
+                             persistent=False)
+
+    def forward(
+        self, item_ids: torch.Tensor, lengths: torch.Tensor, exclude_seen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """item_ids: (B, L) int64, left-padded; lengths: (B,) int64; exclude_seen: (B,) bool.
+
+        Returns:
+            Top-k item IDs (B, K) int64 and scores (B, K) float32, best first; K is ``max_k``.
+        """
+        item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
+        width = item_ids.shape[1]
+        valid = torch.arange(width, device=item_ids.device)[None, :] >= (width - lengths)[:, None]  # (B, L)
+        indices = ids_to_indices(self.table, self.lut, item_ids, valid)
+        mask = torch.full_like(lengths, self.mask_index)[:, None]  # (B, 1); from lengths, so L may be 0
+        tokens = torch.cat([indices, mask], dim=1)  # (B, L + 1)
+        top_indices, top_scores = self.head(tokens, exclude_seen)
+        return self.index_to_id[top_indices], top_scores

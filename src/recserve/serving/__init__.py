@@ -1,0 +1,1 @@
+"""Serving: the framework-free predictor and the Triton and SageMaker shells around it."""

@@ -1,0 +1,145 @@
+"""The framework-free serving core that every server shares (Triton python model, SageMaker, CLI).
+
+It turns a batch of item-ID histories into the inference graph's padded inputs, runs one exported graph
+(any backend), and cuts each request's answer to its own ``k``. Imports only numpy at module level; the
+backend's runtime (torch or onnxruntime) is imported when an export is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from recserve.constants import DEFAULT_K, EXPORT_MANIFEST, ITEM_TABLE_FILE
+from recserve.errors import RequestError, ServingError
+
+log = logging.getLogger(__name__)
+
+# (ids (B, L) int64, lengths (B,) int64, exclude_seen (B,) bool) -> (ids (B, K) int64, scores (B, K) float32)
+Runner = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One request's answer, best first."""
+
+    item_ids: np.ndarray  # (k,) int64 or str
+    scores: np.ndarray  # (k,) float32
+    unknown_ids: int  # history IDs not in the vocabulary (dropped)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of histories as the graph takes them."""
+
+    ids: np.ndarray  # (B, L) int64, left-padded
+    lengths: np.ndarray  # (B,) int64
+    unknown: np.ndarray  # (B,) int64 unknown IDs per request
+
+
+class Predictor:
+    """Histories of item IDs in, top-k recommendations out, for a batch of requests at once."""
+
+    def __init__(self, runner: Runner, vocab_ids: np.ndarray, window: int, max_k: int, map_ids: bool,
+                 manifest: dict | None = None):
+        """
+        Args:
+            runner: the exported graph.
+            vocab_ids: (N,) sorted item IDs.
+            window: the model's window; histories keep their ``window - 1`` most recent items.
+            max_k: the most items a request may ask for.
+            map_ids: map IDs to indices here (the graph then takes and returns indices 1..N): string IDs,
+                and sparse integer IDs on backends without a search operator.
+        """
+        self.runner = runner
+        self.vocab_ids = vocab_ids
+        self.string_ids = vocab_ids.dtype.kind in "OUS"
+        self.map_ids = map_ids or self.string_ids
+        self.history_limit = window - 1  # the graph appends the mask token
+        self.max_k = max_k
+        self.manifest = manifest or {}
+
+    @classmethod
+    def load(cls, export_dir: Path, device: str = "cpu") -> Predictor:
+        """Loads an export folder written by ``recserve export`` (any backend)."""
+        from recserve.export.backends import load_runner
+
+        manifest = read_manifest(export_dir)
+        runner = load_runner(Path(export_dir), manifest, device)
+        vocab_ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
+        map_ids = manifest["id_mapping"] == "predictor"
+        return cls(runner, vocab_ids, manifest["window"], manifest["max_k"], map_ids, manifest)
+
+    def encode(self, histories: Sequence[np.ndarray]) -> Batch:
+        """Pads histories on the left after keeping each one's most recent ``window - 1`` items.
+
+        Integer IDs go to the graph as they are (it maps them), unless this predictor maps IDs itself: then
+        each ID becomes its 1-based rank in the vocabulary (0 if unknown), which is what that graph takes.
+        """
+        histories = [np.asarray(h).reshape(-1)[-self.history_limit :] for h in histories]
+        lengths = np.array([len(h) for h in histories], dtype=np.int64)
+        flat = np.concatenate(histories) if len(histories) else np.zeros(0, np.int64)
+        known = self._known(flat)
+        if self.map_ids:
+            flat = np.where(known, np.searchsorted(self.vocab_ids, flat) + 1, 0).astype(np.int64)
+        owner = np.repeat(np.arange(len(histories)), lengths)
+        unknown = np.bincount(owner[~known], minlength=len(histories)).astype(np.int64)
+        width = max(int(lengths.max(initial=0)), 1)
+        ids = np.zeros((len(histories), width), dtype=np.int64)
+        # left padding: request b's items fill its last lengths[b] columns
+        col = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(width - lengths, lengths)
+        ids[owner, col] = flat
+        return Batch(ids=ids, lengths=lengths, unknown=unknown)
+
+    def _known(self, flat: np.ndarray) -> np.ndarray:
+        if not self.string_ids and flat.dtype.kind not in "iu":
+            raise RequestError(f"item_ids: integer IDs expected for this model, got {flat.dtype}")
+        pos = np.minimum(np.searchsorted(self.vocab_ids, flat), len(self.vocab_ids) - 1)
+        return self.vocab_ids[pos] == flat if len(flat) else np.zeros(0, dtype=bool)
+
+    def check_k(self, k: int) -> int:
+        if not 1 <= k <= self.max_k:
+            raise RequestError(f"k: {k} is out of range; allowed 1..{self.max_k}")
+        return int(k)
+
+    def predict(
+        self,
+        histories: Sequence[np.ndarray],
+        k: Sequence[int] | int = DEFAULT_K,
+        exclude_seen: Sequence[bool] | bool = True,
+    ) -> list[Recommendation]:
+        """Top-k for each history: one graph call for the whole batch."""
+        n = len(histories)
+        ks = [self.check_k(x) for x in (np.broadcast_to(k, (n,)) if n else [])]
+        if self.string_ids:
+            histories = [self._as_strings(h) for h in histories]
+        batch = self.encode(histories)
+        exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
+        top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude)
+        out = []
+        for row, kk in enumerate(ks):
+            scores = top_scores[row, :kk]
+            ids = top_ids[row, :kk][np.isfinite(scores)]  # fewer than k items can remain after exclusion
+            if self.map_ids:
+                ids = self.vocab_ids[ids - 1]
+            out.append(Recommendation(ids, scores[np.isfinite(scores)].astype(np.float32), int(batch.unknown[row])))
+        return out
+
+    @staticmethod
+    def _as_strings(history: np.ndarray) -> np.ndarray:
+        history = np.asarray(history).reshape(-1)
+        if history.dtype.kind == "S" or history.dtype == object:
+            return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in history], dtype=str)
+        return history.astype(str)
+
+
+def read_manifest(export_dir: Path) -> dict:
+    path = Path(export_dir) / EXPORT_MANIFEST
+    if not path.is_file():
+        raise ServingError(f"{export_dir}: not an export folder, missing {EXPORT_MANIFEST}; run `recserve export` first")
+    return json.loads(path.read_text())
