@@ -1,4 +1,8 @@
-"""``aoti``: ``torch.export`` with dynamic batch and length, then AOTInductor into a ``.pt2`` package."""
+"""``aoti``: ``torch.export`` with a dynamic batch, then AOTInductor into a ``.pt2`` package.
+
+Histories are padded to the full window (``fixed_length`` in the manifest): one static length lets
+Inductor plan every kernel once, and the predictor pads accordingly.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,12 @@ FILE = "model.pt2"
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
     device = manifest["device"]
     graph = build_graph(run_dir, spec, manifest["max_k"], manifest["precision"]).to(device)
-    example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9), device=device)
-    batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
+    manifest["fixed_length"] = spec.window - 1
+    example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
+    batch = torch.export.Dim("batch", min=1, max=65536)
     with torch.inference_mode():
         program = torch.export.export(
-            graph, example,
-            dynamic_shapes={"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}},
+            graph, example, dynamic_shapes={"item_ids": {0: batch}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
         )
         torch._inductor.aoti_compile_and_package(program, package_path=str(out / FILE))
 

@@ -84,7 +84,7 @@ def export_run(
         manifest["build_s"] = round(time.perf_counter() - started, 2)
         runner = module.load(tmp, spec, manifest, device)
         reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device)
-        manifest["validation"] = check_parity(reference, runner, spec, precision)
+        manifest["validation"] = check_parity(reference, runner, spec, precision, manifest.get("fixed_length"))
         if precision != "fp32":
             manifest["validation"] |= _quality_change(reference, runner, spec, run_dir, data_dir)
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

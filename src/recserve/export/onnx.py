@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES
 from recserve.errors import ExportError
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 
@@ -18,7 +17,7 @@ log = logging.getLogger(__name__)
 
 FILE = "model.onnx"
 INPUTS = ("item_ids", "lengths", "exclude_seen")
-OUTPUTS = (OUTPUT_ITEM_IDS, OUTPUT_SCORES)
+OUTPUTS = ("top_item_ids", "top_scores")  # ONNX names must differ from the inputs' names
 
 
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:

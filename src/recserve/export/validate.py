@@ -14,10 +14,14 @@ TOP = 10
 FP32_SCORE_TOL = 1e-3  # absolute, on logits of magnitude ~10: far above fp32 reordering noise
 
 
-def validation_cases(spec: GraphSpec) -> list[tuple[int, int]]:
-    """(batch, history length) pairs: 1, 3 and 64 requests; odd lengths, one item, and the full window."""
+def validation_cases(spec: GraphSpec, fixed_length: int | None = None) -> list[tuple[int, int]]:
+    """(batch, padded length) pairs: 1, 3 and 64 requests; odd lengths, one item, and the full window.
+
+    Histories inside each case have random lengths up to the padded length (``example_inputs``).
+    """
     full = spec.window - 1
-    return [(1, min(7, full)), (3, min(23, full)), (64, full), (5, 1), (17, max(1, full // 2 + 1))]
+    cases = [(1, min(7, full)), (3, min(23, full)), (64, full), (5, 1), (17, max(1, full // 2 + 1))]
+    return [(batch, fixed_length or length) for batch, length in cases]
 
 
 @dataclass(frozen=True)
@@ -39,14 +43,14 @@ def compare(ref: tuple[np.ndarray, np.ndarray], got: tuple[np.ndarray, np.ndarra
     return Parity(diff, float(overlap), bool(np.all(~swapped | tied)))
 
 
-def check_parity(reference, runner, spec: GraphSpec, precision: str) -> dict:
+def check_parity(reference, runner, spec: GraphSpec, precision: str, fixed_length: int | None = None) -> dict:
     """Runs every validation case; fp32 must match within ``FP32_SCORE_TOL``, reduced precision reports.
 
     Raises:
         ExportError: fp32 outputs differ, with the max difference and the tolerance.
     """
     results = []
-    for seed, (batch, length) in enumerate(validation_cases(spec)):
+    for seed, (batch, length) in enumerate(validation_cases(spec, fixed_length)):
         inputs = [t.numpy() for t in example_inputs(spec, batch, length, seed=100 + seed)]
         parity = compare(reference(*inputs), runner(*inputs), FP32_SCORE_TOL)
         results.append({"batch": batch, "length": length, **parity.__dict__})

@@ -33,19 +33,21 @@ def lookup_table(item_ids: np.ndarray) -> np.ndarray:
     return lut
 
 
-def ids_to_indices(table: torch.Tensor, lut: torch.Tensor, item_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def ids_to_indices(
+    table: torch.Tensor, lut: torch.Tensor | None, item_ids: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
     """Maps IDs to vocabulary indices: a gather where ``lut`` is set, else a binary search in ``table``.
 
     Args:
         table: (N,) sorted item IDs.
-        lut: (M + 1,) index by ID for dense IDs, or an empty tensor to search ``table`` instead.
+        lut: (M + 1,) index by ID for dense IDs, or None to search ``table`` instead.
         item_ids: (B, L) IDs.
         valid: (B, L) False at padding positions.
 
     Returns:
         (B, L) indices 1..N, and padding (0) for unknown IDs and padding positions.
     """
-    if lut.numel() > 0:  # decided when the graph is built, never by the data
+    if lut is not None:  # decided when the graph is built, never by the data
         inside = (item_ids >= 0) & (item_ids < lut.shape[0]) & valid
         return torch.where(inside, lut[item_ids.clamp(0, lut.shape[0] - 1)], torch.zeros_like(item_ids))
     pos = torch.searchsorted(table, item_ids).clamp(max=table.shape[0] - 1)
@@ -76,8 +78,9 @@ class TopKHead(nn.Module):
         scores = self.encoder(tokens).float()  # (B, V): the mask position only
         known = (tokens[:, :-1] != PAD_INDEX).any(1, keepdim=True)  # (B, 1)
         scores = torch.where(known, scores, self.popular_scores)
-        seen = torch.zeros_like(scores, dtype=torch.bool).scatter(1, tokens, True) & exclude_seen[:, None]
-        scores = scores.masked_fill(seen | self.special, float("-inf"))
+        hits = torch.zeros_like(scores).scatter(1, tokens, torch.ones_like(tokens, dtype=scores.dtype))  # (B, V)
+        drop = ((hits > 0) & exclude_seen[:, None]) | self.special
+        scores = scores.masked_fill(drop, float("-inf"))
         top_scores, top_indices = scores.topk(self.max_k, dim=1)
         return top_indices, top_scores
 
@@ -101,8 +104,8 @@ class InferenceGraph(nn.Module):
         item_ids = np.asarray(item_ids, dtype=np.int64)
         table = torch.as_tensor(item_ids)
         self.register_buffer("table", table, persistent=False)
-        lut = lookup_table(item_ids) if use_lookup_table(item_ids) else np.zeros(0, np.int64)
-        self.register_buffer("lut", torch.as_tensor(lut), persistent=False)
+        lut = torch.as_tensor(lookup_table(item_ids)) if use_lookup_table(item_ids) else None
+        self.register_buffer("lut", lut, persistent=False)  # None: search the table instead
         # index -> ID; -1 for padding and mask, which never reach the top k
         self.register_buffer("index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]),
                              persistent=False)

@@ -63,6 +63,7 @@ class Predictor:
         self.history_limit = window - 1  # the graph appends the mask token
         self.max_k = max_k
         self.manifest = manifest or {}
+        self.fixed_length = self.manifest.get("fixed_length")  # backends compiled for one padded length
 
     @classmethod
     def load(cls, export_dir: Path, device: str = "cpu") -> Predictor:
@@ -89,7 +90,7 @@ class Predictor:
             flat = np.where(known, np.searchsorted(self.vocab_ids, flat) + 1, 0).astype(np.int64)
         owner = np.repeat(np.arange(len(histories)), lengths)
         unknown = np.bincount(owner[~known], minlength=len(histories)).astype(np.int64)
-        width = max(int(lengths.max(initial=0)), 1)
+        width = self.fixed_length or max(int(lengths.max(initial=0)), 1)
         ids = np.zeros((len(histories), width), dtype=np.int64)
         # left padding: request b's items fill its last lengths[b] columns
         col = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(width - lengths, lengths)
