@@ -27,7 +27,7 @@ OUTPUT_ITEM_IDS = "item_ids"
 OUTPUT_SCORES = "scores"
 DEFAULT_K = 10
 DEFAULT_MAX_K = 100
-PARAM_UNKNOWN_IDS = "unknown_item_ids"
+OUTPUT_UNKNOWN_IDS = "unknown_item_ids"  # INT32 [1]: history IDs not in the vocabulary (dropped)
 
 # Seed-compatible layout (the PoC's names)
 SEED_ENSEMBLE = "bert4rec_ensemble"

@@ -1,0 +1,59 @@
+"""Turns one request's raw tensors into a predictor call, with an error that names the bad field.
+
+Shared by every server shell (the Triton python models and the SageMaker handler); numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K
+from recserve.errors import RequestError
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    histories: list[np.ndarray]  # one per row of the request
+    k: int
+    exclude_seen: np.ndarray  # (rows,) bool
+
+
+def _column(values: np.ndarray | None, rows: int, name: str, kinds: str, default):
+    """A per-row scalar input ((rows, 1) or (rows,)) or the default when absent."""
+    if values is None:
+        return np.full(rows, default)
+    values = np.asarray(values)
+    if values.dtype.kind not in kinds:
+        raise RequestError(f"{name}: wrong data type {values.dtype}")
+    if values.size not in (1, rows):
+        raise RequestError(f"{name}: expected one value per history ({rows}), got shape {list(values.shape)}")
+    return np.broadcast_to(values.reshape(-1), (rows,))
+
+
+def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.ndarray | None,
+                  max_k: int, string_ids: bool) -> ParsedRequest:
+    """Checks one request: ``item_ids`` (rows, L) or (L,), optional ``k`` and ``exclude_seen``.
+
+    Raises:
+        RequestError: a wrong data type or shape, or ``k`` outside 1..max_k.
+    """
+    item_ids = np.asarray(item_ids)
+    if item_ids.ndim == 1:
+        item_ids = item_ids[None, :]
+    if item_ids.ndim != 2:
+        raise RequestError(f"{INPUT_ITEM_IDS}: expected shape [batch, length], got {list(item_ids.shape)}")
+    is_bytes = item_ids.dtype.kind in "OSU"
+    if string_ids != is_bytes:
+        expected = "BYTES (string IDs)" if string_ids else "INT64 (integer IDs)"
+        raise RequestError(f"{INPUT_ITEM_IDS}: this model takes {expected}, got {item_ids.dtype}")
+    rows = item_ids.shape[0]
+    ks = _column(k, rows, INPUT_K, "iu", DEFAULT_K)
+    if np.any(ks != ks[0]):
+        raise RequestError(f"{INPUT_K}: one k per request, got {sorted(set(ks.tolist()))}")
+    k_value = int(ks[0]) if rows else DEFAULT_K
+    if not 1 <= k_value <= max_k:
+        raise RequestError(f"{INPUT_K}: {k_value} is out of range; allowed 1..{max_k}")
+    exclude = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b", True).astype(bool)
+    return ParsedRequest(histories=list(item_ids), k=k_value, exclude_seen=exclude)

@@ -1,0 +1,1 @@
+"""The Triton shell: config.pbtxt from typed settings, the model repository, python models, the launcher."""

@@ -1,0 +1,192 @@
+"""Starts the Triton server that ships inside nvidia-pytriton on a model repository, and stops it gracefully.
+
+What the bundled server needs (and what this module arranges): ``nvidia_pytriton.libs`` and the running
+interpreter's LIBDIR on LD_LIBRARY_PATH, the interpreter's bin folder first on PATH (the python-backend stub
+uses the first python it finds, which must have numpy < 2 and recserve), and the stub for this Python
+version copied into ``backends/python/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recserve.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"  # loopback unless asked otherwise
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_control_mode: str = "none"  # none, poll (repository polling) or explicit (model-repository API)
+    repository_poll_secs: int = 5
+    restricted_api_key: str | None = None  # header value that unlocks the restricted APIs
+    restricted_api_header: str = "recserve-admin-key"
+    exit_timeout_secs: int = 30  # how long in-flight requests may finish after a stop
+    log_verbose: int = 0
+    extra_args: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.model_control_mode not in ("none", "poll", "explicit"):
+            raise ServingError(f"model control mode {self.model_control_mode!r}: expected none, poll or explicit")
+        if self.model_control_mode == "explicit" and not self.restricted_api_key:
+            raise ServingError("model control mode explicit loads models over the API: set a restricted-API key")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Where the Triton server of the nvidia-pytriton wheel lives."""
+
+    binary: Path
+    backend_dir: Path
+    libs: Path
+
+
+def find_bundle() -> Bundle:
+    """Locates the server; ``TRITONSERVER_BIN`` and ``TRITON_BACKEND_DIR`` override the wheel's copy."""
+    if os.environ.get("TRITONSERVER_BIN"):
+        binary = Path(os.environ["TRITONSERVER_BIN"])
+        backend_dir = Path(os.environ.get("TRITON_BACKEND_DIR", binary.parent.parent / "backends"))
+        return Bundle(binary, backend_dir, binary.parent.parent.parent.parent / "nvidia_pytriton.libs")
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServingError("the Triton server ships in nvidia-pytriton: `pip install nvidia-pytriton==0.7.0`")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    server = root / "tritonserver"
+    bundle = Bundle(server / "bin" / "tritonserver", server / "backends", root.parent / "nvidia_pytriton.libs")
+    _install_stub(server, bundle.backend_dir)
+    return bundle
+
+
+def _install_stub(server: Path, backend_dir: Path) -> None:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    target = backend_dir / "python" / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServingError(f"the bundled Triton has no python-backend stub for Python {version}")
+    if not target.is_file() or target.stat().st_size != stub.stat().st_size:
+        shutil.copy2(stub, target)
+
+
+def server_env(bundle: Bundle) -> dict[str, str]:
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bundle.libs), libdir, env.get("LD_LIBRARY_PATH")) if p)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
+    args = [
+        str(bundle.binary), f"--model-repository={repo}", f"--backend-directory={bundle.backend_dir}",
+        f"--http-address={s.host}", f"--grpc-address={s.host}", f"--metrics-address={s.host}",
+        f"--http-port={s.http_port}", f"--grpc-port={s.grpc_port}", f"--metrics-port={s.metrics_port}",
+        f"--model-control-mode={s.model_control_mode}", f"--exit-timeout-secs={s.exit_timeout_secs}",
+        f"--log-verbose={s.log_verbose}",
+        "--strict-readiness=true",
+    ]
+    if s.model_control_mode == "poll":
+        args.append(f"--repository-poll-secs={s.repository_poll_secs}")
+    restricted = "model-repository,shared-memory,logging"
+    key = s.restricted_api_key or os.urandom(16).hex()  # without a key, nobody can use them
+    args += [f"--http-restricted-api={restricted}:{s.restricted_api_header}={key}",
+             f"--grpc-restricted-protocol={restricted}:{s.restricted_api_header}={key}"]
+    return [*args, *s.extra_args]
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver; a context manager that waits for readiness and stops on exit."""
+
+    repo: Path
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.settings.host}:{self.settings.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.settings.host}:{self.settings.grpc_port}"
+
+    def start(self) -> TritonServer:
+        self.settings.validate()
+        if not Path(self.repo).is_dir():
+            raise ServingError(f"{self.repo}: no such model repository; write one with `recserve repo`")
+        bundle = find_bundle()
+        self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
+        log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
+        self.process = subprocess.Popen(
+            server_args(bundle, Path(self.repo).resolve(), self.settings), env=server_env(bundle),
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log_file.close()
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        """Waits until every model is ready; raises with the server's own words if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServingError(f"tritonserver exited with code {self.process.returncode}:\n{self.failure_summary()}")
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise ServingError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.failure_summary()}")
+
+    def failure_summary(self, lines: int = 30) -> str:
+        """The log lines that say why (model load errors first)."""
+        if not self.log_path or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        errors = [line for line in text
+                  if line.startswith("E") or "UNAVAILABLE" in line or "failed" in line.lower() or "unrecognized" in line]
+        return "\n".join((errors or text)[-lines:])
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM, letting in-flight requests finish (Triton's exit timeout), then SIGKILL if still alive."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s or self.settings.exit_timeout_secs + 10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait()
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,46 @@
+"""Triton python model ``echo``: the ``recommender`` contract with a fixed top-k and no compute.
+
+The ceiling that the server stack (protocol, batching, python backend) allows, for benchmarks.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from recserve.constants import INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, OUTPUT_ITEM_IDS, OUTPUT_SCORES
+from recserve.errors import RequestError
+from recserve.serving.requests import parse_request
+
+
+def _input(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        self.max_k = int(params["max_k"]["string_value"])
+        self.string_ids = params["item_id_type"]["string_value"] == "string"
+        ids = np.arange(1, self.max_k + 1)
+        self.ids = np.char.encode(ids.astype(str)).astype(np.object_) if self.string_ids else ids
+        self.scores = np.linspace(1.0, 0.0, self.max_k, dtype=np.float32)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                p = parse_request(_input(request, INPUT_ITEM_IDS), _input(request, INPUT_K),
+                                  _input(request, INPUT_EXCLUDE_SEEN), self.max_k, self.string_ids)
+            except RequestError as err:
+                error = pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            rows = len(p.histories)
+            ids = np.broadcast_to(self.ids[: p.k], (rows, p.k))
+            scores = np.broadcast_to(self.scores[: p.k], (rows, p.k))
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(OUTPUT_ITEM_IDS, np.ascontiguousarray(ids)),
+                 pb_utils.Tensor(OUTPUT_SCORES, np.ascontiguousarray(scores))]))
+        return responses

@@ -1,0 +1,71 @@
+"""Triton python model ``recommender``: item IDs in, top-k IDs and scores out, over recserve's predictor.
+
+One predictor call for the whole dynamic batch; one response per request; a bad request gets an
+INVALID_ARG error response and leaves the rest of the batch unharmed.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from recserve.constants import (
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+)
+from recserve.errors import RequestError
+from recserve.serving.predictor import Predictor
+from recserve.serving.requests import parse_request
+
+
+def _input(request, name):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        folder = Path(args["model_repository"]) / args["model_version"] / config["parameters"]["export_dir"]["string_value"]
+        gpu = args["model_instance_kind"] == "GPU"
+        self.predictor = Predictor.load(folder, f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
+
+    def _parse(self, request):
+        try:
+            return parse_request(_input(request, INPUT_ITEM_IDS), _input(request, INPUT_K),
+                                 _input(request, INPUT_EXCLUDE_SEEN), self.predictor.max_k, self.predictor.string_ids)
+        except RequestError as err:
+            return err
+
+    def execute(self, requests):
+        parsed = [self._parse(r) for r in requests]
+        histories, ks, excludes, owners = [], [], [], []
+        for i, p in enumerate(parsed):
+            if not isinstance(p, RequestError):
+                histories += p.histories
+                ks += [p.k] * len(p.histories)
+                excludes.append(p.exclude_seen)
+                owners += [i] * len(p.histories)
+        answers = self.predictor.predict(histories, ks, np.concatenate(excludes)) if histories else []
+        by_request = {}
+        for owner, answer in zip(owners, answers):
+            by_request.setdefault(owner, []).append(answer)
+        return [self._response(p, by_request.get(i, [])) for i, p in enumerate(parsed)]
+
+    def _response(self, parsed, answers):
+        if isinstance(parsed, RequestError):
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(parsed), pb_utils.TritonError.INVALID_ARG))
+        width = min(len(a.item_ids) for a in answers)  # rows can only differ when the catalogue runs out
+        ids = np.stack([a.item_ids[:width] for a in answers])
+        if ids.dtype.kind == "U":
+            ids = np.char.encode(ids, "utf-8").astype(np.object_)
+        scores = np.stack([a.scores[:width] for a in answers])
+        unknown = np.array([[a.unknown_ids] for a in answers], dtype=np.int32)  # Triton 2.51 has no response parameters
+        outputs = [pb_utils.Tensor(OUTPUT_ITEM_IDS, ids), pb_utils.Tensor(OUTPUT_SCORES, scores),
+                   pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, unknown)]
+        return pb_utils.InferenceResponse(output_tensors=outputs)

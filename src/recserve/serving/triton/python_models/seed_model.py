@@ -1,0 +1,33 @@
+"""Seed layout, step 2 (``bert4rec``): tokens in, top-k vocabulary indices and scores out (eager PyTorch)."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from recserve.constants import POPULARITY_FILE, SEED_K, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES
+from recserve.models.inference import TopKHead
+from recserve.train.trainer import load_run
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = Path(args["model_repository"]) / args["model_version"]
+        gpu = args["model_instance_kind"] == "GPU"
+        self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
+        popularity = np.load(folder / POPULARITY_FILE)
+        self.head = TopKHead(load_run(folder), popularity, SEED_K).to(self.device).eval()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tokens = torch.from_numpy(pb_utils.get_input_tensor_by_name(request, "input__0").as_numpy())
+            tokens = tokens.reshape(1, -1).to(self.device)
+            with torch.inference_mode():
+                indices, scores = self.head(tokens, torch.zeros(1, dtype=torch.bool, device=self.device))
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor(SEED_OUTPUT_IDS, indices.cpu().numpy()),
+                pb_utils.Tensor(SEED_OUTPUT_SCORES, scores.float().cpu().numpy()),
+            ]))
+        return responses

@@ -1,0 +1,28 @@
+"""Seed layout, step 3 (``bert4rec_postprocessing``): vocabulary indices back to item IDs."""
+
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from recserve.constants import ITEM_TABLE_FILE, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES
+from recserve.data.vocab import Vocab
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = Path(args["model_repository"]) / args["model_version"]
+        self.vocab = Vocab(np.load(folder / ITEM_TABLE_FILE, allow_pickle=False))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            indices = pb_utils.get_input_tensor_by_name(request, "indices").as_numpy().reshape(-1)
+            scores = pb_utils.get_input_tensor_by_name(request, "top_scores").as_numpy().reshape(-1)
+            ids = self.vocab.to_ids(indices)
+            if ids.dtype.kind == "U":
+                ids = np.char.encode(ids, "utf-8").astype(np.object_)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor(SEED_OUTPUT_IDS, ids), pb_utils.Tensor(SEED_OUTPUT_SCORES, scores.astype(np.float32))
+            ]))
+        return responses

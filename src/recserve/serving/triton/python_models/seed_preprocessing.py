@@ -1,0 +1,26 @@
+"""Seed layout, step 1 (``bert4rec_preprocessing``): item IDs to vocabulary indices, mask token appended.
+
+The PoC's design, kept for compatibility and as the baseline: one request at a time, no batching.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from recserve.constants import ITEM_TABLE_FILE, SEED_INPUT
+from recserve.data.vocab import Vocab
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = Path(args["model_repository"]) / args["model_version"]
+        self.vocab = Vocab(np.load(folder / ITEM_TABLE_FILE, allow_pickle=False))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ids = pb_utils.get_input_tensor_by_name(request, SEED_INPUT).as_numpy().reshape(-1)
+            tokens = np.append(self.vocab.lookup(ids), self.vocab.mask_index)[None, :]  # (1, L + 1)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("tokens", tokens.astype(np.int64))]))
+        return responses

@@ -1,0 +1,205 @@
+"""``recserve repo``: writes a Triton model repository (fused, seed and echo layouts) from a training run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from recserve.constants import (
+    DEFAULT_MAX_K,
+    ECHO_MODEL,
+    FUSED_MODEL,
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    ITEM_TABLE_FILE,
+    MODEL_CONFIG_FILE,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+    POPULARITY_FILE,
+    SEED_ENSEMBLE,
+    SEED_HISTORY_LENGTH,
+    SEED_INPUT,
+    SEED_K,
+    SEED_MODEL,
+    SEED_OUTPUT_IDS,
+    SEED_OUTPUT_SCORES,
+    SEED_POSTPROCESSING,
+    SEED_PREPROCESSING,
+    WEIGHTS_FILE,
+)
+from recserve.errors import ServingError
+from recserve.serving.triton.model_config import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfig,
+    QueuePolicy,
+    TensorSpec,
+    to_pbtxt,
+)
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("fused", "seed", "echo")
+EXPORT_SUBDIR = "export"
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """How the fused and echo models batch and queue (Triton's own field names, units in names)."""
+
+    max_batch_size: int = 256
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 200  # how long the batcher waits to fill a batch
+    max_queue_size: int = 1024  # requests waiting beyond this are rejected at once (UNAVAILABLE / 503)
+    queue_timeout_microseconds: int = 2_000_000  # a request queued longer is rejected, not run late
+    instance_count: int = 1
+    device: str = "cpu"  # cpu or gpu: where model instances run
+    max_k: int = DEFAULT_MAX_K
+    response_cache: bool = False
+    versions_served: int = 1  # the newest N versions are served
+
+
+def _instances(settings: ServingSettings) -> tuple[InstanceGroup, ...]:
+    kind = "KIND_GPU" if settings.device == "gpu" else "KIND_CPU"
+    return (InstanceGroup(count=settings.instance_count, kind=kind),)
+
+
+def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The ``recommender`` contract: ragged item IDs, optional k and exclude_seen; IDs and scores out
+    (and the count of unknown IDs dropped, where the model counts them)."""
+    inputs = (
+        TensorSpec(INPUT_ITEM_IDS, id_type, (-1,), allow_ragged_batch=True),
+        TensorSpec(INPUT_K, "INT32", (1,), optional=True),
+        TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,), optional=True),
+    )
+    outputs = (TensorSpec(OUTPUT_ITEM_IDS, id_type, (-1,)), TensorSpec(OUTPUT_SCORES, "FP32", (-1,)))
+    if unknown_output:
+        outputs += (TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),)
+    return inputs, outputs
+
+
+def _batched_config(name: str, id_type: str, settings: ServingSettings, parameters: dict) -> ModelConfig:
+    inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
+    policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
+    return ModelConfig(
+        name=name, inputs=inputs, outputs=outputs, max_batch_size=settings.max_batch_size,
+        dynamic_batching=DynamicBatching(settings.preferred_batch_sizes, settings.max_queue_delay_microseconds, policy),
+        instance_groups=_instances(settings), version_policy_latest=settings.versions_served,
+        response_cache=settings.response_cache, parameters=parameters,
+    )
+
+
+def _python_model(source: str, target_dir: Path) -> None:
+    target_dir.mkdir(parents=True, exist_ok=True)
+    text = resources.files("recserve.serving.triton.python_models").joinpath(f"{source}.py").read_text()
+    (target_dir / "model.py").write_text(text)
+
+
+def _write_config(model_dir: Path, config: ModelConfig) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
+
+
+def _id_type(run_dir: Path) -> str:
+    ids = np.load(Path(run_dir) / ITEM_TABLE_FILE, allow_pickle=False)
+    return "BYTES" if ids.dtype.kind in "OUS" else "INT64"
+
+
+def write_fused(repo: Path, run_dir: Path, settings: ServingSettings, backend: str = "eager",
+                precision: str = "fp32", version: int = 1) -> dict:
+    """The ``recommender`` model: the exported graph behind a batched python model."""
+    from recserve.export.exporter import export_run
+
+    model_dir = repo / FUSED_MODEL
+    device = "cuda" if settings.device == "gpu" else "cpu"
+    manifest = export_run(run_dir, backend, precision, model_dir / str(version) / EXPORT_SUBDIR, device=device,
+                          max_k=settings.max_k)
+    _python_model("fused", model_dir / str(version))
+    _write_config(model_dir, _batched_config(FUSED_MODEL, _id_type(run_dir), settings, {"export_dir": EXPORT_SUBDIR}))
+    return manifest
+
+
+def write_echo(repo: Path, run_dir: Path, settings: ServingSettings, version: int = 1) -> None:
+    """The ``echo`` model: the same contract and batching, a fixed answer, no compute."""
+    id_type = _id_type(run_dir)
+    parameters = {"max_k": str(settings.max_k), "item_id_type": "string" if id_type == "BYTES" else "int64"}
+    _python_model("echo", repo / ECHO_MODEL / str(version))
+    _write_config(repo / ECHO_MODEL, _batched_config(ECHO_MODEL, id_type, settings, parameters))
+
+
+def write_seed(repo: Path, run_dir: Path, settings: ServingSettings, version: int = 1) -> None:
+    """The PoC's layout and names: python pre- and postprocessing around the model at batch size 1."""
+    id_type = _id_type(run_dir)
+    tokens = SEED_HISTORY_LENGTH + 1
+    instances = _instances(settings)
+    pre = ModelConfig(SEED_PREPROCESSING, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
+                      (TensorSpec("tokens", "INT64", (1, tokens)),), instance_groups=instances)
+    model = ModelConfig(SEED_MODEL, (TensorSpec("input__0", "INT64", (tokens,)),),
+                        (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+                        max_batch_size=1, instance_groups=instances)
+    post = ModelConfig(SEED_POSTPROCESSING,
+                       (TensorSpec("indices", "INT64", (1, SEED_K)), TensorSpec("top_scores", "FP32", (1, SEED_K))),
+                       (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+                       instance_groups=instances)
+    ensemble = ModelConfig(
+        SEED_ENSEMBLE, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
+        (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+        platform="ensemble",
+        ensemble_steps=(
+            EnsembleStep(SEED_PREPROCESSING, {SEED_INPUT: SEED_INPUT}, {"tokens": "tokens"}),
+            EnsembleStep(SEED_MODEL, {"input__0": "tokens"}, {SEED_OUTPUT_IDS: "indices", SEED_OUTPUT_SCORES: "top_scores"}),
+            EnsembleStep(SEED_POSTPROCESSING, {"indices": "indices", "top_scores": "top_scores"},
+                         {SEED_OUTPUT_IDS: SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES: SEED_OUTPUT_SCORES}),
+        ),
+    )
+    for config, source, files in (
+        (pre, "seed_preprocessing", (ITEM_TABLE_FILE,)),
+        (model, "seed_model", (WEIGHTS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE)),
+        (post, "seed_postprocessing", (ITEM_TABLE_FILE,)),
+    ):
+        _write_config(repo / config.name, config)
+        _python_model(source, repo / config.name / str(version))
+        for name in files:
+            shutil.copyfile(Path(run_dir) / name, repo / config.name / str(version) / name)
+    (repo / SEED_ENSEMBLE / str(version)).mkdir(parents=True, exist_ok=True)
+    _write_config(repo / SEED_ENSEMBLE, ensemble)
+
+
+def write_repository(run_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
+                     settings: ServingSettings = ServingSettings(), backend: str = "eager",
+                     precision: str = "fp32", version: int = 1) -> dict:
+    """Writes (or adds to) a model repository; returns a summary of what it holds."""
+    unknown = [layout for layout in layouts if layout not in LAYOUTS]
+    if unknown:
+        raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUTS)}")
+    if settings.device not in ("cpu", "gpu"):
+        raise ServingError(f"device {settings.device!r}: expected cpu or gpu")
+    if version < 1:
+        raise ServingError(f"version {version}: must be at least 1")
+    for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE, ITEM_TABLE_FILE, POPULARITY_FILE):
+        if not (Path(run_dir) / name).is_file():
+            raise ServingError(f"{run_dir}: missing {name}; pass a run folder written by `recserve train`")
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    summary = {"repository": str(repo), "version": version, "models": []}
+    if "fused" in layouts:
+        manifest = write_fused(repo, Path(run_dir), settings, backend, precision, version)
+        summary["models"].append({"name": FUSED_MODEL, "backend": backend, "precision": precision,
+                                  "validation_max_diff": manifest["validation"]["max_score_diff"]})
+    if "seed" in layouts:
+        write_seed(repo, Path(run_dir), settings, version)
+        summary["models"] += [{"name": n} for n in (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING)]
+    if "echo" in layouts:
+        write_echo(repo, Path(run_dir), settings, version)
+        summary["models"].append({"name": ECHO_MODEL})
+    (repo / "recserve.json").write_text(json.dumps({"run": str(run_dir), "layouts": list(layouts)}, indent=2) + "\n")
+    return summary
