@@ -10,6 +10,9 @@ from recserve.cli.console import setup_logging
 from recserve.cli.data import data
 from recserve.cli.evaluate import evaluate
 from recserve.cli.export import export
+from recserve.cli.recommend import recommend
+from recserve.cli.repo import repo
+from recserve.cli.serve import serve
 from recserve.cli.train import train
 
 app = typer.Typer(
@@ -25,7 +28,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug lo
     setup_logging(verbose)
 
 
-for command in (data, train, evaluate, export):
+for command in (data, train, evaluate, export, repo, serve, recommend):
     app.command()(command)
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""``recserve recommend``: top-k for a history from a running server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+
+
+def _titles(path: Optional[Path]) -> dict:
+    if path is None or not path.exists():
+        return {}
+    import polars as pl
+
+    items = pl.read_parquet(path)
+    return dict(zip(items["item_id"].to_list(), items["title"].to_list())) if "title" in items.columns else {}
+
+
+@handle_errors
+def recommend(
+    item_ids: Annotated[list[str], typer.Argument(help="The shopper's recent item IDs, oldest first.")],
+    k: Annotated[int, typer.Option("--k", "-k", help="How many items to return.")] = 10,
+    url: Annotated[Optional[str], typer.Option(help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP).")] = None,
+    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    include_seen: Annotated[bool, typer.Option(help="Allow items of the history in the answer.")] = False,
+    string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
+    items: Annotated[Optional[Path], typer.Option(help="items.parquet for titles (a data or run folder's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Ask the `recommender` model for the next items after ITEM_IDS."""
+    from rich.table import Table
+
+    from recserve.client import RecommenderClient
+
+    if not string_ids:
+        try:
+            history = [int(x) for x in item_ids]
+        except ValueError as err:
+            raise typer.BadParameter(f"{err}; pass --string-ids for a string-ID model", param_hint="ITEM_IDS") from err
+    else:
+        history = item_ids
+    with RecommenderClient(url, protocol) as client:
+        answer = client.recommend(history, k=k, exclude_seen=not include_seen)
+    if as_json:
+        print(json.dumps({"item_id": answer.item_ids.tolist(), "score": answer.scores.tolist(),
+                          "unknown_ids": answer.unknown_ids}))
+        return
+    titles = _titles(items)
+    table = Table(title=f"top {len(answer.item_ids)} after {len(history)} items"
+                  + (f" ({answer.unknown_ids} unknown dropped)" if answer.unknown_ids else ""))
+    for column in ("rank", "item_id", "score", "title"):
+        table.add_column(column)
+    for rank, (item, score) in enumerate(zip(answer.item_ids.tolist(), answer.scores.tolist()), 1):
+        table.add_row(str(rank), str(item), f"{score:.3f}", str(titles.get(item, "")))
+    console.print(table)

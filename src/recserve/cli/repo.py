@@ -1,0 +1,45 @@
+"""``recserve repo``: a Triton model repository from a training run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+from recserve.constants import DEFAULT_MAX_K
+
+
+@handle_errors
+def repo(
+    run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Model repository to write or add to.")],
+    layout: Annotated[str, typer.Option(help="Comma-separated: fused (model `recommender`), seed (the PoC's "
+                                             "ensemble), echo (fixed answer, the server-stack ceiling).")] = "fused",
+    backend: Annotated[str, typer.Option(help="Backend of the fused model's graph (see `recserve export`).")] = "eager",
+    precision: Annotated[str, typer.Option(help="fp32, fp16, bf16 or int8.")] = "fp32",
+    device: Annotated[str, typer.Option(help="cpu or gpu: where model instances run.")] = "cpu",
+    version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
+    max_batch_size: Annotated[int, typer.Option(help="Largest dynamic batch.")] = 256,
+    max_queue_delay_microseconds: Annotated[int, typer.Option(help="Batcher wait to fill a batch.")] = 200,
+    max_queue_size: Annotated[int, typer.Option(help="Queued requests beyond this are rejected (503).")] = 1024,
+    queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected.")] = 2000,
+    instances: Annotated[int, typer.Option(help="Model instances.")] = 1,
+    max_k: Annotated[int, typer.Option(help="Largest k a request may ask for.")] = DEFAULT_MAX_K,
+    versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
+    response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
+) -> None:
+    """Write a Triton model repository: config.pbtxt, python models and the validated export."""
+    from recserve.serving.triton.repository import ServingSettings, write_repository
+
+    settings = ServingSettings(
+        max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
+        max_queue_size=max_queue_size, queue_timeout_microseconds=queue_timeout_ms * 1000,
+        instance_count=instances, device=device, max_k=max_k, response_cache=response_cache,
+        versions_served=versions_served,
+    )
+    layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
+    with console.status(f"writing {', '.join(layouts)} into {out}"):
+        summary = write_repository(run, out, layouts, settings, backend, precision, version)
+    console.print(f"{out}: " + ", ".join(m["name"] for m in summary["models"]) + f" (version {version})")

@@ -1,0 +1,5 @@
+"""Clients for a running recserve Triton server (HTTP and gRPC, sync and asyncio)."""
+
+from recserve.client.triton import AsyncRecommenderClient, RecommenderClient, RecommendError, ServerBusyError
+
+__all__ = ["AsyncRecommenderClient", "RecommendError", "RecommenderClient", "ServerBusyError"]

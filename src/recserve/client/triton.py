@@ -1,0 +1,177 @@
+"""``recommend(item_ids, k, exclude_seen)`` against the ``recommender`` model, built on tritonclient.
+
+Rejections for overload (HTTP 503 / gRPC UNAVAILABLE, a full queue or a queue timeout) raise
+``ServerBusyError``, which is retryable: ``retries`` > 0 retries them with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from recserve.constants import (
+    DEFAULT_K,
+    FUSED_MODEL,
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+)
+from recserve.errors import ServingError
+
+BUSY_STATUSES = {"503", "StatusCode.UNAVAILABLE", "UNAVAILABLE"}
+
+
+class RecommendError(ServingError):
+    """The server refused or failed a request; ``status`` is its HTTP status or gRPC code."""
+
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class ServerBusyError(RecommendError):
+    """The server shed the request under load (queue full or queue timeout): retry later."""
+
+
+@dataclass(frozen=True)
+class Recommendations:
+    item_ids: np.ndarray
+    scores: np.ndarray
+    unknown_ids: int = 0
+
+
+def _module(protocol: str, aio: bool = False):
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+
+        if aio:
+            import tritonclient.grpc.aio as module
+    elif protocol == "http":
+        import tritonclient.http as module
+
+        if aio:
+            import tritonclient.http.aio as module
+    else:
+        raise ServingError(f"protocol {protocol!r}: expected grpc or http")
+    return module
+
+
+def default_url(protocol: str) -> str:
+    return "127.0.0.1:8001" if protocol == "grpc" else "127.0.0.1:8000"
+
+
+def _inputs(module, item_ids, k: int, exclude_seen: bool):
+    ids = np.asarray(item_ids)
+    if ids.dtype.kind in "US" or ids.dtype == object:
+        ids = np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
+    else:
+        ids = ids.astype(np.int64)
+    ids = ids.reshape(1, -1)
+    tensors = []
+    for name, value in ((INPUT_ITEM_IDS, ids), (INPUT_K, np.array([[k]], dtype=np.int32)),
+                        (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool))):
+        tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    return tensors
+
+
+def _error(err: InferenceServerException) -> RecommendError:
+    status = str(err.status()) if err.status() is not None else None
+    cls = ServerBusyError if status in BUSY_STATUSES else RecommendError
+    return cls(err.message() or str(err), status)
+
+
+def _result(reply, has_unknown: bool) -> Recommendations:
+    ids = reply.as_numpy(OUTPUT_ITEM_IDS)[0]
+    if ids.dtype == object:
+        ids = np.array([x.decode() for x in ids])
+    unknown = int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]) if has_unknown else 0
+    return Recommendations(ids, reply.as_numpy(OUTPUT_SCORES)[0], unknown)
+
+
+def _outputs(module, model: str):
+    names = [OUTPUT_ITEM_IDS, OUTPUT_SCORES] + ([OUTPUT_UNKNOWN_IDS] if model == FUSED_MODEL else [])
+    return [module.InferRequestedOutput(n) for n in names]
+
+
+class RecommenderClient:
+    """Synchronous client. ``url`` is host:port (gRPC 8001, HTTP 8000 by default)."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL,
+                 timeout_s: float = 10.0, retries: int = 0, backoff_s: float = 0.05):
+        self.module = _module(protocol)
+        self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
+        self.retries, self.backoff_s = retries, backoff_s
+        self.url = url or default_url(protocol)
+        self.client = self.module.InferenceServerClient(self.url)
+
+    def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
+        """Top-k item IDs and scores for one history, best first."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._once(item_ids, k, exclude_seen)
+            except ServerBusyError:
+                if attempt == self.retries:
+                    raise
+                time.sleep(self.backoff_s * 2**attempt * (1 + random.random()))
+        raise AssertionError("unreachable")
+
+    def _once(self, item_ids, k: int, exclude_seen: bool) -> Recommendations:
+        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        try:
+            reply = self.client.infer(self.model, _inputs(self.module, item_ids, k, exclude_seen),
+                                      outputs=_outputs(self.module, self.model), **kwargs)
+        except InferenceServerException as err:
+            raise _error(err) from err
+        return _result(reply, self.model == FUSED_MODEL)
+
+    def recommend_batch(self, histories, k: int = DEFAULT_K, exclude_seen: bool = True) -> list[Recommendations]:
+        """One answer per history; the server batches them."""
+        return [self.recommend(h, k, exclude_seen) for h in histories]
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self.client.is_model_ready(self.model))
+        except InferenceServerException:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> RecommenderClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncRecommenderClient:
+    """asyncio client; ``recommend_batch`` sends every history concurrently."""
+
+    def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL):
+        self.module = _module(protocol, aio=True)
+        self.model = model
+        self.client = self.module.InferenceServerClient(url or default_url(protocol))
+
+    async def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
+        try:
+            reply = await self.client.infer(self.model, _inputs(self.module, item_ids, k, exclude_seen),
+                                            outputs=_outputs(self.module, self.model))
+        except InferenceServerException as err:
+            raise _error(err) from err
+        return _result(reply, self.model == FUSED_MODEL)
+
+    async def recommend_batch(self, histories, k: int = DEFAULT_K, exclude_seen: bool = True):
+        return await asyncio.gather(*(self.recommend(h, k, exclude_seen) for h in histories))
+
+    async def close(self) -> None:
+        await self.client.close()
