@@ -14,3 +14,41 @@ def ml100k_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ml100k") / "data"
     prepare("ml-100k", out)
     return out
+
+
+def _train_tiny(data_dir: Path, out: Path, **overrides) -> Path:
+    from recserve.train.trainer import TrainConfig, train, write_metrics
+
+    model = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
+    summary = train(data_dir, out, model, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False))
+    write_metrics(out, summary)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(ml100k_dir, tmp_path_factory) -> Path:
+    """A small BERT4Rec trained for two epochs on ML-100K (integer IDs)."""
+    return _train_tiny(ml100k_dir, tmp_path_factory.mktemp("tiny") / "run")
+
+
+@pytest.fixture(scope="session")
+def string_data_dir(tmp_path_factory) -> Path:
+    """A synthetic log with string SKUs: each user walks a cycle of items."""
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for user in range(60):
+        start = rng.integers(0, 30)
+        for step in range(12):
+            rows.append((f"user-{user}", f"sku-{(start + step) % 30:03d}", step))
+    folder = tmp_path_factory.mktemp("strings")
+    pl.DataFrame(rows, schema=["user_id", "item_id", "timestamp"], orient="row").write_csv(folder / "log.csv")
+    prepare(str(folder / "log.csv"), folder / "data")
+    return folder / "data"
+
+
+@pytest.fixture(scope="session")
+def string_run(string_data_dir, tmp_path_factory) -> Path:
+    return _train_tiny(string_data_dir, tmp_path_factory.mktemp("string-run") / "run", window=8)

@@ -1,0 +1,121 @@
+"""Exports: parity with eager fp32 on untraced shapes, the PoC's traps, and nothing written on failure."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.constants import EXPORT_MANIFEST
+from recserve.errors import ExportError
+from recserve.export import exporter
+from recserve.export.backends import load_runner
+from recserve.export.graph import build_graph, example_inputs, load_spec
+from recserve.export.runner import torch_runner
+from recserve.export.validate import FP32_SCORE_TOL
+
+
+@pytest.mark.parametrize("backend", ["eager", "torchscript", "onnx"])
+def test_fp32_exports_match_eager_on_untraced_shapes(tiny_run, tmp_path, backend):
+    manifest = exporter.export_run(tiny_run, backend, "fp32", tmp_path / "out")
+    validation = manifest["validation"]
+    assert validation["max_score_diff"] <= FP32_SCORE_TOL and validation["top10_overlap"] == 1.0
+    assert {(c["batch"], c["length"]) for c in validation["cases"]} >= {(1, 7), (3, 19), (64, 19)}
+    # and again, independently, on a shape no case used
+    spec = load_spec(tiny_run, graph_searches=backend != "onnx")
+    inputs = [t.numpy() for t in example_inputs(spec, 11, 5, seed=42)]
+    reference = torch_runner(build_graph(tiny_run, spec, 100), "cpu")(*inputs)
+    got = load_runner(tmp_path / "out", manifest)(*inputs)
+    np.testing.assert_array_equal(got[0][:, :10], reference[0][:, :10])
+    np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)
+
+
+def test_aot_inductor_package_matches_eager(tiny_run, tmp_path):
+    manifest = exporter.export_run(tiny_run, "aoti", "fp32", tmp_path / "out")
+    assert (tmp_path / "out" / "model.pt2").exists() and manifest["fixed_length"] == 19
+    assert manifest["validation"]["top10_overlap"] == 1.0
+
+
+@pytest.mark.parametrize(("backend", "precision"), [("onnx", "int8"), ("eager", "int8"), ("eager", "bf16")])
+def test_reduced_precision_reports_overlap_and_ndcg_change(tiny_run, ml100k_dir, tmp_path, backend, precision):
+    manifest = exporter.export_run(tiny_run, backend, precision, tmp_path / "out", data_dir=ml100k_dir)
+    validation = manifest["validation"]
+    assert 0.5 < validation["top10_overlap"] <= 1.0
+    assert abs(validation["ndcg10_delta"]) < 0.05 and validation["ndcg10_reference"] > 0
+
+
+def test_string_ids_are_mapped_by_the_predictor_for_every_backend(string_run, tmp_path):
+    manifest = exporter.export_run(string_run, "onnx", "fp32", tmp_path / "out")
+    assert manifest["id_mapping"] == "predictor" and manifest["item_id_type"] == "string"
+
+
+def test_failed_parity_is_an_error_with_the_difference_and_nothing_is_written(tiny_run, tmp_path, monkeypatch):
+    real_load = exporter.backend_module("torchscript").load
+
+    def perturbed(*args):
+        run = real_load(*args)
+        return lambda *inputs: (lambda ids, scores: (ids, scores + 0.01))(*run(*inputs))
+
+    monkeypatch.setattr(exporter.backend_module("torchscript"), "load", perturbed)
+    with pytest.raises(ExportError, match=r"max score difference 1\.00e-02 \(tolerance 1e-03\)"):
+        exporter.export_run(tiny_run, "torchscript", "fp32", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+@pytest.mark.parametrize(
+    ("backend", "precision", "device", "message"),
+    [
+        ("tensorrt", "fp32", "cpu", "expected one of"),
+        ("eager", "fp8", "cpu", "precision 'fp8'"),
+        ("eager", "fp16", "cpu", "fp16 needs a GPU"),
+    ],
+)
+def test_bad_export_requests_are_refused(tiny_run, tmp_path, backend, precision, device, message):
+    with pytest.raises(ExportError, match=message):
+        exporter.export_run(tiny_run, backend, precision, tmp_path / "out", device=device)
+
+
+def test_torch_tensorrt_says_what_to_install(tiny_run, tmp_path):
+    pytest.importorskip("torch")
+    try:
+        import torch_tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(ExportError, match="pip install torch-tensorrt"):
+            exporter.export_run(tiny_run, "torch_tensorrt", "fp32", tmp_path / "out")
+    else:
+        pytest.skip("Torch-TensorRT is installed; the GPU test covers it")
+
+
+def test_graph_takes_int64_ids_and_any_batch(tiny_run, tmp_path):
+    """PoC traps: int64 inputs, a dynamic batch dimension, `expand` under dynamic shapes."""
+    exporter.export_run(tiny_run, "onnx", "fp32", tmp_path / "out")
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx")).graph
+    item_ids = graph.input[0]
+    assert item_ids.type.tensor_type.elem_type == onnx.TensorProto.INT64
+    dims = item_ids.type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_param  # symbolic batch and length
+    runner = load_runner(tmp_path / "out", json.loads((tmp_path / "out" / EXPORT_MANIFEST).read_text()))
+    for batch in (1, 2, 257):
+        ids, scores = runner(np.ones((batch, 3), np.int64), np.full(batch, 3, np.int64), np.ones(batch, bool))
+        assert ids.shape == (batch, 100) and scores.dtype == np.float32
+
+
+def test_inference_graph_returns_tensors_not_a_loss(tiny_run):
+    spec = load_spec(tiny_run)
+    outputs = build_graph(tiny_run, spec, 10)(*example_inputs(spec, 2, 5))
+    assert len(outputs) == 2 and all(isinstance(t, torch.Tensor) for t in outputs)
+
+
+def test_export_report_times_every_variant_and_plots(tiny_run, ml100k_dir, tmp_path, monkeypatch):
+    from recserve.export import report
+
+    monkeypatch.setattr(report, "variants", lambda device: [("eager", "fp32"), ("onnx", "fp32"), ("onnx", "int8")])
+    result = report.build_report(tiny_run, tmp_path, data_dir=ml100k_dir, seconds=0.05)
+    rows = result["results"]
+    assert len(rows) == 3 * len(report.BATCH_SIZES)
+    assert all(r["p50_ms"] > 0 and r["throughput"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
+    assert {"backend", "precision", "batch_size", "p50_ms", "p99_ms", "throughput", "top10_overlap",
+            "ndcg10_delta"} <= set(rows[0])
+    assert (tmp_path / "report.png").stat().st_size > 10_000 and "| onnx | int8 |" in (tmp_path / "report.md").read_text()

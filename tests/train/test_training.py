@@ -1,0 +1,85 @@
+"""Training end to end: it learns a planted pattern, is deterministic, and refuses bad settings."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.errors import ConfigError, DataError
+from recserve.train.evaluate import evaluate_run
+from recserve.train.trainer import TrainConfig, load_run, train
+
+SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}
+
+
+def test_training_learns_a_planted_sequence_and_beats_popularity(string_data_dir, tmp_path):
+    cfg = TrainConfig(epochs=25, samples_per_user=8, batch_size=64, lr=3e-3, patience=25, device="cpu", resume=False)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg)
+    for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE, ITEM_TABLE_FILE, "curves.png"):
+        assert (tmp_path / "run" / name).exists(), name
+    result = evaluate_run(tmp_path / "run", string_data_dir)
+    # every user walks the same cycle, so the next item is fully predictable from the last one
+    assert result["test"]["full"]["hr@1"] > 0.5
+    assert result["test"]["full"]["ndcg@10"] > 3 * result["popularity"]["full"]["ndcg@10"]
+    assert summary["valid"]["ndcg@10"] > 0.5
+
+
+def test_same_seed_gives_the_same_weights(string_data_dir, tmp_path):
+    cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu", resume=False)
+    for name in ("a", "b"):
+        train(string_data_dir, tmp_path / name, SMALL, cfg)
+    a, b = load_run(tmp_path / "a").state_dict(), load_run(tmp_path / "b").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tiny_run_writes_metrics_with_both_protocols(tiny_run, ml100k_dir):
+    result = evaluate_run(tiny_run, ml100k_dir)
+    assert set(result["test"]) == {"full", "full_no_exclusion", "sampled"}
+    # excluding seen items can only move the target up
+    assert result["test"]["full"]["mrr"] >= result["test"]["full_no_exclusion"]["mrr"]
+    assert result["popularity"]["full"]["hr@10"] == pytest.approx(0.0859, abs=0.003)  # exact-count popularity
+    assert json.loads((tiny_run / METRICS_FILE).read_text())["model"] == "bert4rec"
+
+
+@pytest.mark.parametrize(
+    ("model", "cfg", "error", "message"),
+    [
+        ({"window": 1}, {}, ConfigError, "window=1"),
+        ({}, {"device": "cuda"}, ConfigError, "no CUDA device"),
+        ({}, {"device": "tpu"}, ConfigError, "expected auto, cpu or cuda"),
+        ({}, {"epochs": 0}, ConfigError, "epochs=0"),
+    ],
+)
+def test_bad_settings_get_one_clear_error(ml100k_dir, tmp_path, model, cfg, error, message):
+    if cfg.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(error, match=message):
+        train(ml100k_dir, tmp_path / "run", model, TrainConfig(**cfg))
+
+
+def test_a_folder_that_is_not_prepared_data_is_refused(tmp_path):
+    with pytest.raises(DataError, match="not a prepared data folder"):
+        train(tmp_path, tmp_path / "run")
+
+
+def test_data_from_another_format_version_is_refused(ml100k_dir, tmp_path):
+    import shutil
+
+    shutil.copytree(ml100k_dir, tmp_path / "old")
+    info = json.loads((tmp_path / "old" / "dataset.json").read_text())
+    (tmp_path / "old" / "dataset.json").write_text(json.dumps(info | {"format_version": 0}))
+    with pytest.raises(DataError, match="format version 0"):
+        train(tmp_path / "old", tmp_path / "run")
+
+
+def test_evaluating_on_another_dataset_is_refused(tiny_run, string_data_dir):
+    with pytest.raises(DataError, match="trained on 1682"):
+        evaluate_run(tiny_run, string_data_dir)
+
+
+def test_metric_of_sampled_protocol_is_reproducible(tiny_run, ml100k_dir):
+    a = evaluate_run(tiny_run, ml100k_dir, seed=3)["test"]["sampled"]
+    b = evaluate_run(tiny_run, ml100k_dir, seed=3)["test"]["sampled"]
+    assert a == b and np.isfinite(list(a.values())).all()
