@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
 
 from recserve.constants import PAD_INDEX
 
@@ -61,8 +60,8 @@ class Sequences:
         return np.where(valid, self.items[np.clip(pos, 0, max(len(self.items) - 1, 0))], PAD_INDEX)
 
 
-def sequences_from_frame(frame: pl.DataFrame) -> Sequences:
-    """Builds flat sequences from a frame with an ``items`` list column (one row per user)."""
+def sequences_from_frame(frame) -> Sequences:
+    """Builds flat sequences from a polars frame with an ``items`` list column (one row per user)."""
     lengths = frame["items"].list.len().to_numpy().astype(np.int64)
     items = frame["items"].explode().to_numpy().astype(np.int64) if frame.height else np.zeros(0, np.int64)
     return Sequences(items=items, offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))

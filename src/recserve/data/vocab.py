@@ -38,7 +38,7 @@ class Vocab:
 
     def lookup(self, item_ids: np.ndarray) -> np.ndarray:
         """Maps IDs to indices with one vectorised search; unknown IDs map to padding (0)."""
-        item_ids = np.asarray(item_ids)
+        item_ids = as_str_ids(item_ids) if self.is_string else np.asarray(item_ids)
         if item_ids.size == 0 or self.num_items == 0:
             return np.zeros(item_ids.shape, dtype=np.int64)
         pos = np.searchsorted(self.ids, item_ids)
@@ -57,3 +57,12 @@ def build_vocab(item_ids: np.ndarray) -> Vocab:
     if ids.dtype.kind in "OUS":
         ids = ids.astype(str)
     return Vocab(ids=ids)
+
+
+def as_str_ids(item_ids) -> np.ndarray:
+    """String IDs as a numpy str array, decoding UTF-8 bytes (what Triton's BYTES tensors hold)."""
+    item_ids = np.asarray(item_ids)
+    if item_ids.dtype.kind == "S" or item_ids.dtype == object:
+        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in item_ids.reshape(-1)]
+        return np.array(flat, dtype=str).reshape(item_ids.shape)
+    return item_ids.astype(str)

@@ -12,7 +12,7 @@ from recserve.constants import ITEM_TABLE_FILE, MODEL_CONFIG_FILE, POPULARITY_FI
 from recserve.errors import ExportError
 from recserve.models.bert4rec import Bert4RecConfig
 from recserve.models.inference import InferenceGraph, use_lookup_table
-from recserve.train.trainer import load_run
+from recserve.models.bert4rec import load_run
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

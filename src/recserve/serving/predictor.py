@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from recserve.constants import DEFAULT_K, EXPORT_MANIFEST, ITEM_TABLE_FILE
+from recserve.data.vocab import as_str_ids
 from recserve.errors import RequestError, ServingError
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class Predictor:
         n = len(histories)
         ks = [self.check_k(x) for x in (np.broadcast_to(k, (n,)) if n else [])]
         if self.string_ids:
-            histories = [self._as_strings(h) for h in histories]
+            histories = [as_str_ids(h).reshape(-1) for h in histories]
         batch = self.encode(histories)
         exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
         top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude)
@@ -130,13 +131,6 @@ class Predictor:
                 ids = self.vocab_ids[ids - 1]
             out.append(Recommendation(ids, scores[np.isfinite(scores)].astype(np.float32), int(batch.unknown[row])))
         return out
-
-    @staticmethod
-    def _as_strings(history: np.ndarray) -> np.ndarray:
-        history = np.asarray(history).reshape(-1)
-        if history.dtype.kind == "S" or history.dtype == object:
-            return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in history], dtype=str)
-        return history.astype(str)
 
 
 def read_manifest(export_dir: Path) -> dict:

@@ -44,8 +44,7 @@ def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.n
         item_ids = item_ids[None, :]
     if item_ids.ndim != 2:
         raise RequestError(f"{INPUT_ITEM_IDS}: expected shape [batch, length], got {list(item_ids.shape)}")
-    is_bytes = item_ids.dtype.kind in "OSU"
-    if string_ids != is_bytes:
+    if item_ids.dtype.kind not in ("OSU" if string_ids else "iu"):
         expected = "BYTES (string IDs)" if string_ids else "INT64 (integer IDs)"
         raise RequestError(f"{INPUT_ITEM_IDS}: this model takes {expected}, got {item_ids.dtype}")
     rows = item_ids.shape[0]

@@ -177,17 +177,6 @@ def _best_epoch(path: str) -> int | None:
         return None
 
 
-def load_run(run_dir: Path) -> Bert4Rec:
-    """The trained model of a run folder, in eval mode on the CPU."""
-    run_dir = Path(run_dir)
-    missing = [n for n in (MODEL_CONFIG_FILE, WEIGHTS_FILE) if not (run_dir / n).is_file()]
-    if missing:
-        raise DataError(f"{run_dir}: not a training run, missing {', '.join(missing)}; run `recserve train` first")
-    model = Bert4Rec(Bert4RecConfig.load(run_dir / MODEL_CONFIG_FILE))
-    model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
-    return model.eval()
-
-
 def write_metrics(run_dir: Path, update: dict) -> dict:
     """Merges ``update`` into the run's metrics.json and returns the whole file."""
     path = Path(run_dir) / METRICS_FILE

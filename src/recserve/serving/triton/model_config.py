@@ -66,7 +66,8 @@ class ModelConfig:
 
 def _tensor(spec: TensorSpec, message):
     message.name = spec.name
-    message.data_type = pb.DataType.Value(f"TYPE_{spec.data_type}")
+    # config.pbtxt calls the BYTES tensor type TYPE_STRING
+    message.data_type = pb.DataType.Value("TYPE_STRING" if spec.data_type == "BYTES" else f"TYPE_{spec.data_type}")
     message.dims.extend(spec.dims)
     if spec.optional:
         message.optional = True

@@ -139,11 +139,13 @@ def write_echo(repo: Path, run_dir: Path, settings: ServingSettings, version: in
 def write_seed(repo: Path, run_dir: Path, settings: ServingSettings, version: int = 1) -> None:
     """The PoC's layout and names: python pre- and postprocessing around the model at batch size 1."""
     id_type = _id_type(run_dir)
-    tokens = SEED_HISTORY_LENGTH + 1
+    window = json.loads((Path(run_dir) / MODEL_CONFIG_FILE).read_text())["window"]
     instances = _instances(settings)
+    # the history keeps its window - 1 most recent items, then the mask token: at most 40 tokens
     pre = ModelConfig(SEED_PREPROCESSING, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
-                      (TensorSpec("tokens", "INT64", (1, tokens)),), instance_groups=instances)
-    model = ModelConfig(SEED_MODEL, (TensorSpec("input__0", "INT64", (tokens,)),),
+                      (TensorSpec("tokens", "INT64", (1, -1)),), instance_groups=instances,
+                      parameters={"window": str(window)})
+    model = ModelConfig(SEED_MODEL, (TensorSpec("input__0", "INT64", (-1,)),),
                         (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
                         max_batch_size=1, instance_groups=instances)
     post = ModelConfig(SEED_POSTPROCESSING,

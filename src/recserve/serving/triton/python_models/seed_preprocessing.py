@@ -3,6 +3,7 @@
 The PoC's design, kept for compatibility and as the baseline: one request at a time, no batching.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,12 @@ class TritonPythonModel:
     def initialize(self, args):
         folder = Path(args["model_repository"]) / args["model_version"]
         self.vocab = Vocab(np.load(folder / ITEM_TABLE_FILE, allow_pickle=False))
+        self.history_limit = int(json.loads(args["model_config"])["parameters"]["window"]["string_value"]) - 1
 
     def execute(self, requests):
         responses = []
         for request in requests:
-            ids = pb_utils.get_input_tensor_by_name(request, SEED_INPUT).as_numpy().reshape(-1)
+            ids = pb_utils.get_input_tensor_by_name(request, SEED_INPUT).as_numpy().reshape(-1)[-self.history_limit :]
             tokens = np.append(self.vocab.lookup(ids), self.vocab.mask_index)[None, :]  # (1, L + 1)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("tokens", tokens.astype(np.int64))]))
         return responses

@@ -1,0 +1,97 @@
+"""The framework-free predictor: the defined answer for every odd input."""
+
+import numpy as np
+import pytest
+
+from recserve.constants import POPULARITY_FILE
+from recserve.errors import RequestError
+from recserve.export.exporter import export_run
+from recserve.serving.predictor import Predictor
+from recserve.serving.requests import parse_request
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pred") / "export"
+    export_run(tiny_run, "eager", "fp32", out)
+    return Predictor.load(out)
+
+
+@pytest.fixture(scope="module")
+def string_predictor(string_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("spred") / "export"
+    export_run(string_run, "onnx", "fp32", out)
+    return Predictor.load(out)
+
+
+def test_unknown_ids_are_dropped_and_counted(predictor):
+    with_unknown, clean = predictor.predict([np.array([1, 999_999, 2, -5, 3]), np.array([1, 2, 3])])
+    assert with_unknown.unknown_ids == 2 and clean.unknown_ids == 0
+    np.testing.assert_array_equal(with_unknown.item_ids, clean.item_ids)
+
+
+def test_an_empty_or_unknown_history_gets_the_most_popular_items(predictor, tiny_run):
+    counts = np.load(tiny_run / POPULARITY_FILE)[1:-1]
+    popular = np.argsort(-counts, kind="stable")[:10] + 1  # ML-100K's item IDs equal their index
+    for history in (np.array([], dtype=np.int64), np.array([999_999])):
+        answer = predictor.predict([history])[0]
+        assert set(answer.item_ids) == set(popular)
+
+
+def test_a_history_longer_than_the_window_keeps_its_most_recent_items(predictor):
+    recent = np.arange(100, 119)  # window 20: 19 items fit
+    long = np.concatenate([np.arange(1, 60), recent])
+    np.testing.assert_array_equal(predictor.predict([long])[0].item_ids, predictor.predict([recent])[0].item_ids)
+
+
+def test_seen_items_are_excluded_unless_asked_not_to(predictor):
+    history = np.arange(1, 19)
+    seen_out = predictor.predict([history], 50, True)[0]
+    assert not set(seen_out.item_ids) & set(history)
+    kept = predictor.predict([history], 50, False)[0]
+    assert np.all(np.diff(kept.scores) <= 0) and len(kept.item_ids) == 50
+
+
+@pytest.mark.parametrize("k", [0, 101, -1])
+def test_k_out_of_range_names_the_field_and_the_allowed_values(predictor, k):
+    with pytest.raises(RequestError, match=rf"k: {k} is out of range; allowed 1..100"):
+        predictor.predict([np.array([1])], k)
+
+
+def test_string_ids_work_end_to_end_and_unknown_strings_are_dropped(string_predictor):
+    answer = string_predictor.predict([np.array(["sku-001", "sku-002", "nope"])], 5)[0]
+    assert answer.unknown_ids == 1 and answer.item_ids.dtype.kind == "U"
+    assert all(x.startswith("sku-") for x in answer.item_ids)
+    as_bytes = string_predictor.predict([np.array([b"sku-001", b"sku-002"], dtype=object)], 5)[0]
+    np.testing.assert_array_equal(as_bytes.item_ids, answer.item_ids)
+
+
+@pytest.mark.parametrize(
+    ("item_ids", "k", "exclude", "message"),
+    [
+        (np.zeros((1, 2, 3), np.int64), None, None, r"expected shape \[batch, length\]"),
+        (np.array([[1.5]]), None, None, "this model takes INT64"),
+        (np.array([[b"a"]], dtype=object), None, None, "this model takes INT64"),
+        (np.array([[1]]), np.array([[1.0]]), None, "k: wrong data type"),
+        (np.array([[1], [2]]), np.array([[3], [4]]), None, "one k per request"),
+        (np.array([[1]]), None, np.array([[1]]), "exclude_seen: wrong data type"),
+    ],
+)
+def test_malformed_requests_name_the_field(item_ids, k, exclude, message):
+    with pytest.raises(RequestError, match=message):
+        parse_request(item_ids, k, exclude, max_k=100, string_ids=False)
+
+
+def test_the_serving_core_imports_only_numpy_and_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import recserve.serving.predictor, recserve.serving.requests, recserve.export.backends\n"
+        "import recserve.export.eager, recserve.export.torchscript, recserve.export.exporter\n"
+        "heavy = {'polars', 'lightning', 'typer', 'rich', 'matplotlib', 'pyarrow', 'tritonclient', 'onnxruntime'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

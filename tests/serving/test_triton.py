@@ -1,0 +1,176 @@
+"""End to end against a real Triton: the fused, seed and echo layouts, integer and string IDs, bad input."""
+
+import asyncio
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import model_config_pb2 as pb
+from typer.testing import CliRunner
+
+from recserve.client import AsyncRecommenderClient, RecommenderClient, RecommendError
+from recserve.errors import ServingError
+from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton.model_config import parse_pbtxt
+from recserve.serving.triton.repository import ServingSettings, write_repository
+from tests.serving.conftest import server_settings
+
+
+def _infer(url, model, **arrays):
+    client = httpclient.InferenceServerClient(url)
+    inputs = []
+    for name, value in arrays.items():
+        dtype = "BYTES" if value.dtype == object else {"int64": "INT64", "int32": "INT32", "bool": "BOOL",
+                                                       "float32": "FP32"}[str(value.dtype)]
+        tensor = httpclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
+    fused = parse_pbtxt((int_repo / "recommender" / "config.pbtxt").read_text())
+    assert fused.max_batch_size == 256 and fused.backend == "python"
+    assert fused.input[0].allow_ragged_batch and fused.input[1].optional and fused.input[2].optional
+    assert fused.dynamic_batching.max_queue_delay_microseconds == 2000
+    policy = fused.dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 1024 and policy.default_timeout_microseconds == 2_000_000
+    assert policy.timeout_action == pb.ModelQueuePolicy.REJECT
+    assert fused.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    ensemble = parse_pbtxt((int_repo / "bert4rec_ensemble" / "config.pbtxt").read_text())
+    assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
+        "bert4rec_preprocessing", "bert4rec", "bert4rec_postprocessing"]
+    assert list(ensemble.input[0].dims) == [39] and ensemble.input[0].data_type == pb.TYPE_INT64
+    model = parse_pbtxt((int_repo / "bert4rec" / "config.pbtxt").read_text())
+    assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
+
+
+def test_fused_answers_match_the_predictor_and_count_unknown_ids(int_server, tiny_run):
+    with RecommenderClient(int_server.grpc_url) as client:
+        answer = client.recommend([1, 2, 3, 999_999], k=5)
+        clean = client.recommend([1, 2, 3], k=5)
+    assert answer.unknown_ids == 1 and len(answer.item_ids) == 5
+    np.testing.assert_array_equal(answer.item_ids, clean.item_ids)
+    assert not {1, 2, 3} & set(answer.item_ids.tolist()) and np.all(np.diff(answer.scores) <= 0)
+
+
+def test_empty_history_gets_popular_items_and_a_long_one_its_most_recent(int_server, tiny_run):
+    counts = np.load(tiny_run / "popularity.npy")[1:-1]
+    reply = _infer(int_server.http_url, "recommender", item_ids=np.zeros((1, 0), np.int64))
+    assert set(reply.as_numpy("item_ids")[0]) == set(np.argsort(-counts, kind="stable")[:10] + 1)
+    with RecommenderClient(int_server.http_url, "http") as client:
+        recent = list(range(200, 219))
+        assert client.recommend(list(range(1, 100)) + recent).item_ids.tolist() == client.recommend(recent).item_ids.tolist()
+
+
+@pytest.mark.parametrize("k", [0, 101])
+def test_k_out_of_range_is_400_over_http_and_invalid_argument_over_grpc(int_server, k):
+    with pytest.raises(RecommendError, match=f"k: {k} is out of range; allowed 1..100") as http_err:
+        RecommenderClient(int_server.http_url, "http").recommend([1, 2], k=k)
+    assert http_err.value.status == "400"
+    with pytest.raises(RecommendError, match="out of range") as grpc_err:
+        RecommenderClient(int_server.grpc_url, "grpc").recommend([1, 2], k=k)
+    assert "INVALID_ARGUMENT" in grpc_err.value.status
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"item_ids": np.array([[1.0, 2.0]], np.float32)}, "data-type"),
+        ({"item_ids": np.ones((1, 2, 3), np.int64)}, "shape"),
+        ({"item_ids": np.array([[b"1", b"2"]], dtype=object)}, "data-type"),
+        ({"item_ids": np.array([[1]], np.int64), "k": np.array([[5.0]], np.float32)}, "data-type"),
+    ],
+)
+def test_wrong_dtype_shape_or_strings_to_an_integer_model_get_400(int_server, arrays, message):
+    with pytest.raises(Exception) as err:
+        _infer(int_server.http_url, "recommender", **arrays)
+    assert err.value.status() == "400" and message in str(err.value)
+    assert int_server.is_ready()
+
+
+def test_a_batch_mixing_good_and_bad_requests_fails_only_the_bad_ones(int_server):
+    async def burst():
+        client = AsyncRecommenderClient(int_server.grpc_url)
+        calls = [client.recommend([1, 2, i + 3], k=0 if i % 3 == 0 else 5) for i in range(24)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await client.close()
+        return results
+
+    results = asyncio.run(burst())
+    for i, result in enumerate(results):
+        if i % 3 == 0:
+            assert isinstance(result, RecommendError) and "out of range" in str(result)
+        else:
+            assert len(result.item_ids) == 5
+    assert int_server.is_ready()
+
+
+def test_poc_client_code_works_unchanged_and_agrees_with_fused(int_server):
+    # the PoC's client, verbatim in spirit: tritonclient.http, 39 INT64 IDs in `inputs`
+    client = httpclient.InferenceServerClient(url=int_server.http_url)
+    item_ids = np.arange(1, 40, dtype=np.int64)
+    inputs = [httpclient.InferInput("inputs", item_ids.shape, "INT64")]
+    inputs[0].set_data_from_numpy(item_ids)
+    outputs = [httpclient.InferRequestedOutput("output__0"), httpclient.InferRequestedOutput("output__1")]
+    result = client.infer("bert4rec_ensemble", inputs, outputs=outputs)
+    ids, scores = result.as_numpy("output__0"), result.as_numpy("output__1")
+    assert ids.shape == (10,) and scores.dtype == np.float32
+    fused = RecommenderClient(int_server.grpc_url).recommend(item_ids, k=10, exclude_seen=False)
+    np.testing.assert_array_equal(fused.item_ids, ids)
+    np.testing.assert_allclose(fused.scores, scores, rtol=1e-4, atol=1e-4)
+
+
+def test_echo_returns_its_fixed_answer_through_the_same_contract(int_server):
+    with RecommenderClient(int_server.grpc_url, model="echo") as client:
+        assert client.recommend([5, 6], k=3).item_ids.tolist() == [1, 2, 3]
+        with pytest.raises(RecommendError, match="out of range"):
+            client.recommend([5], k=0)
+
+
+def test_string_ids_end_to_end_on_fused_and_seed(string_server):
+    with RecommenderClient(string_server.grpc_url) as client:
+        answer = client.recommend(["sku-001", "sku-002", "unknown-sku"], k=4)
+    assert answer.unknown_ids == 1 and all(x.startswith("sku-") for x in answer.item_ids)
+    history = np.array([f"sku-{i % 30:03d}".encode() for i in range(39)], dtype=object)
+    reply = _infer(string_server.http_url, "bert4rec_ensemble", inputs=history)
+    assert all(x.startswith(b"sku-") for x in reply.as_numpy("output__0"))
+    with pytest.raises(Exception) as err:
+        _infer(string_server.http_url, "recommender", item_ids=np.array([[1, 2]], np.int64))
+    assert err.value.status() == "400"
+
+
+def test_recommend_command_prints_json(int_server, tiny_run):
+    from recserve.cli.main import app
+
+    result = CliRunner().invoke(app, ["recommend", "1", "2", "3", "--url", int_server.grpc_url, "--json", "--k", "4"])
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.output)
+    assert len(reply["item_id"]) == 4 and len(reply["score"]) == 4
+
+
+def test_a_new_version_is_added_beside_the_old(tiny_run, int_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo, repo)
+    write_repository(tiny_run, repo, ("fused",), ServingSettings(), version=2)
+    assert (repo / "recommender" / "1" / "model.py").exists() and (repo / "recommender" / "2" / "export").is_dir()
+
+
+def test_a_model_that_fails_to_load_stops_the_server_with_its_error(int_repo, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo / "echo", repo / "echo")
+    (repo / "echo" / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    with pytest.raises(ServingError, match="broken on purpose"):
+        with TritonServer(repo, server_settings()):
+            pass
+
+
+def test_the_server_listens_on_loopback_and_restricts_the_repository_api(int_server):
+    assert int_server.settings.host == "127.0.0.1"
+    client = grpcclient.InferenceServerClient(int_server.grpc_url)
+    with pytest.raises(Exception, match="restricted|Unauthenticated|UNAVAILABLE|not allowed"):
+        client.get_model_repository_index()
