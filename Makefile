@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[all]"
 	$(PIP) install -q --no-deps recbole  # only for the ML-100K files it ships
+	bash scripts/install_perf_analyzer.sh $(PY)
 	touch $(STAMP)
 
 demo: $(STAMP)

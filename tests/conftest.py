@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from recserve.data.datasets import prepare
+from recserve.serving.triton.launcher import ServerSettings, TritonServer, free_ports
+from recserve.serving.triton.repository import ServingSettings, write_repository
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +54,30 @@ def string_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def string_run(string_data_dir, tmp_path_factory) -> Path:
     return _train_tiny(string_data_dir, tmp_path_factory.mktemp("string-run") / "run", window=8)
+
+
+
+def server_settings(**overrides) -> ServerSettings:
+    http, grpc, metrics = free_ports(3)
+    return ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5, **overrides)
+
+
+@pytest.fixture(scope="session")
+def int_repo(tiny_run, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo-int") / "repo"
+    write_repository(tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000))
+    return repo
+
+
+@pytest.fixture(scope="session")
+def int_server(int_repo):
+    with TritonServer(int_repo, server_settings()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def string_server(string_run, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo-str") / "repo"
+    write_repository(string_run, repo, ("fused", "seed", "echo"), backend="onnx")
+    with TritonServer(repo, server_settings()) as server:
+        yield server

@@ -16,7 +16,7 @@ from recserve.errors import ServingError
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
 from recserve.serving.triton.repository import ServingSettings, write_repository
-from tests.serving.conftest import server_settings
+from tests.conftest import server_settings
 
 
 def _infer(url, model, **arrays):

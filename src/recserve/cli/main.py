@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import setup_logging
+from recserve.cli.bench import bench
 from recserve.cli.data import data
 from recserve.cli.evaluate import evaluate
 from recserve.cli.export import export
@@ -28,7 +29,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug lo
     setup_logging(verbose)
 
 
-for command in (data, train, evaluate, export, repo, serve, recommend):
+for command in (data, train, evaluate, export, repo, serve, recommend, bench):
     app.command()(command)
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -39,6 +40,7 @@ class ServerSettings:
     restricted_api_header: str = "recserve-admin-key"
     exit_timeout_secs: int = 30  # how long in-flight requests may finish after a stop
     log_verbose: int = 0
+    threads_per_instance: int = 1  # CPU threads of each model process (OMP/MKL); instances are the parallelism
     extra_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
@@ -46,6 +48,17 @@ class ServerSettings:
             raise ServingError(f"model control mode {self.model_control_mode!r}: expected none, poll or explicit")
         if self.model_control_mode == "explicit" and not self.restricted_api_key:
             raise ServingError("model control mode explicit loads models over the API: set a restricted-API key")
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that are free on loopback right now (for tests and benchmarks that start their own server)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 @dataclass(frozen=True)
@@ -83,8 +96,10 @@ def _install_stub(server: Path, backend_dir: Path) -> None:
         shutil.copy2(stub, target)
 
 
-def server_env(bundle: Bundle) -> dict[str, str]:
+def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:
     env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, str(settings.threads_per_instance))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bundle.libs), libdir, env.get("LD_LIBRARY_PATH")) if p)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -134,7 +149,7 @@ class TritonServer:
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
         log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
         self.process = subprocess.Popen(
-            server_args(bundle, Path(self.repo).resolve(), self.settings), env=server_env(bundle),
+            server_args(bundle, Path(self.repo).resolve(), self.settings), env=server_env(bundle, self.settings),
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log_file.close()

@@ -1,0 +1,129 @@
+"""Runs the C++ perf_analyzer against a running server and reads its CSV, plus Triton's own statistics."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import shutil
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from recserve.constants import ECHO_MODEL, FUSED_MODEL, INPUT_ITEM_IDS, SEED_ENSEMBLE, SEED_HISTORY_LENGTH, SEED_INPUT
+from recserve.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+LAYOUT_MODELS = {"fused": FUSED_MODEL, "seed": SEED_ENSEMBLE, "echo": ECHO_MODEL}
+TOOLS_DIR = Path("tools/perf_analyzer")
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    kind: str  # "concurrency" or "request_rate"
+    value: float
+
+
+def find_perf_analyzer() -> Path:
+    """``PERF_ANALYZER``, the project's tools folder, or PATH."""
+    for candidate in (os.environ.get("PERF_ANALYZER"), TOOLS_DIR / "perf_analyzer", shutil.which("perf_analyzer")):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise ServingError("perf_analyzer not found: run `scripts/install_perf_analyzer.sh` (or set PERF_ANALYZER)")
+
+
+def write_input_data(histories: list[np.ndarray], layout: str, path: Path, string_ids: bool, limit: int = 1000) -> int:
+    """perf_analyzer's JSON input from real histories; the seed layout takes exactly 39 IDs per request."""
+    rows = []
+    for history in histories:
+        if layout == "seed":
+            if len(history) < SEED_HISTORY_LENGTH:
+                continue
+            history = history[-SEED_HISTORY_LENGTH:]
+        values = [str(x) for x in history] if string_ids else [int(x) for x in history]
+        name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
+        rows.append({name: {"content": values, "shape": [len(values)]}})
+        if len(rows) == limit:
+            break
+    if not rows:
+        raise ServingError(f"no history fits the {layout} layout (it needs at least {SEED_HISTORY_LENGTH} items)")
+    path.write_text(json.dumps({"data": rows}))
+    return len(rows)
+
+
+def run(model: str, url: str, protocol: str, level: LoadLevel, input_file: Path, measurement_ms: int,
+        csv_path: Path, timeout_s: float) -> dict:
+    """One bounded perf_analyzer run; returns throughput, latency percentiles (ms) and client-side parts."""
+    binary = find_perf_analyzer()
+    load = (["--concurrency-range", f"{int(level.value)}:{int(level.value)}"] if level.kind == "concurrency"
+            else ["--request-rate-range", f"{level.value}:{level.value}"])
+    args = [str(binary), "-m", model, "-u", url, "-i", protocol, "--async", "--input-data", str(input_file),
+            "--measurement-interval", str(measurement_ms), "--max-trials", "3", "--stability-percentage", "999",
+            "-f", str(csv_path), *load]
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join([str(binary.parent), os.environ.get("LD_LIBRARY_PATH", "")]))
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as err:
+        raise ServingError(f"perf_analyzer ran past {timeout_s:.0f} s on {model}") from err
+    if done.returncode != 0 or not csv_path.exists():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        return {"errors": 1, "error": " | ".join(tail)}
+    with csv_path.open() as fh:
+        row = next(csv.DictReader(fh))
+    us = lambda key: float(row.get(key) or 0) / 1000  # noqa: E731 - microseconds to milliseconds
+    return {
+        "throughput_rps": float(row["Inferences/Second"]),
+        "p50_ms": us("p50 latency"), "p90_ms": us("p90 latency"), "p95_ms": us("p95 latency"), "p99_ms": us("p99 latency"),
+        "client_send_ms": us("Client Send"), "network_ms": us("Network+Server Send/Recv"), "client_recv_ms": us("Client Recv"),
+        "errors": 0,
+    }
+
+
+def model_statistics(http_url: str) -> dict[str, dict]:
+    """Triton's cumulative per-model statistics: request count and queue/compute times (ns)."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/stats", timeout=10) as reply:
+        stats = json.load(reply)["model_stats"]
+    out = {}
+    for model in stats:
+        s = model["inference_stats"]
+        out[model["name"]] = {
+            "count": int(s["success"]["count"]), "failures": int(s["fail"]["count"]),
+            **{part: int(s[part]["ns"]) for part in ("queue", "compute_input", "compute_infer", "compute_output")},
+            "executions": int(model.get("execution_count", 0)),
+        }
+    return out
+
+
+def step_breakdown(before: dict, after: dict, models: list[str]) -> dict[str, dict]:
+    """Average milliseconds per request in each server step between two statistics snapshots."""
+    out = {}
+    for name in models:
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            continue
+        count = b["count"] - a["count"]
+        executions = b["executions"] - a["executions"]
+        out[name] = {f"{part}_ms": (b[part] - a[part]) / max(count, 1) / 1e6
+                     for part in ("queue", "compute_input", "compute_infer", "compute_output")}
+        out[name] |= {"requests": count, "failures": b["failures"] - a["failures"],
+                      "avg_batch": count / executions if executions else None}
+    return out
+
+
+def metrics_text(metrics_url: str) -> str:
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as reply:
+        return reply.read().decode()
+
+
+def failures_from_metrics(text: str, model: str) -> int:
+    """``nv_inference_request_failure`` for a model, from the Prometheus endpoint."""
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("nv_inference_request_failure{") and f'model="{model}"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total

@@ -1,0 +1,70 @@
+"""The benchmark's markdown report and the ratios that matter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _level(row: dict) -> tuple[str, float]:
+    return ("concurrency", row["concurrency"]) if "concurrency" in row else ("request_rate", row["request_rate"])
+
+
+def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
+    """fused over seed and fused over echo at each shared load level, and the best throughput within the SLO."""
+    ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
+    by = {(r["layout"], _level(r)): r for r in ok}
+    out: dict = {"fused_over_seed": {}, "fused_over_echo": {}, "best_within_slo": {}}
+    for (layout, level), row in by.items():
+        if layout != "fused":
+            continue
+        key = f"{level[0]}={level[1]:g}"
+        for other in ("seed", "echo"):
+            if (other, level) in by:
+                out[f"fused_over_{other}"][key] = {
+                    "throughput": row["throughput_rps"] / by[(other, level)]["throughput_rps"],
+                    "p99": row["p99_ms"] / by[(other, level)]["p99_ms"],
+                }
+    for layout in {r["layout"] for r in ok}:
+        within = [r for r in ok if r["layout"] == layout and r["p99_ms"] <= slo_p99_ms]
+        best = max(within, key=lambda r: r["throughput_rps"], default=None)
+        out["best_within_slo"][layout] = None if best is None else {
+            "throughput_rps": best["throughput_rps"], "p99_ms": best["p99_ms"], "level": "=".join(map(str, _level(best)))}
+    best_seed = max((r["throughput_rps"] for r in ok if r["layout"] == "seed"), default=None)
+    best_fused = max((r["throughput_rps"] for r in ok if r["layout"] == "fused"), default=None)
+    if best_seed and best_fused:
+        out["best_fused_over_best_seed"] = best_fused / best_seed
+    return out
+
+
+def write_report(summary: dict, path: Path) -> None:
+    s = summary["settings"]
+    lines = [
+        "# Benchmark", "",
+        f"perf_analyzer over {s['protocol']}, {s['measurement_ms']} ms windows, histories from {s['data']}; "
+        f"p99 SLO {s['slo_p99_ms']} ms.", "",
+        "| layout | load | throughput (req/s) | p50 ms | p90 ms | p99 ms | errors | server steps (ms per request) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in summary["results"]:
+        kind, value = _level(r)
+        steps = "; ".join(
+            f"{name}: queue {v['queue_ms']:.2f}, infer {v['compute_infer_ms']:.2f}"
+            + (f", batch {v['avg_batch']:.1f}" if v.get("avg_batch") else "")
+            for name, v in r.get("steps", {}).items())
+        if "throughput_rps" not in r:
+            lines.append(f"| {r['layout']} | {kind} {value:g} | failed: {r.get('error', '')} | | | | {r['errors']} | |")
+            continue
+        lines.append(f"| {r['layout']} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
+                     f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |")
+    lines += ["", "## Ratios", ""]
+    ratios_ = summary["ratios"]
+    for name in ("fused_over_seed", "fused_over_echo"):
+        for level, v in ratios_[name].items():
+            lines.append(f"- {name.replace('_', ' ')} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}")
+    if "best_fused_over_best_seed" in ratios_:
+        lines.append(f"- best fused over best seed throughput: x{ratios_['best_fused_over_best_seed']:.1f}")
+    for layout, best in ratios_["best_within_slo"].items():
+        lines.append(f"- {layout}: best throughput within the SLO: "
+                     + ("none" if best is None else f"{best['throughput_rps']:,.0f} req/s at {best['level']} "
+                        f"(p99 {best['p99_ms']:.2f} ms)"))
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,136 @@
+"""``recserve bench``: perf_analyzer over layouts and load levels against a real server, with checks and stats."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from recserve.bench import perf_analyzer as pa
+from recserve.bench.perf_analyzer import LAYOUT_MODELS, LoadLevel
+from recserve.constants import SEED_MODEL, SEED_POSTPROCESSING, SEED_PREPROCESSING
+from recserve.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+STEPS = {"fused": [LAYOUT_MODELS["fused"]], "echo": [LAYOUT_MODELS["echo"]],
+         "seed": [LAYOUT_MODELS["seed"], SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING]}
+
+
+def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:
+    """Every user's test-time history as item IDs (the real length and ID distribution)."""
+    from recserve.data.datasets import load_prepared
+
+    data = load_prepared(data_dir)
+    inputs = data.sequences.truncated(1)
+    ids = data.vocab.to_ids(inputs.items)
+    histories = [ids[a:b] for a, b in zip(inputs.offsets[:-1], inputs.offsets[1:]) if b > a]
+    order = np.random.default_rng(0).permutation(len(histories))
+    return [histories[i] for i in order], data.vocab.is_string
+
+
+def check_answers(layout: str, grpc_url: str, http_url: str, history: np.ndarray) -> None:
+    """One real request per layout: outputs must be full (an empty answer means a broken stub environment)."""
+    import tritonclient.http as httpclient
+
+    from recserve.client import RecommenderClient
+
+    if layout == "seed":
+        ids = np.asarray(history[-39:])
+        data = ids.astype(np.object_) if ids.dtype.kind in "OUS" else ids.astype(np.int64)
+        if data.dtype == object:
+            data = np.array([str(x).encode() for x in data], dtype=np.object_)
+        tensor = httpclient.InferInput("inputs", [39], "BYTES" if data.dtype == object else "INT64")
+        tensor.set_data_from_numpy(data)
+        got = httpclient.InferenceServerClient(http_url).infer(LAYOUT_MODELS["seed"], [tensor]).as_numpy("output__0")
+    else:
+        got = RecommenderClient(grpc_url, model=LAYOUT_MODELS[layout]).recommend(history, k=10).item_ids
+    if got is None or len(got) != 10:
+        raise ServingError(f"layout {layout}: the server answered {got!r} instead of 10 items; see the server log")
+
+
+def sweep(
+    layouts: list[str], levels: list[LoadLevel], out: Path, data_dir: Path, repo: Path | None = None,
+    url: str | None = None, protocol: str = "grpc", measurement_ms: int = 2000, slo_p99_ms: float = 50.0,
+    progress: Callable[[str, int, int], None] = lambda *_: None,
+) -> dict:
+    """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
+
+    Args:
+        repo: a model repository to serve for the run (started on free loopback ports), or
+        url: a running server as ``host:http_port,host:grpc_port,host:metrics_port`` (HTTP, gRPC, metrics).
+    """
+    from recserve.bench.plots import plot_latency_throughput, plot_steps
+    from recserve.bench.report import ratios, write_report
+
+    unknown = [x for x in layouts if x not in LAYOUT_MODELS]
+    if unknown:
+        raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUT_MODELS)}")
+    if (repo is None) == (url is None):
+        raise ServingError("pass either a repository to serve or the url of a running server")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    histories, string_ids = real_histories(data_dir)
+    rows = []
+    with _server(repo, url) as (http_url, grpc_url, metrics_url):
+        target = grpc_url if protocol == "grpc" else http_url
+        with tempfile.TemporaryDirectory() as tmp:
+            for layout in layouts:
+                check_answers(layout, grpc_url, http_url, histories[0] if layout != "seed" else
+                              next(h for h in histories if len(h) >= 39))
+                inputs = Path(tmp) / f"{layout}.json"
+                pa.write_input_data(histories, layout, inputs, string_ids)
+                for level in levels:
+                    progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
+                    before = pa.model_statistics(http_url)
+                    result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs, measurement_ms,
+                                    Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60)
+                    steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
+                    failures = sum(s["failures"] for s in steps.values())
+                    rows.append({"layout": layout, level.kind: level.value, **result,
+                                 "errors": result["errors"] + failures, "steps": steps})
+        metrics = pa.metrics_text(metrics_url)
+    summary = {
+        "results": rows,
+        "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
+                     "layouts": layouts, "data": str(data_dir)},
+        "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
+    }
+    summary["ratios"] = ratios(rows, slo_p99_ms)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_latency_throughput(rows, out / "throughput_latency.png")
+    plot_steps(rows, out / "steps.png")
+    write_report(summary, out / "report.md")
+    return summary
+
+
+def _server(repo: Path | None, url: str | None):
+    if url is not None:
+        parts = url.split(",")
+        if len(parts) != 3:
+            raise ServingError(f"url {url!r}: expected host:http_port,host:grpc_port,host:metrics_port")
+        return nullcontext(tuple(parts))
+    return _started(repo)
+
+
+class _started:
+    """Serves ``repo`` on free loopback ports for the length of the sweep."""
+
+    def __init__(self, repo: Path):
+        from recserve.serving.triton.launcher import ServerSettings, TritonServer, free_ports
+
+        http, grpc, metrics = free_ports(3)
+        self.server = TritonServer(repo, ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics))
+
+    def __enter__(self):
+        self.server.__enter__()
+        s = self.server.settings
+        return self.server.http_url, self.server.grpc_url, f"{s.host}:{s.metrics_port}"
+
+    def __exit__(self, *exc):
+        self.server.__exit__(*exc)

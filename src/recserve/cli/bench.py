@@ -1,0 +1,69 @@
+"""``recserve bench``: perf_analyzer sweeps over layouts and load levels, with a report and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+
+
+def _numbers(text: Optional[str], name: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise typer.BadParameter(f"{text!r}: expected comma-separated numbers", param_hint=name) from err
+
+
+def _data_of(repo: Optional[Path]) -> Optional[Path]:
+    """The data folder behind a repository (repository -> run -> metrics.json)."""
+    if repo is None or not (repo / "recserve.json").exists():
+        return None
+    run = Path(json.loads((repo / "recserve.json").read_text())["run"])
+    metrics = run / "metrics.json"
+    return Path(json.loads(metrics.read_text())["data"]) if metrics.exists() else None
+
+
+@handle_errors
+def bench(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Report folder: summary.json, report.md, PNGs.")],
+    repo: Annotated[Optional[Path], typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
+    url: Annotated[Optional[str], typer.Option(help="A running server: host:http,host:grpc,host:metrics.")] = None,
+    layouts: Annotated[str, typer.Option(help="Comma-separated layouts: fused, seed, echo.")] = "fused,seed,echo",
+    concurrency: Annotated[Optional[str], typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
+    request_rate: Annotated[Optional[str], typer.Option(help="Comma-separated request rates (instead).")] = None,
+    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
+    measurement_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window (3 per level).")] = 2000,
+    slo_p99_ms: Annotated[float, typer.Option(help="p99 latency objective for the best-within-SLO figure.")] = 50.0,
+    data: Annotated[Optional[Path], typer.Option(help="Data folder whose histories make the load "
+                                                      "(default: the repository's run's).")] = None,
+) -> None:
+    """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from recserve.bench.perf_analyzer import LoadLevel
+    from recserve.bench.sweep import sweep
+
+    levels = [LoadLevel("request_rate", v) for v in _numbers(request_rate, "--request-rate")] or [
+        LoadLevel("concurrency", v) for v in _numbers(concurrency, "--concurrency")]
+    if not levels:
+        raise typer.BadParameter("give --concurrency or --request-rate levels")
+    data = data or _data_of(repo)
+    if data is None:
+        raise typer.BadParameter("no data folder known for the load's histories; pass --data", param_hint="--data")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(label: str, done: int, total: int) -> None:
+            bar.update(task, description=label, completed=done, total=total)
+
+        summary = sweep([x.strip() for x in layouts.split(",")], levels, out, data, repo=repo, url=url,
+                        protocol=protocol, measurement_ms=measurement_ms, slo_p99_ms=slo_p99_ms, progress=progress)
+        bar.update(task, completed=len(summary["results"]), description="done")
+    console.print((out / "report.md").read_text(), markup=False, highlight=False)

@@ -1,0 +1,67 @@
+"""A short real benchmark: perf_analyzer against a real server, one load level, a few seconds a layout."""
+
+import json
+
+import pytest
+
+from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
+from recserve.bench.report import ratios
+from recserve.bench.sweep import sweep
+from recserve.errors import ServingError
+
+
+@pytest.fixture(scope="module")
+def summary(int_repo, ml100k_dir, tmp_path_factory):
+    try:
+        find_perf_analyzer()
+    except ServingError as err:
+        pytest.fail(f"{err} (make test installs it)")
+    out = tmp_path_factory.mktemp("bench")
+    result = sweep(["fused", "seed", "echo"], [LoadLevel("concurrency", 4)], out, ml100k_dir, repo=int_repo,
+                   measurement_ms=800, slo_p99_ms=1000)
+    return out, result
+
+
+def test_report_files_exist_and_hold_sane_numbers(summary):
+    out, result = summary
+    for name in ("summary.json", "report.md", "throughput_latency.png", "steps.png"):
+        assert (out / name).stat().st_size > 0, name
+    rows = json.loads((out / "summary.json").read_text())["results"]
+    assert [r["layout"] for r in rows] == ["fused", "seed", "echo"]
+    for row in rows:
+        assert row["errors"] == 0, row
+        assert row["concurrency"] == 4 and row["throughput_rps"] > 10
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] < 5000
+    assert result["server_failures"] == {"fused": 0, "seed": 0, "echo": 0}
+
+
+def test_per_step_breakdown_covers_every_ensemble_step(summary):
+    _, result = summary
+    seed = next(r for r in result["results"] if r["layout"] == "seed")
+    assert set(seed["steps"]) == {"bert4rec_ensemble", "bert4rec_preprocessing", "bert4rec", "bert4rec_postprocessing"}
+    fused = next(r for r in result["results"] if r["layout"] == "fused")
+    assert fused["steps"]["recommender"]["requests"] > 0 and fused["steps"]["recommender"]["compute_infer_ms"] > 0
+
+
+def test_ratios_compare_layouts_at_the_same_level(summary):
+    _, result = summary
+    assert set(result["ratios"]["fused_over_seed"]) == {"concurrency=4"}
+    assert result["ratios"]["fused_over_seed"]["concurrency=4"]["throughput"] > 0
+    assert "fused" in (json.dumps(result["ratios"]["best_within_slo"]))
+
+
+def test_ratios_formula():
+    rows = [
+        {"layout": "fused", "concurrency": 8, "throughput_rps": 300.0, "p99_ms": 10.0, "errors": 0},
+        {"layout": "seed", "concurrency": 8, "throughput_rps": 100.0, "p99_ms": 40.0, "errors": 0},
+        {"layout": "echo", "concurrency": 8, "throughput_rps": 400.0, "p99_ms": 5.0, "errors": 0},
+    ]
+    r = ratios(rows, slo_p99_ms=20)
+    assert r["fused_over_seed"]["concurrency=8"] == {"throughput": 3.0, "p99": 0.25}
+    assert r["fused_over_echo"]["concurrency=8"]["throughput"] == 0.75
+    assert r["best_within_slo"]["seed"] is None and r["best_within_slo"]["fused"]["throughput_rps"] == 300.0
+
+
+def test_bad_layout_is_refused(ml100k_dir, tmp_path):
+    with pytest.raises(ServingError, match="layout nope"):
+        sweep(["nope"], [LoadLevel("concurrency", 1)], tmp_path, ml100k_dir, url="a:1,a:2,a:3")
