@@ -6,7 +6,7 @@ import pytest
 
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
 from recserve.bench.report import ratios
-from recserve.bench.sweep import sweep
+from recserve.bench.sweep import real_histories, sweep
 from recserve.errors import ServingError
 
 
@@ -17,8 +17,9 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
     except ServingError as err:
         pytest.fail(f"{err} (make test installs it)")
     out = tmp_path_factory.mktemp("bench")
-    result = sweep(["fused", "seed", "echo"], [LoadLevel("concurrency", 4)], out, ml100k_dir, repo=int_repo,
-                   measurement_ms=800, slo_p99_ms=1000)
+    histories, string_ids = real_histories(ml100k_dir)
+    result = sweep(["fused", "seed", "echo"], [LoadLevel("concurrency", 4)], out, histories, string_ids,
+                   repo=int_repo, measurement_ms=800, slo_p99_ms=1000)
     return out, result
 
 
@@ -62,6 +63,6 @@ def test_ratios_formula():
     assert r["best_within_slo"]["seed"] is None and r["best_within_slo"]["fused"]["throughput_rps"] == 300.0
 
 
-def test_bad_layout_is_refused(ml100k_dir, tmp_path):
+def test_bad_layout_is_refused(tmp_path):
     with pytest.raises(ServingError, match="layout nope"):
-        sweep(["nope"], [LoadLevel("concurrency", 1)], tmp_path, ml100k_dir, url="a:1,a:2,a:3")
+        sweep(["nope"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3")

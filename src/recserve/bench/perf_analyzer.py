@@ -63,7 +63,7 @@ def run(model: str, url: str, protocol: str, level: LoadLevel, input_file: Path,
     load = (["--concurrency-range", f"{int(level.value)}:{int(level.value)}"] if level.kind == "concurrency"
             else ["--request-rate-range", f"{level.value}:{level.value}"])
     args = [str(binary), "-m", model, "-u", url, "-i", protocol, "--async", "--input-data", str(input_file),
-            "--measurement-interval", str(measurement_ms), "--max-trials", "3", "--stability-percentage", "999",
+            "--measurement-interval", str(measurement_ms), "--max-trials", "6", "--stability-percentage", "999",
             "-f", str(csv_path), *load]
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join([str(binary.parent), os.environ.get("LD_LIBRARY_PATH", "")]))
     try:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
+import json
+import sys
+
+
 def _pyplot():
     import matplotlib
 
@@ -56,3 +60,14 @@ def plot_steps(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_summary(summary_json: Path, out: Path) -> None:
+    """Both plots from a saved summary.json."""
+    rows = json.loads(Path(summary_json).read_text())["results"]
+    plot_latency_throughput(rows, Path(out) / "throughput_latency.png")
+    plot_steps(rows, Path(out) / "steps.png")
+
+
+if __name__ == "__main__":  # python -m recserve.bench.plots SUMMARY_JSON [OUT_DIR]
+    plot_summary(Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else Path(sys.argv[1]).parent))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,7 +15,16 @@ import numpy as np
 
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.perf_analyzer import LAYOUT_MODELS, LoadLevel
-from recserve.constants import SEED_MODEL, SEED_POSTPROCESSING, SEED_PREPROCESSING
+from recserve.constants import (
+    INPUT_ITEM_IDS,
+    OUTPUT_ITEM_IDS,
+    SEED_HISTORY_LENGTH,
+    SEED_INPUT,
+    SEED_MODEL,
+    SEED_OUTPUT_IDS,
+    SEED_POSTPROCESSING,
+    SEED_PREPROCESSING,
+)
 from recserve.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -34,38 +45,42 @@ def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:
     return [histories[i] for i in order], data.vocab.is_string
 
 
-def check_answers(layout: str, grpc_url: str, http_url: str, history: np.ndarray) -> None:
-    """One real request per layout: outputs must be full (an empty answer means a broken stub environment)."""
-    import tritonclient.http as httpclient
+def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: bool) -> None:
+    """One real request per layout over HTTP/JSON: outputs must be full.
 
-    from recserve.client import RecommenderClient
-
+    An empty answer means a broken stub environment (numpy 2), which perf_analyzer alone would not notice.
+    """
+    values = [str(x) for x in history] if string_ids else [int(x) for x in history]
     if layout == "seed":
-        ids = np.asarray(history[-39:])
-        data = ids.astype(np.object_) if ids.dtype.kind in "OUS" else ids.astype(np.int64)
-        if data.dtype == object:
-            data = np.array([str(x).encode() for x in data], dtype=np.object_)
-        tensor = httpclient.InferInput("inputs", [39], "BYTES" if data.dtype == object else "INT64")
-        tensor.set_data_from_numpy(data)
-        got = httpclient.InferenceServerClient(http_url).infer(LAYOUT_MODELS["seed"], [tensor]).as_numpy("output__0")
-    else:
-        got = RecommenderClient(grpc_url, model=LAYOUT_MODELS[layout]).recommend(history, k=10).item_ids
-    if got is None or len(got) != 10:
-        raise ServingError(f"layout {layout}: the server answered {got!r} instead of 10 items; see the server log")
+        values = values[-SEED_HISTORY_LENGTH:]
+    name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
+    shape = [len(values)] if layout == "seed" else [1, len(values)]
+    body = {"inputs": [{"name": name, "shape": shape, "datatype": "BYTES" if string_ids else "INT64", "data": values}]}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            outputs = {o["name"]: o for o in json.load(reply)["outputs"]}
+    except urllib.error.HTTPError as err:
+        raise ServingError(f"layout {layout}: HTTP {err.code}: {err.read().decode(errors='replace')}") from err
+    ids = outputs.get(SEED_OUTPUT_IDS if layout == "seed" else OUTPUT_ITEM_IDS, {}).get("data", [])
+    if len(ids) != 10:
+        raise ServingError(f"layout {layout}: the server answered {ids!r} instead of 10 items; see the server log")
 
 
 def sweep(
-    layouts: list[str], levels: list[LoadLevel], out: Path, data_dir: Path, repo: Path | None = None,
+    layouts: list[str], levels: list[LoadLevel], out: Path, histories: list[np.ndarray], string_ids: bool = False,
+    repo: Path | None = None,
     url: str | None = None, protocol: str = "grpc", measurement_ms: int = 2000, slo_p99_ms: float = 50.0,
     progress: Callable[[str, int, int], None] = lambda *_: None,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
     Args:
+        histories: the item-ID histories requests are made of (``real_histories`` reads a data folder's).
         repo: a model repository to serve for the run (started on free loopback ports), or
         url: a running server as ``host:http_port,host:grpc_port,host:metrics_port`` (HTTP, gRPC, metrics).
     """
-    from recserve.bench.plots import plot_latency_throughput, plot_steps
     from recserve.bench.report import ratios, write_report
 
     unknown = [x for x in layouts if x not in LAYOUT_MODELS]
@@ -75,14 +90,12 @@ def sweep(
         raise ServingError("pass either a repository to serve or the url of a running server")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    histories, string_ids = real_histories(data_dir)
     rows = []
     with _server(repo, url) as (http_url, grpc_url, metrics_url):
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
             for layout in layouts:
-                check_answers(layout, grpc_url, http_url, histories[0] if layout != "seed" else
-                              next(h for h in histories if len(h) >= 39))
+                check_answers(layout, http_url, next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH), string_ids)
                 inputs = Path(tmp) / f"{layout}.json"
                 pa.write_input_data(histories, layout, inputs, string_ids)
                 for level in levels:
@@ -98,14 +111,18 @@ def sweep(
     summary = {
         "results": rows,
         "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
-                     "layouts": layouts, "data": str(data_dir)},
+                     "layouts": layouts, "requests_from": f"{len(histories)} histories"},
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }
     summary["ratios"] = ratios(rows, slo_p99_ms)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_latency_throughput(rows, out / "throughput_latency.png")
-    plot_steps(rows, out / "steps.png")
     write_report(summary, out / "report.md")
+    try:
+        from recserve.bench.plots import plot_summary
+    except ImportError:  # a machine without matplotlib: plot later with `python -m recserve.bench.plots`
+        log.warning("matplotlib is missing: no plots written")
+    else:
+        plot_summary(out / "summary.json", out)
     return summary
 
 

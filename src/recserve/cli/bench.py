@@ -47,7 +47,7 @@ def bench(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from recserve.bench.perf_analyzer import LoadLevel
-    from recserve.bench.sweep import sweep
+    from recserve.bench.sweep import real_histories, sweep
 
     levels = [LoadLevel("request_rate", v) for v in _numbers(request_rate, "--request-rate")] or [
         LoadLevel("concurrency", v) for v in _numbers(concurrency, "--concurrency")]
@@ -63,7 +63,8 @@ def bench(
         def progress(label: str, done: int, total: int) -> None:
             bar.update(task, description=label, completed=done, total=total)
 
-        summary = sweep([x.strip() for x in layouts.split(",")], levels, out, data, repo=repo, url=url,
+        histories, string_ids = real_histories(data)
+        summary = sweep([x.strip() for x in layouts.split(",")], levels, out, histories, string_ids, repo=repo, url=url,
                         protocol=protocol, measurement_ms=measurement_ms, slo_p99_ms=slo_p99_ms, progress=progress)
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

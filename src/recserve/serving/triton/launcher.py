@@ -102,7 +102,9 @@ def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:
         env.setdefault(name, str(settings.threads_per_instance))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bundle.libs), libdir, env.get("LD_LIBRARY_PATH")) if p)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # the stub runs the first python on PATH: STUB_ENV (a venv with numpy < 2) where set, else this one
+    python_dir = Path(env["STUB_ENV"]) / "bin" if env.get("STUB_ENV") else Path(sys.executable).parent
+    env["PATH"] = os.pathsep.join([str(python_dir), env.get("PATH", "")])
     return env
 
 

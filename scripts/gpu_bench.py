@@ -1,0 +1,119 @@
+"""GPU benchmark: the fused, seed and echo layouts side by side on one GPU, written under OUT.
+
+Run on the GPU machine through scripts/gpu_bench.sh (which sets up the carried server and perf_analyzer).
+Models: a BERT4Rec with random weights at production size (100,000 items, hidden 256, 2 layers, 4 heads,
+window 40) and the trained ML-100K model when its folder is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from recserve.bench.perf_analyzer import LoadLevel
+from recserve.bench.report import ratios, write_report
+from recserve.bench.sweep import sweep
+from recserve.bench.synthetic import make_random_run, synthetic_histories
+from recserve.serving.triton.repository import ServingSettings, write_repository
+
+log = logging.getLogger("gpu_bench")
+
+
+def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
+    batched = ServingSettings(device=device, instance_count=instances, max_queue_delay_microseconds=delay_us,
+                              max_batch_size=512, max_queue_size=8192)
+    return {
+        "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
+        "echo": {"layout": "echo", "settings": batched},
+        "fused-eager-fp32": {"layout": "fused", "backend": "eager", "precision": "fp32", "settings": batched},
+        "fused-eager-bf16": {"layout": "fused", "backend": "eager", "precision": "bf16", "settings": batched},
+        "fused-compile-bf16": {"layout": "fused", "backend": "compile", "precision": "bf16", "settings": batched},
+        "fused-aoti-bf16": {"layout": "fused", "backend": "aoti", "precision": "bf16", "settings": batched},
+    }
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", default="seed,echo,fused-eager-bf16")
+    parser.add_argument("--concurrency", default="1,16,64,128,256")
+    parser.add_argument("--measurement-ms", type=int, default=2000)
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--delay-us", type=int, default=100)
+    parser.add_argument("--ml100k", type=Path, help="run folder of the trained ML-100K model, with histories.npz")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
+    parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
+    parser.add_argument("--items", type=int, default=100_000)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
+    run = make_random_run(args.work / "run-100k", num_items=args.items)
+    histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
+    table = variants(args.instances, args.delay_us, args.device)
+    rows, notes = [], {}
+    for name in args.variants.split(","):
+        spec = table[name]
+        repo = args.work / f"repo-{name}"
+        started = time.time()
+        try:
+            write_repository(run, repo, (spec["layout"],), spec["settings"], spec.get("backend", "eager"),
+                             spec.get("precision", "fp32"))
+            summary = sweep([spec["layout"]], levels, args.out / name, histories, repo=repo,
+                            measurement_ms=args.measurement_ms, slo_p99_ms=10.0)
+        except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
+            log.exception("variant %s failed", name)
+            notes[name] = f"failed: {err}"
+            continue
+        for row in summary["results"]:
+            rows.append(row | {"variant": name, "model": "100k-random"})
+        notes[name] = f"ok in {time.time() - started:.0f} s"
+        log.info("%s done", name)
+    if args.ml100k:
+        bundle = np.load(args.ml100k / "histories.npz")
+        real = np.split(bundle["items"], bundle["offsets"][1:-1])
+        repo = args.work / "repo-ml100k"
+        settings = table["echo"]["settings"]
+        write_repository(args.ml100k, repo, ("fused", "seed"), settings, "eager", "fp32")
+        summary = sweep(["fused", "seed"], [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
+                        args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms)
+        rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
+    per_variant = {}
+    for name in {r["variant"] for r in rows if r["layout"] == "fused" and r["model"] == "100k-random"}:
+        chosen = [r | {"layout": "fused"} for r in rows if r["variant"] == name]
+        others = [r for r in rows if r["variant"] in ("seed", "echo")]
+        per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
+    result = {
+        "gpu": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["scripts/gpu_bench.sh", *sys.argv[1:]]),
+        "model": "BERT4Rec, 100,000 items, hidden 256, 2 layers, 4 heads, window 40, random weights",
+        "settings": {"instances": args.instances, "max_queue_delay_microseconds": args.delay_us,
+                     "measurement_ms": args.measurement_ms, "protocol": "grpc", "perf_analyzer": "--async",
+                     "layouts": sorted({r["variant"] for r in rows}), "requests_from": "synthetic Zipf histories",
+                     "slo_p99_ms": 10.0},
+        "results": rows, "ratios": per_variant, "notes": notes,
+    }
+    (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_report(result | {"ratios": next(iter(per_variant.values()), ratios(rows, 10.0))}, args.out / "report.md")
+    print(json.dumps({"notes": notes, "ratios": per_variant}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
