@@ -38,6 +38,8 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
         "fused-eager-bf16": {"layout": "fused", "backend": "eager", "precision": "bf16", "settings": batched},
         "fused-compile-bf16": {"layout": "fused", "backend": "compile", "precision": "bf16", "settings": batched},
         "fused-aoti-bf16": {"layout": "fused", "backend": "aoti", "precision": "bf16", "settings": batched},
+        "fused-cudagraph-fp32": {"layout": "fused", "backend": "cudagraph", "precision": "fp32", "settings": batched},
+        "fused-cudagraph-bf16": {"layout": "fused", "backend": "cudagraph", "precision": "bf16", "settings": batched},
     }
 
 

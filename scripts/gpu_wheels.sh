@@ -5,7 +5,7 @@ set -euo pipefail
 mkdir -p .gpu/wheels
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
-  grpcio protobuf==6.33.6 tritonclient==2.73.0 packaging
+  grpcio protobuf==6.33.6 tritonclient==2.73.0 packaging python-rapidjson
 if [ $# -eq 2 ]; then
   rm -rf .gpu/ml100k && mkdir -p .gpu/ml100k
   cp "$1"/model.pt "$1"/model_config.json "$1"/item_ids.npy "$1"/popularity.npy .gpu/ml100k/

@@ -18,6 +18,7 @@ MODULES = {
     "torchscript": "torchscript",
     "onnx": "onnx",
     "aoti": "aoti",
+    "cudagraph": "cudagraph",
     "torch_tensorrt": "tensorrt",
 }
 BACKENDS = tuple(MODULES)

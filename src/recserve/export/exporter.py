@@ -99,11 +99,11 @@ def export_run(
 
 def _quality_change(reference, runner, spec, run_dir: Path, data_dir: Path | None) -> dict:
     """Validation NDCG@10 (served answers, seen excluded) of the export against eager fp32."""
-    from recserve.data.datasets import load_prepared
-
     data_dir = data_dir or _data_dir_of(run_dir)
     if data_dir is None:
         return {"ndcg10_delta": None, "ndcg10_note": "no data folder known; pass --data"}
+    from recserve.data.datasets import load_prepared
+
     data = load_prepared(data_dir)
     inputs, targets = data.sequences.truncated(2), data.sequences.last(2)
     ref, got = serving_ndcg10(reference, spec, inputs, targets), serving_ndcg10(runner, spec, inputs, targets)

@@ -22,7 +22,8 @@ def variants(device: str) -> list[tuple[str, str]]:
     if device == "cpu":
         return [("eager", "fp32"), ("eager", "bf16"), ("eager", "int8"), ("torchscript", "fp32"),
                 ("compile", "fp32"), ("aoti", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
-    return [(b, p) for b in ("eager", "torchscript", "compile", "aoti", "torch_tensorrt") for p in ("fp32", "fp16", "bf16")]
+    return [(b, p) for b in ("eager", "cudagraph", "torchscript", "compile", "aoti", "torch_tensorrt")
+            for p in ("fp32", "fp16", "bf16")]
 
 
 def time_runner(runner, inputs, seconds: float = 1.0, min_calls: int = 5, warmup: int = 3) -> dict:
