@@ -29,53 +29,77 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
         shutil.copyfile(Path(run_dir) / name, out / name)
 
 
+class _Packed(torch.nn.Module):
+    """The graph with one packed input, so that a call needs one host-to-device copy.
+
+    Column layout of ``packed`` (B, L + 2) int64: the L item IDs, then the length, then exclude_seen.
+    """
+
+    def __init__(self, graph: torch.nn.Module, length: int):
+        super().__init__()
+        self.graph, self.length = graph, length
+
+    def forward(self, packed: torch.Tensor):
+        return self.graph(packed[:, : self.length], packed[:, self.length], packed[:, self.length + 1] != 0)
+
+
 class CudaGraphRunner:
-    """Replays the captured graph of the smallest bucket that holds the batch."""
+    """Replays the captured graph of the smallest bucket that holds the batch.
+
+    A call is one copy in, one replay, two copies out and one synchronisation; the host buffers are pinned
+    and filled through numpy views, so the per-call Python work stays small.
+    """
 
     def __init__(self, module: torch.nn.Module, device: str, length: int, buckets=BUCKETS):
-        self.module = module  # the graphs read its weights in place: it must live as long as they do
+        self.module = _Packed(module, length)  # the graphs read its weights in place: it must outlive them
         self.device = torch.device(device)
-        self.buckets = buckets
-        self.graphs, self.inputs, self.outputs = {}, {}, {}
+        self.buckets, self.length = tuple(buckets), length
+        self.graphs, self.inputs, self.outputs, self.host = {}, {}, {}, {}
         pool = None
         stream = torch.cuda.Stream(self.device)
         with torch.inference_mode():
-            for batch in sorted(buckets, reverse=True):  # largest first: smaller ones reuse its memory pool
-                static = (torch.zeros(batch, length, dtype=torch.int64, device=self.device),
-                          torch.zeros(batch, dtype=torch.int64, device=self.device),
-                          torch.ones(batch, dtype=torch.bool, device=self.device))
+            for batch in sorted(self.buckets, reverse=True):  # largest first: smaller ones reuse its memory pool
+                static = torch.zeros(batch, length + 2, dtype=torch.int64, device=self.device)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     for _ in range(2):  # warm-up outside the capture (allocations, lazy init)
-                        module(*static)
+                        self.module(static)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[batch] = module(*static)
+                    top_ids, scores = self.module(static)
                 pool = graph.pool()
-                self.graphs[batch], self.inputs[batch] = graph, static
-            self.host = {b: tuple(torch.empty(t.shape, dtype=t.dtype).pin_memory() for t in self.inputs[b]) for b in buckets}
+                self.graphs[batch], self.inputs[batch], self.outputs[batch] = graph, static, (top_ids, scores)
+                host_in = torch.zeros(static.shape, dtype=torch.int64).pin_memory()
+                host_ids = torch.empty(top_ids.shape, dtype=top_ids.dtype).pin_memory()
+                host_scores = torch.empty(scores.shape, dtype=torch.float32).pin_memory()
+                self.host[batch] = (host_in, host_ids, host_scores)
 
     def __call__(self, ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
         with torch.inference_mode():  # the static tensors were made in inference mode
-            return self._run(ids, lengths, exclude)
+            if len(ids) <= self.buckets[-1]:
+                return self._run(ids, lengths, exclude)
+            step = self.buckets[-1]
+            parts = [self._run(ids[i : i + step], lengths[i : i + step], exclude[i : i + step])
+                     for i in range(0, len(ids), step)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def _run(self, ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
-        if len(ids) > self.buckets[-1]:
-            parts = [self._run(ids[i : i + self.buckets[-1]], lengths[i : i + self.buckets[-1]], exclude[i : i + self.buckets[-1]])
-                     for i in range(0, len(ids), self.buckets[-1])]
-            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         n = len(ids)
         batch = next(b for b in self.buckets if b >= n)
-        host = self.host[batch]
-        for buffer, value in zip(host, (ids, lengths, exclude)):
-            buffer[:n].copy_(torch.from_numpy(np.ascontiguousarray(value)))
-            buffer[n:].zero_()
-        for static, buffer in zip(self.inputs[batch], host):
-            static.copy_(buffer, non_blocking=True)
+        host_in, host_ids, host_scores = self.host[batch]
+        packed = host_in.numpy()
+        packed[:n, : self.length] = ids
+        packed[:n, self.length] = lengths
+        packed[:n, self.length + 1] = exclude
+        packed[n:, self.length] = 0  # padding rows: empty histories (their stale IDs are masked out)
+        self.inputs[batch].copy_(host_in, non_blocking=True)
         self.graphs[batch].replay()
         top_ids, scores = self.outputs[batch]
-        return top_ids[:n].cpu().numpy(), scores[:n].float().cpu().numpy()
+        host_ids.copy_(top_ids, non_blocking=True)
+        host_scores.copy_(scores, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host_ids.numpy()[:n].copy(), host_scores.numpy()[:n].copy()
 
 
 def load(out: Path, spec: GraphSpec, manifest: dict, device: str):

@@ -123,13 +123,16 @@ class Predictor:
         batch = self.encode(histories)
         exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
         top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude)
+        if self.map_ids:
+            top_ids = self.vocab_ids[top_ids - 1]
+        all_finite = bool(np.isfinite(top_scores).all())  # fewer than k items remain only in tiny catalogues
         out = []
         for row, kk in enumerate(ks):
-            scores = top_scores[row, :kk]
-            ids = top_ids[row, :kk][np.isfinite(scores)]  # fewer than k items can remain after exclusion
-            if self.map_ids:
-                ids = self.vocab_ids[ids - 1]
-            out.append(Recommendation(ids, scores[np.isfinite(scores)].astype(np.float32), int(batch.unknown[row])))
+            ids, scores = top_ids[row, :kk], top_scores[row, :kk]
+            if not all_finite:
+                keep = np.isfinite(scores)
+                ids, scores = ids[keep], scores[keep]
+            out.append(Recommendation(ids, scores, int(batch.unknown[row])))
         return out
 
 

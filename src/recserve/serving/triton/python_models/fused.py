@@ -60,11 +60,14 @@ class TritonPythonModel:
     def _response(self, parsed, answers):
         if isinstance(parsed, RequestError):
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(parsed), pb_utils.TritonError.INVALID_ARG))
-        width = min(len(a.item_ids) for a in answers)  # rows can only differ when the catalogue runs out
-        ids = np.stack([a.item_ids[:width] for a in answers])
+        if len(answers) == 1:  # the common case: one history per request
+            ids, scores = answers[0].item_ids[None], answers[0].scores[None]
+        else:
+            width = min(len(a.item_ids) for a in answers)  # rows differ only when the catalogue runs out
+            ids = np.stack([a.item_ids[:width] for a in answers])
+            scores = np.stack([a.scores[:width] for a in answers])
         if ids.dtype.kind == "U":
             ids = np.char.encode(ids, "utf-8").astype(np.object_)
-        scores = np.stack([a.scores[:width] for a in answers])
         unknown = np.array([[a.unknown_ids] for a in answers], dtype=np.int32)  # Triton 2.51 has no response parameters
         outputs = [pb_utils.Tensor(OUTPUT_ITEM_IDS, ids), pb_utils.Tensor(OUTPUT_SCORES, scores),
                    pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, unknown)]
