@@ -93,7 +93,7 @@ def main() -> None:
         real = np.split(bundle["items"], bundle["offsets"][1:-1])
         repo = args.work / "repo-ml100k"
         settings = table["echo"]["settings"]
-        write_repository(args.ml100k, repo, ("fused", "seed"), settings, "eager", "fp32")
+        write_repository(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
         summary = sweep(["fused", "seed"], [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
                         args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms)
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
