@@ -68,3 +68,9 @@ def test_loss_decreases_on_a_fixed_batch():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_the_last_position_fast_path_equals_the_full_encoder():
+    model = Bert4Rec(Bert4RecConfig(num_items=50, window=12, layers=3)).eval()
+    tokens = torch.tensor([[0, 0, 3, 4, 5, 51], [7, 8, 9, 10, 11, 51]])
+    torch.testing.assert_close(model.encode_last(tokens), model.encode(tokens)[:, -1], atol=1e-5, rtol=1e-5)

@@ -36,9 +36,7 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     assert fused.max_batch_size == 256 and fused.backend == "python"
     assert fused.input[0].allow_ragged_batch and fused.input[1].optional and fused.input[2].optional
     assert fused.dynamic_batching.max_queue_delay_microseconds == 2000
-    policy = fused.dynamic_batching.default_queue_policy
-    assert policy.max_queue_size == 1024 and policy.default_timeout_microseconds == 2_000_000
-    assert policy.timeout_action == pb.ModelQueuePolicy.REJECT
+    assert not fused.dynamic_batching.HasField("default_queue_policy")  # off by default (Triton 2.51 stalls)
     assert fused.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
     ensemble = parse_pbtxt((int_repo / "bert4rec_ensemble" / "config.pbtxt").read_text())
     assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
@@ -151,6 +149,13 @@ def test_recommend_command_prints_json(int_server, tiny_run):
     assert result.exit_code == 0, result.output
     reply = json.loads(result.output)
     assert len(reply["item_id"]) == 4 and len(reply["score"]) == 4
+
+
+def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_run, tmp_path):
+    write_repository(tiny_run, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000))
+    policy = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 8 and policy.default_timeout_microseconds == 5000
+    assert policy.timeout_action == pb.ModelQueuePolicy.REJECT and not policy.allow_timeout_override
 
 
 def test_a_new_version_is_added_beside_the_old(tiny_run, int_repo, tmp_path):

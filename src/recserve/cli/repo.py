@@ -24,8 +24,9 @@ def repo(
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_batch_size: Annotated[int, typer.Option(help="Largest dynamic batch.")] = 256,
     max_queue_delay_microseconds: Annotated[int, typer.Option(help="Batcher wait to fill a batch.")] = 200,
-    max_queue_size: Annotated[int, typer.Option(help="Queued requests beyond this are rejected (503).")] = 1024,
-    queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected.")] = 2000,
+    max_queue_size: Annotated[int, typer.Option(help="Queued requests beyond this are rejected (503); 0: "
+        "unbounded. Any queue policy costs ~500 ms stalls on Triton 2.51 (see docs/benchmarks.md).")] = 0,
+    queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected; 0: no timeout.")] = 0,
     instances: Annotated[int, typer.Option(help="Model instances.")] = 1,
     max_k: Annotated[int, typer.Option(help="Largest k a request may ask for.")] = DEFAULT_MAX_K,
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,

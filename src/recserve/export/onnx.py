@@ -6,6 +6,7 @@ ONNX has no search operator, so sparse integer IDs and string IDs are mapped by 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,12 @@ def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)  # the server sets one per model instance
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # idle threads must not spin: they share the cores with the server and the other instances
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(out / FILE), options, providers=providers)
 
     def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):

@@ -82,14 +82,30 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
 
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
+        return t.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, nh, L, hd)
+
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """x: (B, L, H); keep: (B, 1, 1, L) True where a key may be attended. Returns (B, L, H)."""
-        # unflatten/flatten instead of view(B, L, ...) keeps batch and length symbolic when traced
-        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.qkv(self.ln1(x)).chunk(3, -1))
+        q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B, nh, L, hd)
         x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
         return x + self.drop(self.ffn(self.ln2(x)))
+
+    def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The inference fast path: keys and values for every token, the rest for the last one only.
+
+        x: (B, L, H); keep: (B, 1, 1, L). Returns the last position's output (B, 1, H).
+        """
+        # one qkv projection for every token (it stays a single layer, so quantization can swap it);
+        # attention, output projection and feed-forward for the last token only
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
+        q, k, v = self._heads(q[:, -1:]), self._heads(k), self._heads(v)  # (B, nh, 1 | L, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B, nh, 1, hd)
+        x = x[:, -1:] + self.proj(y.transpose(1, 2).flatten(2))
+        return x + self.ffn(self.ln2(x))
 
 
 class Bert4Rec(nn.Module):
@@ -117,15 +133,25 @@ class Bert4Rec(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
+    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         length = tokens.shape[1]
         positions = torch.arange(self.cfg.window - length, self.cfg.window, device=tokens.device)  # (L,)
         x = self.drop(self.emb_norm(self.item_emb(tokens) + self.pos_emb(positions)))
-        keep = (tokens != PAD_INDEX)[:, None, None, :]  # (B, 1, 1, L)
+        return x, (tokens != PAD_INDEX)[:, None, None, :]  # (B, L, H), keep (B, 1, 1, L)
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
+        x, keep = self._embed(tokens)
         for block in self.blocks:
             x = block(x, keep)
         return self.final_norm(x)
+
+    def encode_last(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L). Returns the last position's hidden state (B, H), computing no other output."""
+        x, keep = self._embed(tokens)
+        for block in self.blocks[:-1]:
+            x = block(x, keep)
+        return self.final_norm(self.blocks[-1].forward_last(x, keep)[:, 0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
@@ -133,7 +159,7 @@ class Bert4Rec(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L). Returns the scores of the last position (B, N + 2): the inference fast path."""
-        return self.logits(self.encode(tokens)[:, -1])
+        return self.logits(self.encode_last(tokens))
 
     def cloze_loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy over the catalogue at masked positions only.

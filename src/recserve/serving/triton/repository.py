@@ -59,8 +59,12 @@ class ServingSettings:
     max_batch_size: int = 256
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = 200  # how long the batcher waits to fill a batch
-    max_queue_size: int = 1024  # requests waiting beyond this are rejected at once (UNAVAILABLE / 503)
-    queue_timeout_microseconds: int = 2_000_000  # a request queued longer is rejected, not run late
+    # A queue policy bounds the queue (beyond max_queue_size: rejected at once, UNAVAILABLE / 503) and
+    # rejects requests queued longer than the timeout. Off by default: with any default_queue_policy,
+    # Triton 2.51's dynamic batcher stalls some requests for about 500 ms (measured: echo at concurrency 16
+    # drops from ~6,900 to ~1,000 requests/s, p99 from 4 ms to 503 ms). Turn it on for overload protection.
+    max_queue_size: int = 0  # 0: unbounded
+    queue_timeout_microseconds: int = 0  # 0: no timeout
     instance_count: int = 1
     device: str = "cpu"  # cpu or gpu: where model instances run
     max_k: int = DEFAULT_MAX_K
@@ -89,7 +93,9 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
 
 def _batched_config(name: str, id_type: str, settings: ServingSettings, parameters: dict) -> ModelConfig:
     inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
-    policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
+    policy = None
+    if settings.max_queue_size or settings.queue_timeout_microseconds:
+        policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
     return ModelConfig(
         name=name, inputs=inputs, outputs=outputs, max_batch_size=settings.max_batch_size,
         dynamic_batching=DynamicBatching(settings.preferred_batch_sizes, settings.max_queue_delay_microseconds, policy),
