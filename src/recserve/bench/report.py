@@ -52,9 +52,9 @@ def write_report(summary: dict, path: Path) -> None:
             + (f", batch {v['avg_batch']:.1f}" if v.get("avg_batch") else "")
             for name, v in r.get("steps", {}).items())
         if "throughput_rps" not in r:
-            lines.append(f"| {r['layout']} | {kind} {value:g} | failed: {r.get('error', '')} | | | | {r['errors']} | |")
+            lines.append(f"| {r.get('variant', r['layout'])} | {kind} {value:g} | failed: {r.get('error', '')} | | | | {r['errors']} | |")
             continue
-        lines.append(f"| {r['layout']} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
+        lines.append(f"| {r.get('variant', r['layout'])} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
                      f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |")
     lines += ["", "## Ratios", ""]
     ratios_ = summary["ratios"]

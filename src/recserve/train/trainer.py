@@ -120,6 +120,7 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     from lightning.pytorch.loggers import CSVLogger
 
     cfg.validate()
+    _quiet_lightning()
     data = load_prepared(data_dir)
     if data.train.lengths.sum() == 0:
         raise DataError(f"{data_dir}: the training split is empty (every user has fewer than 3 items)")
@@ -161,6 +162,16 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     }
     _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
+
+
+def _quiet_lightning() -> None:
+    """Hides Lightning's advice that does not apply here (our batches are built per epoch, not by workers)."""
+    import warnings
+
+    for message in (".*IterableDataset.*__len__.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
+                    ".*does not have many workers.*"):
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 
 
 def save_catalog(run_dir: Path, data: PreparedData) -> None:
