@@ -32,3 +32,8 @@ for _ in $(seq 1 120); do
 done
 echo "history of user 1 (oldest first): $history"
 $rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
+kill -TERM $server; wait $server 2>/dev/null || true
+trap - EXIT
+
+# A short load test of the three layouts side by side (the full sweep: docs/benchmarks.md)
+$rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms 1000

@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
     parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--export-report", default="", help="backends to time with `recserve export --report` "
+                        "first (comma-separated), e.g. eager,cudagraph,torchscript")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -70,8 +72,14 @@ def main() -> None:
     run = make_random_run(args.work / "run-100k", num_items=args.items)
     histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
+    if args.export_report:
+        from recserve.export.report import build_report
+
+        device = "cuda" if args.device == "gpu" else "cpu"
+        build_report(run, args.out / "export-report", device, seconds=0.5,
+                     backends=tuple(args.export_report.split(",")))
     rows, notes = [], {}
-    for name in args.variants.split(","):
+    for name in filter(None, args.variants.split(",")):
         spec = table[name]
         repo = args.work / f"repo-{name}"
         started = time.time()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.errors import ExportError
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +40,26 @@ def time_runner(runner, inputs, seconds: float = 1.0, min_calls: int = 5, warmup
 
 
 def build_report(run_dir: Path, out: Path, device: str = "cpu", data_dir: Path | None = None,
-                 seconds: float = 1.0, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Exports each variant under ``out/exports``, times it and writes report.json, report.md and report.png."""
-    from recserve.export.backends import load_runner
+                 seconds: float = 1.0, progress: Callable[[str], None] = lambda _: None,
+                 backends: tuple[str, ...] | None = None) -> dict:
+    """Exports each variant under ``out/exports``, times it and writes report.json, report.md and report.png.
+
+    Args:
+        backends: only these backends (default: every one worth trying on the device).
+    """
+    from recserve.export.backends import load_runner, spec_of
     from recserve.export.exporter import export_run
     from recserve.export.graph import example_inputs
-    from recserve.export.backends import spec_of
 
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     rows, skipped = [], []
-    for backend, precision in variants(device):
+    for backend, precision in [v for v in variants(device) if backends is None or v[0] in backends]:
         progress(f"{backend} {precision}")
         target = out / "exports" / f"{backend}-{precision}"
         try:
             manifest = export_run(run_dir, backend, precision, target, device=device, data_dir=data_dir)
-        except ExportError as err:
+        except Exception as err:  # noqa: BLE001 - a variant that fails is a finding of the report
             skipped.append({"backend": backend, "precision": precision, "reason": str(err)})
             log.warning("skipped %s %s: %s", backend, precision, err)
             continue
@@ -76,7 +80,10 @@ def build_report(run_dir: Path, out: Path, device: str = "cpu", data_dir: Path |
               "throughput_unit": "recommendations per second at the p50 call latency"}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(report_markdown(report))
-    plot_report(report, out / "report.png")
+    try:
+        plot_report(report, out / "report.png")
+    except ImportError:  # no matplotlib on this machine: plot later from report.json
+        log.warning("matplotlib is missing: no report.png")
     return report
 
 
