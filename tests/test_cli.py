@@ -28,3 +28,17 @@ def test_data_on_a_missing_file_exits_non_zero_with_the_path(tmp_path):
     result = runner.invoke(app, ["data", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "d")])
     assert result.exit_code == 1
     assert "nope.csv: no such file" in result.output
+
+
+def test_serve_on_a_machine_without_a_gpu_says_so(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    result = runner.invoke(app, ["serve", "--repo", str(tmp_path), "--gpu"])
+    assert result.exit_code != 0 and "no CUDA device" in result.output
+
+
+def test_serve_on_a_missing_repository_exits_with_the_path(tmp_path):
+    result = runner.invoke(app, ["serve", "--repo", str(tmp_path / "nope")])
+    assert result.exit_code == 1 and "no such model repository" in result.output

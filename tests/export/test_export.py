@@ -30,6 +30,12 @@ def test_fp32_exports_match_eager_on_untraced_shapes(tiny_run, tmp_path, backend
     np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)
 
 
+def test_torch_compile_matches_eager(tiny_run, tmp_path):
+    manifest = exporter.export_run(tiny_run, "compile", "fp32", tmp_path / "out")
+    assert manifest["validation"]["top10_overlap"] == 1.0
+    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL
+
+
 def test_aot_inductor_package_matches_eager(tiny_run, tmp_path):
     manifest = exporter.export_run(tiny_run, "aoti", "fp32", tmp_path / "out")
     assert (tmp_path / "out" / "model.pt2").exists() and manifest["fixed_length"] == 19

@@ -25,7 +25,8 @@ def serve(
         "model-repository, shared-memory and logging APIs (header recserve-admin-key).")] = None,
     poll_secs: Annotated[int, typer.Option(help="Repository poll interval (poll mode).")] = 5,
     exit_timeout_secs: Annotated[int, typer.Option(help="Time in-flight requests get to finish on stop.")] = 30,
-    gpu: Annotated[bool, typer.Option(help="Expect GPU model instances (write the repository with --device gpu).")] = False,
+    gpu: Annotated[bool, typer.Option(help="Run the models on the GPU, whatever their instance kind "
+                                           "(a repository written with --device gpu already does).")] = False,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for every model to be ready.")] = 300,
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
@@ -36,7 +37,12 @@ def serve(
         model_control_mode=model_control, restricted_api_key=admin_key, repository_poll_secs=poll_secs,
         exit_timeout_secs=exit_timeout_secs,
     )
-    server = TritonServer(repo, settings)
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter("no CUDA device is visible here", param_hint="--gpu")
+    server = TritonServer(repo, settings, gpu=gpu)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -44,7 +50,7 @@ def serve(
         server.start()
         server.wait_ready(ready_timeout_s)
     console.print(f"ready: HTTP {host}:{http_port}, gRPC {host}:{grpc_port}, metrics {host}:{metrics_port} "
-                  f"(log {server.log_path}){' on GPU' if gpu else ''}")
+                  f"(log {server.log_path}){', models on the GPU' if gpu else ''}")
     while not stop.wait(0.5):
         if server.process.poll() is not None:
             console.print(f"[red]tritonserver exited with code {server.process.returncode}[/]\n{server.failure_summary()}")

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recserve.errors import ServingError
+from recserve.serving.triton.placement import DEVICE_ENV
 
 log = logging.getLogger(__name__)
+
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class TritonServer:
     settings: ServerSettings = field(default_factory=ServerSettings)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
+    gpu: bool = False  # models run on the GPU even in CPU instances (RECSERVE_DEVICE=cuda for the stubs)
 
     @property
     def http_url(self) -> str:
@@ -150,8 +153,9 @@ class TritonServer:
         bundle = find_bundle()
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
         log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
+        env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
         self.process = subprocess.Popen(
-            server_args(bundle, Path(self.repo).resolve(), self.settings), env=server_env(bundle, self.settings),
+            server_args(bundle, Path(self.repo).resolve(), self.settings), env=env,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log_file.close()

@@ -21,6 +21,7 @@ from recserve.constants import (
 from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import parse_request
+from recserve.serving.triton.placement import instance_device
 
 
 def _input(request, name):
@@ -32,8 +33,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         folder = Path(args["model_repository"]) / args["model_version"] / config["parameters"]["export_dir"]["string_value"]
-        gpu = args["model_instance_kind"] == "GPU"
-        self.predictor = Predictor.load(folder, f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
+        self.predictor = Predictor.load(folder, instance_device(args))
 
     def _parse(self, request):
         try:

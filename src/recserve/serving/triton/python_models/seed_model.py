@@ -8,14 +8,14 @@ import triton_python_backend_utils as pb_utils
 
 from recserve.constants import POPULARITY_FILE, SEED_K, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES
 from recserve.models.inference import TopKHead
+from recserve.serving.triton.placement import instance_device
 from recserve.models.bert4rec import load_run
 
 
 class TritonPythonModel:
     def initialize(self, args):
         folder = Path(args["model_repository"]) / args["model_version"]
-        gpu = args["model_instance_kind"] == "GPU"
-        self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
+        self.device = torch.device(instance_device(args))
         popularity = np.load(folder / POPULARITY_FILE)
         self.head = TopKHead(load_run(folder), popularity, SEED_K).to(self.device).eval()
 
