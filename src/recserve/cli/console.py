@@ -21,11 +21,12 @@ F = TypeVar("F", bound=Callable)
 
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,  # other libraries: warnings only
         format="%(message)s",
         handlers=[RichHandler(console=err_console, show_path=False)],
         force=True,
     )
+    logging.getLogger("recserve").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def handle_errors(fn: F) -> F:
