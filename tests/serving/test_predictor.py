@@ -70,6 +70,7 @@ def test_string_ids_work_end_to_end_and_unknown_strings_are_dropped(string_predi
     ("item_ids", "k", "exclude", "message"),
     [
         (np.zeros((1, 2, 3), np.int64), None, None, r"expected shape \[batch, length\]"),
+        (np.zeros((0, 3), np.int64), None, None, "holds no history"),
         (np.array([[1.5]]), None, None, "this model takes INT64"),
         (np.array([[b"a"]], dtype=object), None, None, "this model takes INT64"),
         (np.array([[1]]), np.array([[1.0]]), None, "k: wrong data type"),

@@ -90,9 +90,8 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
             f"rating_threshold={options.rating_threshold})"
         )
     vocab = build_vocab(frame["item_id"].to_numpy())
-    frame = frame.sort(["user_id", "timestamp", "_row"]).with_columns(
-        pl.Series("index", vocab.lookup(frame.sort(["user_id", "timestamp", "_row"])["item_id"].to_numpy()))
-    )
+    frame = frame.sort(["user_id", "timestamp", "_row"])  # ties in time keep file order
+    frame = frame.with_columns(pl.Series("index", vocab.lookup(frame["item_id"].to_numpy())))
     users = frame.group_by("user_id", maintain_order=True).agg(pl.col("index").alias("items"))
     users = users.with_columns(
         pl.col("items").list.get(-2).alias("valid_item"), pl.col("items").list.get(-1).alias("test_item")

@@ -48,10 +48,12 @@ def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.n
         expected = "BYTES (string IDs)" if string_ids else "INT64 (integer IDs)"
         raise RequestError(f"{INPUT_ITEM_IDS}: this model takes {expected}, got {item_ids.dtype}")
     rows = item_ids.shape[0]
+    if rows == 0:
+        raise RequestError(f"{INPUT_ITEM_IDS}: the request holds no history (shape {list(item_ids.shape)})")
     ks = _column(k, rows, INPUT_K, "iu", DEFAULT_K)
     if np.any(ks != ks[0]):
         raise RequestError(f"{INPUT_K}: one k per request, got {sorted(set(ks.tolist()))}")
-    k_value = int(ks[0]) if rows else DEFAULT_K
+    k_value = int(ks[0])
     if not 1 <= k_value <= max_k:
         raise RequestError(f"{INPUT_K}: {k_value} is out of range; allowed 1..{max_k}")
     exclude = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b", True).astype(bool)
