@@ -1,0 +1,68 @@
+"""Overload: a burst far above capacity gets fast, typed, retryable rejections; the admitted get answers.
+
+Bounded: one burst of 300 requests on loopback, then a short retry loop.
+"""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from recserve.client import AsyncRecommenderClient, RecommenderClient, ServerBusyError
+from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton.repository import ServingSettings, write_repository
+from tests.conftest import server_settings
+
+BURST = 300
+QUEUE_TIMEOUT_US = 200_000
+
+
+@pytest.fixture(scope="module")
+def small_queue_server(tiny_run, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("overload") / "repo"
+    settings = ServingSettings(max_batch_size=4, max_queue_size=4, queue_timeout_microseconds=QUEUE_TIMEOUT_US)
+    write_repository(tiny_run, repo, ("fused",), settings, backend="onnx")
+    with TritonServer(repo, server_settings()) as server:
+        yield server
+
+
+async def _burst(url: str) -> dict:
+    client = AsyncRecommenderClient(url)
+    outcome = {"ok": [], "busy": [], "other": []}
+
+    async def one():
+        start = time.perf_counter()
+        try:
+            await client.recommend(list(range(1, 19)))
+            outcome["ok"].append(time.perf_counter() - start)
+        except ServerBusyError:
+            outcome["busy"].append(time.perf_counter() - start)
+        except Exception as err:  # noqa: BLE001 - anything else is a failure the test reports
+            outcome["other"].append(repr(err))
+
+    await asyncio.gather(*(one() for _ in range(BURST)))
+    await client.close()
+    return outcome
+
+
+def test_a_burst_above_capacity_is_shed_with_typed_rejections(small_queue_server):
+    outcome = asyncio.run(_burst(small_queue_server.grpc_url))
+    sent, ok, busy = BURST, len(outcome["ok"]), len(outcome["busy"])
+    print(f"overload: sent {sent}, answered {ok}, rejected busy {busy}, other errors {len(outcome['other'])}; "
+          f"admitted p99 {np.percentile(outcome['ok'], 99) * 1e3:.0f} ms")
+    assert outcome["other"] == []  # every request was either answered or rejected as busy: none lost
+    assert ok + busy == sent and ok > 0 and busy > 0
+    assert small_queue_server.is_ready()  # ready again as soon as the burst ends
+
+
+def test_bounded_retries_with_backoff_get_through_after_a_burst(small_queue_server):
+    client = RecommenderClient(small_queue_server.grpc_url, retries=5, backoff_s=0.02)
+    assert len(client.recommend([1, 2, 3], k=5).item_ids) == 5
+
+
+def test_busy_errors_are_retryable_and_typed():
+    assert issubclass(ServerBusyError, Exception)
+    from recserve.client.triton import BUSY_STATUSES
+
+    assert {"503", "StatusCode.UNAVAILABLE"} <= BUSY_STATUSES

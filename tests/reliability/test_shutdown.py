@@ -1,0 +1,76 @@
+"""Graceful shutdown: SIGTERM to `recserve serve` under load; accepted requests are answered, exit code 0."""
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+from recserve.client import RecommenderClient, RecommendError
+from recserve.serving.triton.launcher import free_ports
+
+LOAD_S = 4.0
+
+
+def _wait_ready(port: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise AssertionError("server not ready")
+
+
+def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, tmp_path):
+    http, grpc, metrics = free_ports(3)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(int_repo), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--exit-timeout-secs", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        _wait_ready(http)
+        outcomes = {"ok": 0, "refused": 0, "failed": []}
+        lock = threading.Lock()
+        stop_at = time.monotonic() + LOAD_S
+
+        def worker():
+            client = RecommenderClient(f"127.0.0.1:{http}", "http", timeout_s=5)
+            while time.monotonic() < stop_at:
+                try:
+                    client.recommend([1, 2, 3], k=5)
+                    key = "ok"
+                except RecommendError as err:
+                    # refused before being accepted: the port is closed or the server says it is stopping
+                    key = "refused" if err.status in (None, "503", "400") or "connect" in str(err).lower() else None
+                    if key is None:
+                        with lock:
+                            outcomes["failed"].append(str(err))
+                        continue
+                except OSError:
+                    key = "refused"
+                with lock:
+                    outcomes[key] += 1
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        sent_signal_at = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=30)
+        exit_s = time.monotonic() - sent_signal_at
+        for t in threads:
+            t.join()
+        print(f"shutdown: answered {outcomes['ok']}, refused after SIGTERM {outcomes['refused']}, "
+              f"failed {len(outcomes['failed'])}, exit code {code} after {exit_s:.1f} s")
+        assert code == 0, serve.stdout.read()
+        assert outcomes["ok"] > 0 and outcomes["failed"] == []
+        assert exit_s < 15
+    finally:
+        if serve.poll() is None:
+            serve.kill()
