@@ -96,3 +96,7 @@ def test_the_serving_core_imports_only_numpy_and_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_empty_batch_gets_an_empty_answer(predictor):
+    assert predictor.predict([]) == []

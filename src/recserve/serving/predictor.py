@@ -117,7 +117,9 @@ class Predictor:
     ) -> list[Recommendation]:
         """Top-k for each history: one graph call for the whole batch."""
         n = len(histories)
-        ks = [self.check_k(x) for x in (np.broadcast_to(k, (n,)) if n else [])]
+        if n == 0:
+            return []
+        ks = [self.check_k(x) for x in np.broadcast_to(k, (n,))]
         if self.string_ids:
             histories = [as_str_ids(h).reshape(-1) for h in histories]
         batch = self.encode(histories)
