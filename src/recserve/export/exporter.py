@@ -9,8 +9,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from recserve.constants import (
     DEFAULT_MAX_K,
     EXPORT_MANIFEST,
@@ -118,6 +116,3 @@ def _data_dir_of(run_dir: Path) -> Path | None:
             return Path(folder)
     return None
 
-
-def items_by_index(export_dir: Path) -> np.ndarray:
-    return np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
