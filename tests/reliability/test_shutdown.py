@@ -46,7 +46,7 @@ def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, t
                     key = "ok"
                 except RecommendError as err:
                     # refused before being accepted: the port is closed or the server says it is stopping
-                    key = "refused" if err.status in (None, "503", "400") or "connect" in str(err).lower() else None
+                    key = "refused" if err.status in (None, "503", "400", "UNAVAILABLE") or "connect" in str(err).lower() else None
                     if key is None:
                         with lock:
                             outcomes["failed"].append(str(err))

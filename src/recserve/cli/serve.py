@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -28,6 +29,8 @@ def serve(
     gpu: Annotated[bool, typer.Option(help="Run the models on the GPU, whatever their instance kind "
                                            "(a repository written with --device gpu already does).")] = False,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for every model to be ready.")] = 300,
+    watch_secs: Annotated[float, typer.Option(help="How often to check that every model process is alive; "
+        "a dead one (Triton 2.51 does not restart it) restarts the server. 0: do not watch.")] = 5,
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
     from recserve.serving.triton.launcher import ServerSettings, TritonServer
@@ -51,10 +54,18 @@ def serve(
         server.wait_ready(ready_timeout_s)
     console.print(f"ready: HTTP {host}:{http_port}, gRPC {host}:{grpc_port}, metrics {host}:{metrics_port} "
                   f"(log {server.log_path}){', models on the GPU' if gpu else ''}")
+    stubs, next_check = server.stub_count(), time.monotonic() + watch_secs
     while not stop.wait(0.5):
         if server.process.poll() is not None:
             console.print(f"[red]tritonserver exited with code {server.process.returncode}[/]\n{server.failure_summary()}")
             raise typer.Exit(1)
+        if watch_secs and time.monotonic() >= next_check:
+            alive = server.stub_count()
+            if alive < stubs:
+                console.print(f"[yellow]{stubs - alive} model process(es) died: restarting the server[/]")
+                console.print(f"recovered in {server.restart(ready_timeout_s):.1f} s")
+                alive = server.stub_count()
+            stubs, next_check = alive, time.monotonic() + watch_secs
     console.print("stopping: letting in-flight requests finish")
     code = server.stop()
     raise typer.Exit(0 if code in (0, None, -signal.SIGTERM) else 1)

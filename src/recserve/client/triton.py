@@ -132,6 +132,8 @@ class RecommenderClient:
                                       outputs=_outputs(self.module, self.model), **kwargs)
         except InferenceServerException as err:
             raise _error(err) from err
+        except Exception as err:  # noqa: BLE001 - the transport's own errors (closed or refused connections)
+            raise ServerBusyError(f"cannot reach {self.url}: {type(err).__name__}: {err}", "UNAVAILABLE") from err
         return _result(reply, self.model == FUSED_MODEL)
 
     def recommend_batch(self, histories, k: int = DEFAULT_K, exclude_seen: bool = True) -> list[Recommendations]:

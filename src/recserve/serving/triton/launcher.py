@@ -8,6 +8,7 @@ version copied into ``backends/python/``.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import logging
 import os
@@ -128,6 +129,14 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     return [*args, *s.extra_args]
 
 
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM the server when the process that started it dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver; a context manager that waits for readiness and stops on exit."""
@@ -156,7 +165,7 @@ class TritonServer:
         env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
         self.process = subprocess.Popen(
             server_args(bundle, Path(self.repo).resolve(), self.settings), env=env,
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent,
         )
         log_file.close()
         return self
@@ -199,6 +208,32 @@ class TritonServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             return self.process.wait()
+
+    def stub_count(self) -> int:
+        """Live python-backend stub processes of this server (one per python model instance)."""
+        if self.process is None or self.process.poll() is not None:
+            return 0
+        count = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == self.process.pid and b"triton_python_backend_stub" in cmdline:
+                count += 1
+        return count
+
+    def restart(self, timeout_s: float = 300) -> float:
+        """Stops and starts the server on the same repository; returns the seconds it took."""
+        started = time.monotonic()
+        self.stop(timeout_s=10)  # a server with a dead model process may never finish a graceful stop
+        self.start()
+        self.wait_ready(timeout_s)
+        return time.monotonic() - started
 
     def __enter__(self) -> TritonServer:
         self.start()

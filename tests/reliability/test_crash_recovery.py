@@ -1,0 +1,59 @@
+"""A killed python-model process: `recserve serve` notices and restarts the server; clients see errors
+only during that window (Triton 2.51 neither restarts the process nor stops reporting ready)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from recserve.client import RecommenderClient, RecommendError
+from recserve.serving.triton.launcher import free_ports
+from tests.reliability.test_shutdown import _wait_ready
+
+RECOVERY_BOUND_S = 90
+
+
+def _stubs_of(model: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-af", "triton_python_backend_stub"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if f"/{model}/" in line]
+
+
+def test_a_killed_model_process_is_recovered_within_a_bounded_window(int_repo, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo / "echo", repo / "echo")
+    http, grpc, metrics = free_ports(3)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(repo), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--watch-secs", "1", "--exit-timeout-secs", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        _wait_ready(http)
+        client = RecommenderClient(f"127.0.0.1:{http}", "http", model="echo", timeout_s=5)
+        assert len(client.recommend([1, 2]).item_ids) == 10
+        (stub,) = [pid for pid in _stubs_of("echo") if str(repo) in open(f"/proc/{pid}/cmdline").read()]
+        os.kill(stub, signal.SIGKILL)
+        killed_at, first_error, errors = time.monotonic(), None, 0
+        while time.monotonic() - killed_at < RECOVERY_BOUND_S:
+            try:
+                client.recommend([1, 2])
+                if first_error is not None:
+                    break
+            except RecommendError:
+                errors += 1
+                first_error = first_error or time.monotonic()
+            time.sleep(0.2)
+        window_s = time.monotonic() - killed_at
+        print(f"crash recovery: answers again {window_s:.1f} s after the kill, {errors} failed requests meanwhile")
+        assert window_s < RECOVERY_BOUND_S
+        assert len(client.recommend([1, 2]).item_ids) == 10
+        assert serve.poll() is None  # still serving
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
