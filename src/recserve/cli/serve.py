@@ -30,7 +30,8 @@ def serve(
                                            "(a repository written with --device gpu already does).")] = False,
     ready_timeout_s: Annotated[float, typer.Option(help="How long to wait for every model to be ready.")] = 300,
     watch_secs: Annotated[float, typer.Option(help="How often to check that every model process is alive; "
-        "a dead one (Triton 2.51 does not restart it) restarts the server. 0: do not watch.")] = 5,
+        "a dead one (Triton 2.51 does not restart it) restarts the server. 0: do not watch. Only with "
+        "--model-control none, where model processes never change on purpose.")] = 5,
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
     from recserve.serving.triton.launcher import ServerSettings, TritonServer
@@ -59,7 +60,7 @@ def serve(
         if server.process.poll() is not None:
             console.print(f"[red]tritonserver exited with code {server.process.returncode}[/]\n{server.failure_summary()}")
             raise typer.Exit(1)
-        if watch_secs and time.monotonic() >= next_check:
+        if watch_secs and model_control == "none" and time.monotonic() >= next_check:
             alive = server.stub_count()
             if alive < stubs:
                 console.print(f"[yellow]{stubs - alive} model process(es) died: restarting the server[/]")

@@ -127,10 +127,17 @@ def write_fused(repo: Path, run_dir: Path, settings: ServingSettings, backend: s
 
     model_dir = repo / FUSED_MODEL
     device = "cuda" if settings.device == "gpu" else "cpu"
-    manifest = export_run(run_dir, backend, precision, model_dir / str(version) / EXPORT_SUBDIR, device=device,
-                          max_k=settings.max_k)
-    _python_model("fused", model_dir / str(version))
-    _write_config(model_dir, _batched_config(FUSED_MODEL, _id_type(run_dir), settings, {"export_dir": EXPORT_SUBDIR}))
+    # the version folder appears whole (a polling server must never load a half-written one): built
+    # under a name Triton ignores, then renamed
+    staging = model_dir / f".staging-{version}"
+    shutil.rmtree(staging, ignore_errors=True)
+    manifest = export_run(run_dir, backend, precision, staging / EXPORT_SUBDIR, device=device, max_k=settings.max_k)
+    _python_model("fused", staging)
+    config = _batched_config(FUSED_MODEL, _id_type(run_dir), settings, {"export_dir": EXPORT_SUBDIR})
+    if not (model_dir / "config.pbtxt").exists() or (model_dir / "config.pbtxt").read_text() != to_pbtxt(config):
+        _write_config(model_dir, config)
+    shutil.rmtree(model_dir / str(version), ignore_errors=True)
+    staging.rename(model_dir / str(version))
     return manifest
 
 
