@@ -31,7 +31,7 @@ def test_every_endpoint_binds_loopback_unless_told_otherwise():
     for flag in ("--http-address", "--grpc-address", "--metrics-address"):
         assert f"{flag}=127.0.0.1" in args
     assert "--model-control-mode=none" in args
-    assert f"--http-address=0.0.0.0" in server_args(bundle, Path("repo"), ServerSettings(host="0.0.0.0"))
+    assert "--http-address=0.0.0.0" in server_args(bundle, Path("repo"), ServerSettings(host="0.0.0.0"))
 
 
 def test_admin_apis_are_refused_without_the_key(int_server):

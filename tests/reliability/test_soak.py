@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from recserve.client import RecommenderClient
-from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton.launcher import TritonServer, child_pids
 from tests.conftest import server_settings
 
 SOAK_S = float(os.environ.get("RECSERVE_SOAK_S", "60"))
@@ -21,17 +21,12 @@ THREADS = 3
 def _rss_mib(pid: int) -> float:
     """Resident memory of a process and its direct children (the model processes), in MiB."""
     total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for process in (pid, *child_pids(pid)):
         try:
-            stat = (entry / "stat").read_text()
-            status = (entry / "status").read_text()
+            status = Path(f"/proc/{process}/status").read_text()
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if int(entry.name) == pid or parent == pid:
-            total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
     return total / 1024
 
 

@@ -129,6 +129,28 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     return [*args, *s.extra_args]
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _stop_with_parent() -> None:
     """In the child before exec: SIGTERM the server when the process that started it dies (Linux)."""
     try:
@@ -213,19 +235,7 @@ class TritonServer:
         """Live python-backend stub processes of this server (one per python model instance)."""
         if self.process is None or self.process.poll() is not None:
             return 0
-        count = 0
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if parent == self.process.pid and b"triton_python_backend_stub" in cmdline:
-                count += 1
-        return count
+        return sum(b"triton_python_backend_stub" in _cmdline(pid) for pid in child_pids(self.process.pid))
 
     def restart(self, timeout_s: float = 300) -> float:
         """Stops and starts the server on the same repository; returns the seconds it took."""
