@@ -81,3 +81,26 @@ def string_server(string_run, tmp_path_factory):
     write_repository(string_run, repo, ("fused", "seed", "echo"), backend="onnx")
     with TritonServer(repo, server_settings()) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def ml100k_implicit_dir(tmp_path_factory) -> Path:
+    """ML-100K as implicit feedback: ratings of 4 and 5 (the Mult-VAE paper's threshold of 3.5)."""
+    from recserve.data.datasets import PrepareOptions
+
+    out = tmp_path_factory.mktemp("ml100k-implicit") / "data"
+    prepare("ml-100k", out, PrepareOptions(rating_threshold=3.5))
+    return out
+
+
+@pytest.fixture(scope="session")
+def vae_run(ml100k_implicit_dir, tmp_path_factory) -> Path:
+    """Mult-VAE trained briefly on implicit ML-100K, its test metrics in metrics.json."""
+    from recserve.train.heldout import evaluate_heldout_run
+    from recserve.train.trainer import TrainConfig, train, write_metrics
+
+    out = tmp_path_factory.mktemp("vae") / "run"
+    cfg = TrainConfig(epochs=25, batch_size=100, weight_decay=0.0, patience=25, device="cpu", resume=False)
+    write_metrics(out, train(ml100k_implicit_dir, out, {}, cfg, model="multvae"))
+    write_metrics(out, evaluate_heldout_run(out, ml100k_implicit_dir))
+    return out

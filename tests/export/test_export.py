@@ -125,3 +125,19 @@ def test_export_report_times_every_variant_and_plots(tiny_run, ml100k_dir, tmp_p
     assert {"backend", "precision", "batch_size", "p50_ms", "p99_ms", "throughput", "top10_overlap",
             "ndcg10_delta"} <= set(rows[0])
     assert (tmp_path / "report.png").stat().st_size > 10_000 and "| onnx | int8 |" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "onnx"])
+def test_multvae_exports_match_eager_and_exclude_the_input_items(vae_run, tmp_path, backend):
+    from recserve.serving.predictor import Predictor
+
+    manifest = exporter.export_run(vae_run, backend, "fp32", tmp_path / "out")
+    assert manifest["model"] == "multvae"
+    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL
+    assert manifest["validation"]["top10_overlap"] == 1.0
+    predictor = Predictor.load(tmp_path / "out")
+    history = predictor.vocab_ids[[0, 5, 9, 40]]
+    [answer] = predictor.predict([history], k=20)
+    assert len(answer.item_ids) == 20 and not set(history.tolist()) & set(answer.item_ids.tolist())
+    [reordered] = predictor.predict([history[::-1]], k=20)  # a bag of items: order does not matter
+    np.testing.assert_array_equal(reordered.item_ids, answer.item_ids)

@@ -179,3 +179,16 @@ def test_the_server_listens_on_loopback_and_restricts_the_repository_api(int_ser
     client = grpcclient.InferenceServerClient(int_server.grpc_url)
     with pytest.raises(Exception, match="restricted|Unauthenticated|UNAVAILABLE|not allowed"):
         client.get_model_repository_index()
+
+
+def test_multvae_is_served_by_the_fused_layout(vae_run, tmp_path):
+    from recserve.serving.predictor import Predictor
+
+    repo = tmp_path / "repo"
+    write_repository(vae_run, repo, ("fused",), backend="onnx")
+    history = np.load(vae_run / "item_ids.npy")[[3, 30, 300]]
+    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
+        answer = client.recommend(history.tolist(), k=10)
+    expected = Predictor.load(repo / "recommender" / "1" / "export").predict([history], k=10)[0]
+    np.testing.assert_array_equal(answer.item_ids, expected.item_ids)
+    assert not set(history.tolist()) & set(answer.item_ids.tolist())

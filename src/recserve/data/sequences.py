@@ -31,12 +31,30 @@ class Sequences:
 
     def truncated(self, drop_last: int) -> Sequences:
         """The same users with their last ``drop_last`` items removed (train: 2, validation input: 1)."""
-        lengths = np.maximum(self.lengths - drop_last, 0)
-        keep = np.repeat(np.arange(self.num_users), lengths)
-        starts = np.repeat(self.offsets[:-1], lengths)
-        within = np.arange(len(keep)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        position = np.arange(len(self.items)) - np.repeat(self.offsets[:-1], self.lengths)
+        return self.where(position < np.repeat(self.lengths - drop_last, self.lengths))
+
+    def select(self, users: np.ndarray) -> Sequences:
+        """The given users' sequences, in the given order."""
+        lengths = self.lengths[users]
+        starts = np.repeat(self.offsets[users], lengths)
+        within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return Sequences(items=self.items[starts + within], offsets=offsets)
+
+    def where(self, keep: np.ndarray) -> Sequences:
+        """The same users with only the items where ``keep`` (a (total,) bool array) is True."""
+        owner = np.repeat(np.arange(self.num_users), self.lengths)
+        counts = np.bincount(owner[keep], minlength=self.num_users)
+        return Sequences(items=self.items[keep], offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    def unique_items(self) -> Sequences:
+        """Each user's items without repeats (first occurrences, in order)."""
+        owner = np.repeat(np.arange(self.num_users), self.lengths)
+        _, first = np.unique(owner * (int(self.items.max(initial=0)) + 1) + self.items, return_index=True)
+        keep = np.zeros(len(self.items), dtype=bool)
+        keep[first] = True
+        return self.where(keep)
 
     def last(self, position_from_end: int) -> np.ndarray:
         """(users,) the item at ``-position_from_end`` for each user (1 = last)."""

@@ -33,7 +33,7 @@ def backend_module(backend: str):
 def spec_of(export_dir: Path, manifest: dict) -> GraphSpec:
     ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
     popularity = np.load(Path(export_dir) / POPULARITY_FILE, allow_pickle=False)
-    return GraphSpec(ids, popularity, manifest["window"], manifest["id_mapping"])
+    return GraphSpec(ids, popularity, manifest["window"], manifest.get("model", "bert4rec"), manifest["id_mapping"])
 
 
 def load_runner(export_dir: Path, manifest: dict, device: str = "cpu"):

@@ -59,7 +59,7 @@ def export_run(
     spec = load_spec(run_dir, graph_searches=backend != "onnx")
     manifest = {
         "format_version": EXPORT_FORMAT_VERSION,
-        "model": "bert4rec",
+        "model": spec.model,
         "backend": backend,
         "precision": precision,
         "device": device,

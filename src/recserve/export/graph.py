@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.constants import ITEM_TABLE_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE
+from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.errors import ExportError
-from recserve.models.bert4rec import Bert4RecConfig
 from recserve.models.inference import InferenceGraph, use_lookup_table
-from recserve.models.bert4rec import load_run
+from recserve.models.runs import load_config, load_run, model_name
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -25,6 +24,7 @@ class GraphSpec:
     vocab_ids: np.ndarray  # (N,) sorted IDs, int64 or str
     popularity: np.ndarray  # (N + 2,)
     window: int
+    model: str  # bert4rec or multvae
     id_mapping: str  # "graph": the graph maps IDs; "predictor": the predictor maps them and the graph sees 1..N
 
 
@@ -40,9 +40,10 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
         if not (run_dir / name).is_file():
             raise ExportError(f"{run_dir}: missing {name}; this run predates the catalogue copy, train it again")
     ids = np.load(run_dir / ITEM_TABLE_FILE, allow_pickle=False)
-    window = Bert4RecConfig.load(run_dir / MODEL_CONFIG_FILE).window
+    window = load_config(run_dir).window
     in_graph = ids.dtype.kind in "iu" and (graph_searches or use_lookup_table(ids))
-    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, "graph" if in_graph else "predictor")
+    mapping = "graph" if in_graph else "predictor"
+    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, model_name(run_dir), mapping)
 
 
 def build_graph(run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp32") -> InferenceGraph:

@@ -174,17 +174,3 @@ class Bert4Rec(nn.Module):
         logits[:, PAD_INDEX] = -math.inf
         logits[:, self.cfg.mask_index] = -math.inf
         return F.cross_entropy(logits, labels[picked])
-
-
-def load_run(run_dir: Path) -> Bert4Rec:
-    """The trained model of a run folder (``model_config.json`` and ``model.pt``), in eval mode on the CPU."""
-    from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
-    from recserve.errors import DataError
-
-    run_dir = Path(run_dir)
-    missing = [n for n in (MODEL_CONFIG_FILE, WEIGHTS_FILE) if not (run_dir / n).is_file()]
-    if missing:
-        raise DataError(f"{run_dir}: not a training run, missing {', '.join(missing)}; run `recserve train` first")
-    model = Bert4Rec(Bert4RecConfig.load(run_dir / MODEL_CONFIG_FILE))
-    model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
-    return model.eval()

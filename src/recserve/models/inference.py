@@ -16,6 +16,7 @@ from torch import nn
 
 from recserve.constants import PAD_INDEX
 from recserve.models.bert4rec import Bert4Rec
+from recserve.models.multvae import MultVAE
 
 
 LUT_MAX_ENTRIES = 1 << 24  # dense ID tables up to 128 MiB of int64
@@ -58,7 +59,7 @@ def ids_to_indices(
 class TopKHead(nn.Module):
     """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout."""
 
-    def __init__(self, encoder: Bert4Rec, popularity: np.ndarray, max_k: int):
+    def __init__(self, encoder: Bert4Rec | MultVAE, popularity: np.ndarray, max_k: int):
         super().__init__()
         self.encoder = encoder
         self.max_k = min(max_k, encoder.cfg.num_items)
@@ -88,10 +89,11 @@ class TopKHead(nn.Module):
 class InferenceGraph(nn.Module):
     """Item IDs in, top-k item IDs and scores out: the fused serving graph."""
 
-    def __init__(self, encoder: Bert4Rec, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
+    def __init__(self, encoder: Bert4Rec | MultVAE, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
         """
         Args:
-            encoder: a trained BERT4Rec.
+            encoder: a trained BERT4Rec, or a Mult-VAE (which reads the history as a bag of items and ignores
+                the mask token).
             item_ids: (N,) sorted int64 IDs; 1..N where the predictor maps IDs itself (string IDs, or
                 sparse integer IDs for backends without a search operator).
             popularity: (N + 2,) interaction counts by index, for histories with no known item.

@@ -122,7 +122,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     The test input of each user is the whole sequence but its last item; popularity counts those inputs.
     """
     from recserve.data.datasets import load_prepared
-    from recserve.models.bert4rec import load_run
+    from recserve.models.runs import load_run
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)

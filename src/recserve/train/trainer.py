@@ -1,4 +1,4 @@
-"""``recserve train``: BERT4Rec with PyTorch Lightning (progress bar, checkpoints, early stopping, DDP)."""
+"""``recserve train``: BERT4Rec or Mult-VAE with PyTorch Lightning (progress bar, checkpoints, early stopping, DDP)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,8 @@ from recserve.constants import (
     WEIGHTS_FILE,
 )
 from recserve.data.datasets import PreparedData, load_prepared
-from recserve.errors import ConfigError, DataError
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-from recserve.train.cloze import ClozeBatches, ClozeSettings
-from recserve.train.evaluate import rank_targets
-from recserve.train.metrics import ranking_metrics
+from recserve.errors import ConfigError
+from recserve.train.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +34,10 @@ class TrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.01
-    samples_per_user: int = 4  # windows drawn per user per epoch
-    last_item_rate: float = 0.15  # share of samples that mask only the last item
-    patience: int = 8  # epochs without a better validation NDCG@10 before stopping
+    samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
+    last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
+    heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
+    patience: int = 8  # epochs without a better validation metric before stopping
     seed: int = 0
     device: str = "auto"  # auto, cpu or cuda
     devices: int = 1  # GPUs (DDP when more than one)
@@ -50,6 +48,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "samples_per_user", "devices"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if not 0 < self.heldout_share < 0.5:
+            problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
         if self.lr <= 0:
             problems.append(f"lr={self.lr}: must be positive")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -68,49 +68,9 @@ class TrainConfig:
         return "gpu" if self.device == "cuda" else "cpu"
 
 
-def _lightning_module(model: Bert4Rec, data: PreparedData, cfg: TrainConfig):
-    """Builds the LightningModule; defined here so that importing recserve needs no Lightning."""
-    import lightning as L
-
-    class Bert4RecModule(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.train_seq = data.train
-            self.valid_inputs = data.sequences.truncated(2)
-            self.valid_targets = data.sequences.last(2)
-
-        def train_dataloader(self):
-            settings = ClozeSettings(model.cfg.window, model.cfg.mask_index, model.cfg.mask_prob, cfg.last_item_rate)
-            batches = ClozeBatches(self.train_seq, settings, cfg.batch_size, cfg.samples_per_user, cfg.seed)
-            batches.rank, batches.world = self.global_rank, self.trainer.world_size
-            return torch.utils.data.DataLoader(batches, batch_size=None)
-
-        def val_dataloader(self):
-            return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
-
-        def training_step(self, batch, _):
-            loss = self.model.cloze_loss(*batch)
-            self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
-            return loss
-
-        def validation_step(self, _batch, _):
-            ranks = rank_targets(
-                self.model, self.valid_inputs, self.valid_targets, model.cfg.window, model.cfg.mask_index,
-                data.popularity, device=self.device, protocols=("full",),
-            )["full"]
-            metrics = ranking_metrics(ranks)
-            self.log("val_ndcg@10", metrics["ndcg@10"], prog_bar=True, batch_size=1)
-            self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    return Bert4RecModule()
-
-
-def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig()) -> dict:
-    """Trains BERT4Rec on a prepared folder and writes the run folder.
+def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig(),
+          model: str = "bert4rec") -> dict:
+    """Trains ``model`` (bert4rec or multvae) on a prepared folder and writes the run folder.
 
     The run holds ``model.pt`` (the best weights), ``model_config.json``, ``checkpoints/`` (Lightning's best
     and last checkpoints; a second run on the same folder resumes from the last), ``logs/`` and ``curves.png``.
@@ -122,24 +82,20 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     cfg.validate()
     _quiet_lightning()
     data = load_prepared(data_dir)
-    if data.train.lengths.sum() == 0:
-        raise DataError(f"{data_dir}: the training split is empty (every user has fewer than 3 items)")
-    model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **(model_overrides or {}))
-    model_cfg.validate()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    task = build_task(model, data, model_overrides or {}, cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_cfg.save(out_dir / MODEL_CONFIG_FILE)
+    task.model_cfg.save(out_dir / MODEL_CONFIG_FILE)
     save_catalog(out_dir, data)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = _lightning_module(Bert4Rec(model_cfg), data, cfg)
-    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor="val_ndcg@10", mode="max",
+    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max",
                            save_last=True)
     trainer = L.Trainer(
         max_epochs=cfg.epochs,
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         strategy="ddp" if cfg.devices > 1 else "auto",
-        callbacks=[best, EarlyStopping("val_ndcg@10", mode="max", patience=cfg.patience)],
+        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience)],
         logger=CSVLogger(out_dir, name="logs", version=0),
         deterministic=False,
         enable_model_summary=False,
@@ -147,20 +103,20 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         log_every_n_steps=10,
     )
     last = out_dir / "checkpoints" / "last.ckpt"
-    trainer.fit(module, ckpt_path=last if cfg.resume and last.exists() else None)
+    trainer.fit(task.module, ckpt_path=last if cfg.resume and last.exists() else None)
     if trainer.global_rank != 0:
         return {}
     state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     weights = {k.removeprefix("model."): v for k, v in state.items()}
     torch.save(weights, out_dir / WEIGHTS_FILE)
     summary = {
-        "model": "bert4rec",
+        "model": model,
         "data": str(data_dir),
         "best_epoch": _best_epoch(best.best_model_path),
-        "valid": {"ndcg@10": float(best.best_model_score), "protocol": "full, seen items excluded"},
+        "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
         "train": asdict(cfg),
     }
-    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
+    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE, task.monitor)
     return summary
 
 
@@ -197,8 +153,8 @@ def write_metrics(run_dir: Path, update: dict) -> dict:
     return metrics
 
 
-def _plot_curves(csv_path: Path, png_path: Path) -> None:
-    """Training loss and validation NDCG@10 per epoch, from Lightning's CSV log."""
+def _plot_curves(csv_path: Path, png_path: Path, monitor: str) -> None:
+    """Training loss and the validation metrics per epoch, from Lightning's CSV log."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,13 +168,13 @@ def _plot_curves(csv_path: Path, png_path: Path) -> None:
     if "train_loss_epoch" in frame.columns:
         loss = frame.filter(pl.col("train_loss_epoch").is_not_null())
         ax1.plot(loss["epoch"].to_numpy() + 1, loss["train_loss_epoch"].to_numpy(), marker="o")
-    ax1.set(title="training loss (Cloze cross-entropy)", xlabel="epoch", ylabel="loss")
-    if "val_ndcg@10" in frame.columns:
-        val = frame.filter(pl.col("val_ndcg@10").is_not_null())
-        ax2.plot(val["epoch"].to_numpy() + 1, val["val_ndcg@10"].to_numpy(), marker="o", label="NDCG@10")
-        ax2.plot(val["epoch"].to_numpy() + 1, val["val_hr@10"].to_numpy(), marker="s", label="HR@10")
+    ax1.set(title="training loss", xlabel="epoch", ylabel="loss")
+    if monitor in frame.columns:
+        val = frame.filter(pl.col(monitor).is_not_null())
+        for column in sorted(c for c in frame.columns if c.startswith("val_")):
+            ax2.plot(val["epoch"].to_numpy() + 1, val[column].to_numpy(), marker="o", label=column.removeprefix("val_"))
         ax2.legend()
-    ax2.set(title="validation (full ranking, seen excluded)", xlabel="epoch")
+    ax2.set(title="validation (full ranking, seen items excluded)", xlabel="epoch")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

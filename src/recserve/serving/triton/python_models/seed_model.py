@@ -9,7 +9,7 @@ import triton_python_backend_utils as pb_utils
 from recserve.constants import POPULARITY_FILE, SEED_K, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES
 from recserve.models.inference import TopKHead
 from recserve.serving.triton.placement import instance_device
-from recserve.models.bert4rec import load_run
+from recserve.models.runs import load_run
 
 
 class TritonPythonModel:

@@ -1,0 +1,124 @@
+"""Mult-VAE: a variational autoencoder over a user's bag of items with a multinomial likelihood.
+
+Liang, Krishnan, Hoffman and Jebara, "Variational Autoencoders for Collaborative Filtering", WWW 2018.
+The input is the L2-normalised multi-hot of a user's items, with dropout; the encoder gives a Gaussian
+posterior over a latent vector, the decoder a softmax over the catalogue; the KL term is annealed from 0
+up to a cap. The index space is BERT4Rec's (0 padding, items 1..N, N + 1 reserved), so both models share
+the serving graph; the special columns are never fed in and never recommended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recserve.constants import PAD_INDEX
+from recserve.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MultVAEConfig:
+    num_items: int  # N, the catalogue size
+    hidden: int = 600  # the paper's [I -> 600 -> 200 -> 600 -> I]
+    latent: int = 200
+    dropout: float = 0.5  # on the normalised input
+    anneal_cap: float = 0.2  # the KL weight grows linearly, and stops at this
+    anneal_steps: int = 2000  # optimizer steps for the weight to reach 1 (the paper's total_anneal_steps)
+    window: int = 1024  # most history items a served request keeps (the most recent)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_items + 2
+
+    @property
+    def mask_index(self) -> int:
+        """Reserved index N + 1 (BERT4Rec's mask token); the serving graph appends it, this model ignores it."""
+        return self.num_items + 1
+
+    def validate(self) -> None:
+        problems = []
+        if self.num_items < 1:
+            problems.append(f"num_items={self.num_items}: must be at least 1")
+        for name in ("hidden", "latent", "anneal_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout={self.dropout}: must be in [0, 1)")
+        if not 0 <= self.anneal_cap <= 1:
+            problems.append(f"anneal_cap={self.anneal_cap}: must be in [0, 1]")
+        if self.window < 2:
+            problems.append(f"window={self.window}: must be at least 2")
+        if problems:
+            raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps({"model": "multvae", **asdict(self)}, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> MultVAEConfig:
+        raw = json.loads(Path(path).read_text())
+        raw.pop("model", None)
+        return cls(**raw)
+
+
+class MultVAE(nn.Module):
+    """Encoder to a diagonal Gaussian, decoder to catalogue logits."""
+
+    def __init__(self, cfg: MultVAEConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.encoder = nn.Sequential(nn.Linear(cfg.vocab_size, cfg.hidden), nn.Tanh(),
+                                     nn.Linear(cfg.hidden, 2 * cfg.latent))
+        self.decoder = nn.Sequential(nn.Linear(cfg.latent, cfg.hidden), nn.Tanh(),
+                                     nn.Linear(cfg.hidden, cfg.vocab_size))
+        self.drop = nn.Dropout(cfg.dropout)
+        special = torch.ones(cfg.vocab_size)
+        special[[PAD_INDEX, cfg.mask_index]] = 0
+        self.register_buffer("item_columns", special, persistent=False)
+        for layer in (*self.encoder, *self.decoder):
+            if isinstance(layer, nn.Linear):  # the paper's Xavier weights, small normal biases
+                nn.init.xavier_normal_(layer.weight)
+                nn.init.normal_(layer.bias, std=0.001)
+
+    def multi_hot(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) item indices (padding and the reserved index allowed). Returns (B, V) in {0, 1}."""
+        ones = torch.ones_like(tokens, dtype=self.item_columns.dtype)
+        hot = torch.zeros(tokens.shape[0], self.cfg.vocab_size, dtype=ones.dtype, device=tokens.device)
+        return hot.scatter(1, tokens, ones) * self.item_columns
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, V) multi-hot. Returns the posterior's mean and log-variance, each (B, latent)."""
+        h = self.drop(F.normalize(x, dim=1))
+        mu, logvar = self.encoder(h).chunk(2, dim=1)
+        return mu, logvar
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) a history of item indices, in any order. Returns scores (B, V) from the posterior mean."""
+        mu, _ = self.encode(self.multi_hot(tokens))  # in the buffers' dtype: follows .to(bf16), not int8
+        return self.decoder(mu)
+
+    def loss(self, x: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Negative ELBO with the KL term weighted by ``beta``.
+
+        Args:
+            x: (B, V) multi-hot of each training user's items.
+
+        Returns:
+            The loss and the multinomial negative log-likelihood alone (both scalars, batch means).
+        """
+        mu, logvar = self.encode(x)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if self.training else mu
+        log_probs = F.log_softmax(self.decoder(z), dim=1)
+        nll = -(log_probs * x).sum(1).mean()
+        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1).mean()
+        return nll + beta * kl, nll
+
+    def beta(self, step: int) -> float:
+        """The annealed KL weight at an optimizer step: step / anneal_steps, at most the cap."""
+        return min(self.cfg.anneal_cap, step / self.cfg.anneal_steps)

@@ -1,0 +1,41 @@
+"""Which model a run folder holds, and loading it: ``model_config.json`` names the model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.errors import DataError
+from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.models.multvae import MultVAE, MultVAEConfig
+
+MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "multvae": (MultVAEConfig, MultVAE)}
+
+
+def model_name(run_dir: Path) -> str:
+    """The model of a run folder (``bert4rec`` or ``multvae``)."""
+    path = Path(run_dir) / MODEL_CONFIG_FILE
+    if not path.is_file():
+        raise DataError(f"{run_dir}: not a training run, missing {MODEL_CONFIG_FILE}; run `recserve train` first")
+    name = json.loads(path.read_text()).get("model", "bert4rec")
+    if name not in MODELS:
+        raise DataError(f"{path}: unknown model {name!r}; this recserve knows {', '.join(MODELS)}")
+    return name
+
+
+def load_config(run_dir: Path) -> Bert4RecConfig | MultVAEConfig:
+    return MODELS[model_name(run_dir)][0].load(Path(run_dir) / MODEL_CONFIG_FILE)
+
+
+def load_run(run_dir: Path) -> Bert4Rec | MultVAE:
+    """The trained model of a run folder (``model_config.json`` and ``model.pt``), in eval mode on the CPU."""
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir)
+    if not (run_dir / WEIGHTS_FILE).is_file():
+        raise DataError(f"{run_dir}: not a training run, missing {WEIGHTS_FILE}; run `recserve train` first")
+    model = MODELS[model_name(run_dir)][1](cfg)
+    model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+    return model.eval()

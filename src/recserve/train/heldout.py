@@ -1,0 +1,182 @@
+"""The Mult-VAE paper's protocol: held-out users, part of each one's items fed in, the rest to predict.
+
+Users are split at random into training, validation and test users. A training user's whole item set is one
+training example. Each held-out user's items are split at random: 80% are fed to the model, 20% are the
+targets, ranked against every item with the fed ones excluded. Held-out items that no training user has are
+dropped, as in the paper (nothing could have been learnt about them). Metrics: Recall@20, Recall@50 (hits
+over min(k, targets)) and NDCG@100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from recserve.constants import PAD_INDEX
+from recserve.data.sequences import Sequences
+from recserve.errors import DataError
+
+ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) item indices -> (B, V) scores
+RECALL_KS = (20, 50)
+NDCG_KS = (100,)
+
+
+@dataclass(frozen=True)
+class FoldIn:
+    """Held-out users: what the model is given and what it must find."""
+
+    fed: Sequences  # each user's fed items
+    targets: Sequences  # each user's items to predict
+
+
+@dataclass(frozen=True)
+class HeldOutSplit:
+    train: Sequences  # the training users' whole item sets
+    valid: FoldIn
+    test: FoldIn
+
+
+def split_heldout(seq: Sequences, heldout_share: float = 0.1, fed_share: float = 0.8, seed: int = 0) -> HeldOutSplit:
+    """Splits users into training, validation and test users (``heldout_share`` each for the last two).
+
+    Raises:
+        DataError: too few users to hold any out, or no training user left.
+    """
+    seq = seq.unique_items()
+    rng = np.random.default_rng(seed)
+    users = rng.permutation(seq.num_users)
+    n_heldout = int(round(heldout_share * seq.num_users))
+    if n_heldout < 1 or seq.num_users - 2 * n_heldout < 1:
+        raise DataError(
+            f"{seq.num_users} users: too few to hold out {heldout_share:.0%} for validation and for test "
+            "and keep some for training"
+        )
+    valid_users, test_users = np.sort(users[:n_heldout]), np.sort(users[n_heldout : 2 * n_heldout])
+    train = seq.select(np.sort(users[2 * n_heldout :]))
+    known = np.zeros(int(seq.items.max(initial=0)) + 1, dtype=bool)
+    known[train.items] = True
+    return HeldOutSplit(train, _fold_in(seq.select(valid_users), known, fed_share, rng),
+                        _fold_in(seq.select(test_users), known, fed_share, rng))
+
+
+def _fold_in(seq: Sequences, known: np.ndarray, fed_share: float, rng: np.random.Generator) -> FoldIn:
+    seq = seq.where(known[seq.items])
+    owner = np.repeat(np.arange(seq.num_users), seq.lengths)
+    order = np.lexsort((rng.random(len(seq.items)), owner))  # a random order within each user
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.repeat(seq.offsets[:-1], seq.lengths)
+    n_targets = np.floor(seq.lengths * (1 - fed_share) + 1e-9).astype(np.int64)  # the paper's int(0.2 * n)
+    is_target = rank < n_targets[owner]
+    return FoldIn(fed=seq.where(~is_target), targets=seq.where(is_target))
+
+
+def multi_hot(seq: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """(B, V) float32, 1 at each item of each user."""
+    lengths = seq.lengths[users]
+    rows = np.repeat(np.arange(len(users)), lengths)
+    starts = np.repeat(seq.offsets[users], lengths)
+    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    x = torch.zeros(len(users), vocab_size)
+    x[torch.as_tensor(rows), torch.as_tensor(seq.items[starts + within])] = 1.0
+    return x
+
+
+def heldout_metrics(hits: torch.Tensor, n_targets: torch.Tensor) -> dict[str, float]:
+    """Recall@20/50 and NDCG@100 from the top-ranked list's hits.
+
+    Args:
+        hits: (B, K) 1 where the item at rank r (0-based) is a target; K >= the largest cut-off.
+        n_targets: (B,) targets per user (users without targets are not counted).
+
+    Returns:
+        Recall@k = hits in the top k / min(k, targets); NDCG@k = sum 1/log2(r + 2) over hits in the top k,
+        divided by the same sum over the first min(k, targets) ranks.
+    """
+    keep = n_targets > 0
+    hits, n_targets = hits[keep].double(), n_targets[keep].double()
+    discount = 1.0 / torch.log2(torch.arange(hits.shape[1], dtype=torch.float64) + 2)
+    out = {}
+    for k in RECALL_KS:
+        out[f"recall@{k}"] = float((hits[:, :k].sum(1) / n_targets.clamp(max=k)).mean())
+    for k in NDCG_KS:
+        dcg = (hits[:, :k] * discount[:k]).sum(1)
+        ideal = torch.cumsum(discount[:k], 0)[(n_targets.clamp(max=k) - 1).long()]
+        out[f"ndcg@{k}"] = float((dcg / ideal).mean())
+    out["users"] = int(keep.sum())
+    return out
+
+
+def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, batch_size: int = 256,
+                  device: str | torch.device = "cpu") -> dict[str, float]:
+    """Ranks every item for each held-out user from the fed items, fed and special items excluded."""
+    top = max(*RECALL_KS, *NDCG_KS)
+    hits, counts = [], []
+    for start in range(0, fold.fed.num_users, batch_size):
+        users = np.arange(start, min(start + batch_size, fold.fed.num_users))
+        width = max(int(fold.fed.lengths[users].max(initial=0)), 1)
+        tokens = torch.as_tensor(fold.fed.windows(users, fold.fed.lengths[users], width))
+        with torch.no_grad():
+            scores = score_fn(tokens.to(device)).float().cpu()  # (B, V)
+        scores = scores.masked_fill(multi_hot(fold.fed, users, vocab_size) > 0, -torch.inf)
+        scores[:, PAD_INDEX] = -torch.inf
+        scores[:, vocab_size - 1] = -torch.inf  # the reserved index N + 1
+        ranked = scores.topk(min(top, vocab_size), dim=1).indices
+        hits.append(multi_hot(fold.targets, users, vocab_size).gather(1, ranked))
+        counts.append(torch.as_tensor(fold.targets.lengths[users]))
+    return heldout_metrics(torch.cat(hits), torch.cat(counts))
+
+
+def popularity_fn(train: Sequences, vocab_size: int) -> ScoreFn:
+    """Scores every user with the training users' item counts: the baseline to beat."""
+    table = torch.as_tensor(np.bincount(train.items, minlength=vocab_size), dtype=torch.float32)
+    return lambda tokens: table.repeat(tokens.shape[0], 1)
+
+
+class MultiHotBatches(IterableDataset):
+    """An epoch is every training user once, shuffled, as (B, V) multi-hot rows; split across DDP ranks."""
+
+    def __init__(self, train: Sequences, vocab_size: int, batch_size: int, seed: int):
+        self.train, self.vocab_size, self.batch_size, self.seed = train, vocab_size, batch_size, seed
+        self.epoch = 0
+        self.rank, self.world = 0, 1
+
+    def __len__(self) -> int:
+        return -(-(self.train.num_users // self.world) // self.batch_size)
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])  # the same order on every rank, then split
+        self.epoch += 1
+        users = rng.permutation(self.train.num_users)
+        users = users[: len(users) - len(users) % self.world][self.rank :: self.world]
+        for start in range(0, len(users), self.batch_size):
+            yield multi_hot(self.train, users[start : start + self.batch_size], self.vocab_size)
+
+
+def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
+    """Test metrics of a Mult-VAE run and of popularity, on the test users of the run's own split."""
+    import json
+    from pathlib import Path
+
+    from recserve.constants import METRICS_FILE
+    from recserve.data.datasets import load_prepared
+    from recserve.models.runs import load_run
+
+    data = load_prepared(data_dir)
+    model = load_run(run_dir).to(device)
+    if model.cfg.num_items != data.vocab.num_items:
+        raise DataError(f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on "
+                        f"{model.cfg.num_items}; evaluate on the data folder it was trained on")
+    metrics_path = Path(run_dir) / METRICS_FILE
+    protocol = json.loads(metrics_path.read_text())["valid"] if metrics_path.exists() else {}
+    split = split_heldout(data.sequences, protocol.get("heldout_share", 0.1), seed=protocol.get("seed", 0))
+    vocab_size = model.cfg.vocab_size
+    return {
+        "test": {"heldout": evaluate_fold(model, split.test, vocab_size, device=device)},
+        "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size), split.test, vocab_size)},
+        "split": {"train_users": split.train.num_users, "valid_users": split.valid.fed.num_users,
+                  "test_users": split.test.fed.num_users, "fed_share": 0.8},
+    }

@@ -1,0 +1,79 @@
+"""The Mult-VAE protocol: the held-out split, Recall and NDCG as formulas, and a trained Mult-VAE beating popularity."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.constants import METRICS_FILE
+from recserve.data.sequences import Sequences
+from recserve.errors import DataError
+from recserve.train.heldout import heldout_metrics, split_heldout
+
+
+def sequences(rows: list[list[int]]) -> Sequences:
+    lengths = [len(r) for r in rows]
+    return Sequences(np.array([i for r in rows for i in r], dtype=np.int64),
+                     np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def user_sets(seq: Sequences) -> list[set]:
+    return [set(seq.items[a:b].tolist()) for a, b in zip(seq.offsets[:-1], seq.offsets[1:])]
+
+
+def test_split_holds_out_disjoint_users_and_splits_their_items_80_20():
+    rng = np.random.default_rng(1)
+    rows = [list(rng.choice(np.arange(1, 40), size=rng.integers(5, 15), replace=False)) for _ in range(50)]
+    split = split_heldout(sequences(rows), heldout_share=0.1, seed=3)
+    assert split.train.num_users == 40 and split.valid.fed.num_users == 5 and split.test.fed.num_users == 5
+    all_users = {frozenset(r) for r in rows}
+    train_users = {frozenset(s) for s in user_sets(split.train)}
+    assert train_users <= all_users
+    for fold in (split.valid, split.test):
+        for fed, targets in zip(user_sets(fold.fed), user_sets(fold.targets)):
+            assert not fed & targets
+            whole = fed | targets
+            assert frozenset(whole) in all_users or whole <= set(split.train.items.tolist())
+            assert len(targets) == int(len(whole) * 0.2)
+
+
+def test_split_drops_heldout_items_no_training_user_has():
+    rows = [[1, 2, 3, 4, 5]] * 8 + [[1, 2, 3, 4, 99]] * 2
+    split = split_heldout(sequences(rows), heldout_share=0.1, seed=0)
+    for fold in (split.valid, split.test):
+        assert 99 not in fold.fed.items and 99 not in fold.targets.items
+
+
+def test_split_with_too_few_users_is_refused():
+    with pytest.raises(DataError, match="too few"):
+        split_heldout(sequences([[1, 2, 3, 4, 5]] * 2), heldout_share=0.1)
+
+
+def test_recall_and_ndcg_follow_their_formulas():
+    hits = torch.zeros(2, 100)
+    hits[0, [0, 25]] = 1  # user 0: 3 targets, hits at ranks 0 and 25
+    hits[1, [60]] = 1  # user 1: 1 target, hit at rank 60
+    got = heldout_metrics(hits, torch.tensor([3, 1]))
+    d = lambda r: 1 / math.log2(r + 2)  # noqa: E731
+    assert got["recall@20"] == pytest.approx((1 / 3 + 0) / 2)
+    assert got["recall@50"] == pytest.approx((2 / 3 + 0) / 2)
+    ndcg0 = (d(0) + d(25)) / (d(0) + d(1) + d(2))
+    ndcg1 = d(60) / d(0)
+    assert got["ndcg@100"] == pytest.approx((ndcg0 + ndcg1) / 2)
+
+
+def test_users_without_targets_are_not_counted():
+    hits = torch.zeros(2, 100)
+    hits[0, 0] = 1
+    assert heldout_metrics(hits, torch.tensor([1, 0]))["recall@20"] == 1.0
+
+
+def test_multvae_beats_popularity_clearly_on_ml100k(vae_run):
+    metrics = json.loads((vae_run / METRICS_FILE).read_text())
+    ours, pop = metrics["test"]["heldout"], metrics["popularity"]["heldout"]
+    assert ours["ndcg@100"] > 1.3 * pop["ndcg@100"]
+    assert ours["recall@20"] > 1.3 * pop["recall@20"]
+    assert metrics["model"] == "multvae" and metrics["valid"]["name"] == "held-out users"
+    assert metrics["split"]["test_users"] == metrics["split"]["valid_users"] > 80
