@@ -13,6 +13,7 @@ from recserve.cli.evaluate import evaluate
 from recserve.cli.export import export
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
+from recserve.cli.sagemaker import app as sagemaker_app
 from recserve.cli.serve import serve
 from recserve.cli.train import train
 
@@ -31,6 +32,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug lo
 
 for command in (data, train, evaluate, export, repo, serve, recommend, bench):
     app.command()(command)
+app.add_typer(sagemaker_app, name="sagemaker")
 
 if __name__ == "__main__":
     app()

@@ -5,12 +5,16 @@ INVALID_ARG error response and leaves the rest of the batch unharmed.
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import (
+if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carries its own copy of recserve
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from recserve.constants import (  # noqa: E402
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
@@ -18,7 +22,7 @@ from recserve.constants import (
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
 )
-from recserve.errors import RequestError
+from recserve.errors import RequestError  # noqa: E402
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import parse_request
 from recserve.serving.triton.placement import instance_device

@@ -1,0 +1,112 @@
+"""``recserve sagemaker``: package a run for SageMaker, serve it locally, deploy it and invoke it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+
+app = typer.Typer(help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
+                  no_args_is_help=True)
+
+
+@app.command()
+@handle_errors
+def package(
+    run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The model.tar.gz to write.")] = Path("model.tar.gz"),
+    runtime: Annotated[str, typer.Option(help="pytorch (SageMaker PyTorch container, code/inference.py) or "
+                                         "triton (SageMaker Triton container, a model repository).")] = "pytorch",
+) -> None:
+    """Write model.tar.gz in the layout the chosen SageMaker container expects."""
+    from recserve.serving.sagemaker.package import RUNTIMES
+    from recserve.serving.sagemaker.package import package as write_package
+
+    if runtime not in RUNTIMES:
+        raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
+    with console.status(f"packaging {run} for the {runtime} container"):
+        summary = write_package(run, runtime, out)
+    console.print(f"{summary['package']}: {summary['model']} ({summary['backend']}), {summary['bytes'] / 1e6:.1f} MB")
+    console.print("endpoint environment: " + ", ".join(f"{k}={v}" for k, v in summary["environment"].items()))
+
+
+@app.command()
+@handle_errors
+def serve(
+    model: Annotated[Path, typer.Option("--model", "-m", help="A pytorch-runtime model.tar.gz.")],
+    port: Annotated[int, typer.Option(help="Port of /ping and /invocations (SageMaker uses 8080).")] = 8080,
+    workers: Annotated[int, typer.Option(help="TorchServe workers.")] = 1,
+    startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the first real answer.")] = 180.0,
+) -> None:
+    """Serve model.tar.gz on 127.0.0.1 the way the SageMaker PyTorch container does, until Ctrl-C or SIGTERM."""
+    from recserve.serving.sagemaker.endpoint import LocalEndpoint
+
+    endpoint = LocalEndpoint(model, port=port, workers=workers, startup_timeout_s=startup_timeout_s)
+    with console.status("starting TorchServe through the SageMaker inference toolkit"):
+        endpoint.start()
+    console.print(f"serving {model} at {endpoint.url} (/ping, /invocations); logs in {endpoint.log_path}")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            if endpoint.process.poll() is not None:
+                raise typer.Exit(endpoint.process.returncode or 1)
+    finally:
+        endpoint.stop()
+
+
+@app.command()
+@handle_errors
+def deploy(
+    package_file: Annotated[Optional[Path], typer.Option("--package", help="Upload this model.tar.gz to model_data first.")] = None,
+    env_file: Annotated[Optional[Path], typer.Option(help="Settings file (default .env.inference).")] = None,
+    endpoint_name: Annotated[Optional[str], typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
+    wait: Annotated[Optional[bool], typer.Option(help="Wait for InService (default: the settings' wait).")] = None,
+) -> None:
+    """Create the SageMaker model, endpoint configuration and endpoint (settings: RECSERVE_SAGEMAKER_* or .env.inference)."""
+    from recserve.serving.sagemaker.deploy import deploy as run_deploy
+    from recserve.serving.sagemaker.deploy import load_settings, upload
+
+    settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait)
+    if package_file is not None:
+        with console.status(f"uploading {package_file} to {settings.model_data}"):
+            upload(package_file, settings)
+    with console.status(f"deploying endpoint {settings.endpoint_name}"):
+        result = run_deploy(settings)
+    console.print_json(json.dumps(result))
+
+
+@app.command()
+@handle_errors
+def invoke(
+    item_ids: Annotated[list[str], typer.Argument(help="History item IDs, oldest first.")],
+    k: Annotated[int, typer.Option(help="How many items to return.")] = 10,
+    url: Annotated[Optional[str], typer.Option(help="A local endpoint (http://127.0.0.1:8080) instead of SageMaker.")] = None,
+    env_file: Annotated[Optional[Path], typer.Option(help="Settings file (default .env.inference).")] = None,
+    endpoint_name: Annotated[Optional[str], typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
+) -> None:
+    """Send {"item_id": [...], "k": k} to an endpoint and print its JSON answer."""
+    from recserve.errors import ServingError
+
+    body = {"item_id": [int(i) if i.lstrip("-").isdigit() else i for i in item_ids], "k": k}
+    if url:
+        from recserve.serving.sagemaker.endpoint import invoke as post
+
+        status, answer = post(url.rstrip("/"), json.dumps(body).encode())
+        if status != 200:
+            raise ServingError(f"{url} answered {status}: {answer.decode(errors='replace')}")
+    else:
+        from recserve.serving.sagemaker.deploy import invoke_endpoint, load_settings
+
+        _, answer = invoke_endpoint(load_settings(env_file, endpoint_name=endpoint_name), body)
+    try:
+        console.print_json(answer.decode())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        console.print(answer.decode(errors="replace"), highlight=False)

@@ -1,0 +1,1 @@
+"""SageMaker: the handler, model.tar.gz packaging, a local endpoint and deployment."""

@@ -1,0 +1,138 @@
+"""A local endpoint with SageMaker's hosting contract (GET ``/ping``, POST ``/invocations``), run as the
+PyTorch container runs it: the SageMaker PyTorch inference toolkit starting TorchServe on the package.
+
+``/ping`` says healthy before the model has loaded and stays healthy while workers crash, so readiness
+here is a real answer from ``/invocations``. Only one TorchServe runs per machine: the toolkit writes its
+config to a fixed path (``/etc/sagemaker-ts.properties``) and attaches to any running TorchServe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from recserve.errors import ServingError
+from recserve.serving.sagemaker.package import ENTRY_POINT, unpack
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8080
+PROBE = json.dumps({"item_id": [], "k": 1}).encode()  # an empty history: popular items, from any model
+
+
+class LocalEndpoint:
+    """Unpacks a pytorch-runtime model.tar.gz and serves it on 127.0.0.1:``port`` until stopped."""
+
+    def __init__(self, package_path: Path, port: int = DEFAULT_PORT, workdir: Path | None = None,
+                 startup_timeout_s: float = 180.0, workers: int = 1):
+        self.package_path = Path(package_path)
+        self.port, self.workers, self.startup_timeout_s = port, workers, startup_timeout_s
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-"))
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "endpoint.log"
+
+    def start(self) -> LocalEndpoint:
+        model_dir = unpack(self.package_path, self.workdir / "model")
+        if not (model_dir / "code" / ENTRY_POINT).is_file():
+            raise ServingError(f"{self.package_path}: no code/{ENTRY_POINT}; package it with --runtime pytorch "
+                               "(a triton package runs in the Triton container: `recserve serve`)")
+        if shutil.which("java") is None:
+            raise ServingError("TorchServe needs Java 17 or newer on PATH; install a JDK (e.g. openjdk-17-jre)")
+        env = os.environ | {
+            "SAGEMAKER_BASE_DIR": str(self.workdir),
+            "SAGEMAKER_PROGRAM": ENTRY_POINT,
+            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "recserve.serving.sagemaker.container"], cwd=self.workdir, env=env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServingError(f"the endpoint exited with code {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = invoke(self.url, PROBE, timeout_s=5)
+                if status == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise ServingError(f"the endpoint gave no answer within {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the toolkit (it forwards it to TorchServe), then to the whole process group."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        _stop_torchserve()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _stop_torchserve() -> None:
+    """TorchServe runs detached from the toolkit; ask it to stop, as `torchserve --stop` does."""
+    binary = shutil.which("torchserve", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if binary:
+        subprocess.run([binary, "--stop"], capture_output=True, timeout=60, check=False)
+
+
+def invoke(url: str, body: bytes, content_type: str = "application/json", accept: str = "application/json",
+           timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """POSTs ``body`` to ``url/invocations``; returns the status and the body (errors included)."""
+    request = urllib.request.Request(f"{url}/invocations", data=body, method="POST",
+                                     headers={"Content-Type": content_type, "Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def ping(url: str, timeout_s: float = 5.0) -> int:
+    with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
+        return response.status

@@ -1,0 +1,272 @@
+"""The SageMaker path: the handler's four functions, packaging for both containers, a local endpoint run by
+the SageMaker PyTorch toolkit over TorchServe, and deployment against a moto server over real HTTP."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from recserve.cli.main import app
+from recserve.client import RecommenderClient
+from recserve.errors import ServingError
+from recserve.serving.sagemaker import inference
+from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
+from recserve.serving.sagemaker.inference import HandlerError, input_fn, model_fn, output_fn, predict_fn
+from recserve.serving.sagemaker.package import package, unpack
+from recserve.serving.triton.launcher import TritonServer, free_ports
+from tests.conftest import server_settings
+
+JSON = "application/json"
+
+
+@pytest.fixture(scope="module")
+def bert_package(tiny_run, tmp_path_factory):
+    return package(tiny_run, "pytorch", tmp_path_factory.mktemp("pkg") / "model.tar.gz")["package"]
+
+
+@pytest.fixture(scope="module")
+def bert_model(bert_package, tmp_path_factory):
+    return model_fn(str(unpack(bert_package, tmp_path_factory.mktemp("unpacked"))))
+
+
+def handle(model, body, content_type=JSON, accept=JSON):
+    return json.loads(output_fn(predict_fn(input_fn(body, content_type), model), accept)[0])
+
+
+def test_the_four_functions_answer_a_json_request(bert_model, tiny_run):
+    history = np.load(tiny_run / "item_ids.npy")[:3].tolist()
+    answer = handle(bert_model, json.dumps({"item_id": history, "k": 7}).encode())
+    assert len(answer["item_id"]) == len(answer["score"]) == 7
+    assert not set(history) & set(answer["item_id"]) and answer["score"] == sorted(answer["score"], reverse=True)
+    assert len(handle(bert_model, json.dumps({"item_id": history}))["item_id"]) == 10  # k defaults to 10
+    assert output_fn({"item_id": [1]}, "application/json; charset=utf-8")[1] == JSON
+
+
+def test_multvae_runs_through_the_same_handler(vae_run, tmp_path):
+    model = model_fn(str(unpack(package(vae_run, "pytorch", tmp_path / "m.tar.gz")["package"], tmp_path / "u")))
+    history = np.load(vae_run / "item_ids.npy")[[1, 10, 100]].tolist()
+    answer = handle(model, json.dumps({"item_id": history, "k": 20}))
+    assert len(answer["item_id"]) == 20 and not set(history) & set(answer["item_id"])
+    assert model.manifest["model"] == "multvae"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "message"),
+    [
+        (b'{"item_id": [1]}', "text/csv", 415, "content type 'text/csv' is not supported"),
+        (b'{"item_id": [1', JSON, 400, "malformed JSON"),
+        (b'[1, 2]', JSON, 400, "expected a JSON object"),
+        (b'{"items": [1]}', JSON, 400, "missing key 'item_id'"),
+        (b'{"item_id": 5}', JSON, 400, "item_id: expected a list"),
+        (b'{"item_id": [1, "a"]}', JSON, 400, "all integers or all strings"),
+        (b'{"item_id": [1.5]}', JSON, 400, "got float"),
+        (b'{"item_id": [1], "k": "3"}', JSON, 400, "k: expected an integer"),
+        (b'{"item_id": [1], "k": true}', JSON, 400, "k: expected an integer"),
+        (b'{"item_id": [1], "exclude_seen": 1}', JSON, 400, "exclude_seen: expected true or false"),
+        (b'\xff\xfe', JSON, 400, "not UTF-8"),
+    ],
+)
+def test_bad_requests_get_a_4xx_naming_the_problem(body, content_type, status, message):
+    with pytest.raises(HandlerError) as err:
+        input_fn(body, content_type)
+    assert err.value.status_code == status and message in err.value.message
+
+
+def test_k_out_of_range_and_an_unsupported_accept_are_client_errors(bert_model):
+    with pytest.raises(HandlerError, match="k: 0 is out of range") as err:
+        predict_fn(input_fn(b'{"item_id": [1], "k": 0}', JSON), bert_model)
+    assert err.value.status_code == 400
+    with pytest.raises(HandlerError, match="accept 'text/csv'") as err:
+        output_fn({"item_id": [1], "score": [0.5]}, "text/csv")
+    assert err.value.status_code == 406
+
+
+def test_errors_are_posted_to_the_hook_when_one_is_configured(monkeypatch):
+    received = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv(inference.ERROR_HOOK_ENV, f"http://127.0.0.1:{server.server_port}/errors")
+        with pytest.raises(HandlerError):
+            input_fn(b'{"items": []}', JSON)
+        deadline = time.monotonic() + 5
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+    assert received and received[0]["status"] == 400 and "missing key 'item_id'" in received[0]["message"]
+    assert received[0]["context"] == {"content_type": JSON, "body_bytes": 13}
+
+
+def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
+    with tarfile.open(bert_package) as tar:
+        names = set(tar.getnames())
+    assert {"export.json", "model.pt", "model_config.json", "item_ids.npy", "code/inference.py",
+            "code/requirements.txt", "code/recserve/serving/sagemaker/inference.py"} <= names
+    assert not any("__pycache__" in n for n in names)
+    shim = unpack(bert_package, tmp_path / "u") / "code" / "inference.py"
+    assert all(f"    {fn}," in shim.read_text() for fn in ("model_fn", "input_fn", "predict_fn", "output_fn"))
+
+
+def test_triton_package_is_a_repository_that_a_real_triton_serves(tiny_run, tmp_path):
+    summary = package(tiny_run, "triton", tmp_path / "model.tar.gz")
+    assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender"}
+    repo = unpack(tmp_path / "model.tar.gz", tmp_path / "repo")
+    assert sorted(p.name for p in repo.iterdir()) == ["recommender"]  # model folders only, none at the top
+    assert (repo / "recommender" / "config.pbtxt").is_file() and (repo / "recommender" / "1" / "recserve").is_dir()
+    history = np.load(tiny_run / "item_ids.npy")[:4].tolist()
+    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
+        answer = client.recommend(history, k=5)
+    assert len(answer.item_ids) == 5 and not set(history) & set(answer.item_ids.tolist())
+
+
+@pytest.mark.parametrize(("runtime", "out", "message"), [("tensorflow", "m.tar.gz", "runtime 'tensorflow'"),
+                                                        ("pytorch", "m.zip", "must be a .tar.gz")])
+def test_bad_package_requests_are_refused(tiny_run, tmp_path, runtime, out, message):
+    with pytest.raises(ServingError, match=message):
+        package(tiny_run, runtime, tmp_path / out)
+    assert not (tmp_path / out).exists()
+
+
+def test_a_broken_package_is_refused_clearly(tmp_path):
+    (tmp_path / "model.tar.gz").write_bytes(b"not a tarball")
+    with pytest.raises(ServingError, match="not a readable model.tar.gz"):
+        unpack(tmp_path / "model.tar.gz", tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def endpoint(bert_package):
+    [port] = free_ports(1)
+    with LocalEndpoint(bert_package, port=port) as running:
+        yield running
+
+
+def test_local_endpoint_answers_ping_and_invocations(endpoint, tiny_run):
+    assert ping(endpoint.url) == 200
+    history = np.load(tiny_run / "item_ids.npy")[:3].tolist()
+    status, body = invoke(endpoint.url, json.dumps({"item_id": history, "k": 5}).encode())
+    answer = json.loads(body)
+    assert status == 200 and len(answer["item_id"]) == 5 and not set(history) & set(answer["item_id"])
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "message"),
+    [(b"{oops", JSON, 400, "malformed JSON"), (b'{"x": 1}', JSON, 400, "missing key 'item_id'"),
+     (b'{"item_id": [1]}', "text/csv", 415, "not supported"), (b'{"item_id": [1], "k": 1000}', JSON, 400, "out of range")],
+)
+def test_local_endpoint_refuses_bad_bodies_with_a_short_message(endpoint, body, content_type, status, message):
+    got_status, got = invoke(endpoint.url, body, content_type)
+    assert got_status == status and message in json.loads(got)["error"]
+    assert b"Traceback" not in got
+    assert invoke(endpoint.url, b'{"item_id": []}')[0] == 200  # and the endpoint keeps serving
+
+
+def test_invoke_command_talks_to_the_local_endpoint(endpoint, tiny_run):
+    history = [str(i) for i in np.load(tiny_run / "item_ids.npy")[:2]]
+    result = CliRunner().invoke(app, ["sagemaker", "invoke", *history, "--k", "3", "--url", endpoint.url])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output)["item_id"]) == 3
+
+
+def _wait_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    """moto's server mode on loopback: SageMaker and S3 APIs over real HTTP."""
+    [port] = free_ports(1)
+    binary = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    process = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def aws_env(moto, monkeypatch, tmp_path):
+    import boto3
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    boto3.client("s3", region_name="us-east-1", endpoint_url=moto).create_bucket(Bucket="models")
+    env_file = tmp_path / ".env.inference"
+    env_file.write_text(
+        "RECSERVE_SAGEMAKER_ROLE_ARN=arn:aws:iam::123456789012:role/recserve\n"
+        "RECSERVE_SAGEMAKER_IMAGE_URI=763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-inference:2.5-gpu-py311\n"
+        "RECSERVE_SAGEMAKER_MODEL_DATA=s3://models/recserve/model.tar.gz\n"
+        "RECSERVE_SAGEMAKER_INSTANCE_TYPE=ml.g4dn.xlarge\n"  # moto 5.2.5 predates ml.g5 (the default)
+        f"RECSERVE_SAGEMAKER_ENDPOINT_URL={moto}\n"
+    )
+    return env_file
+
+
+def test_deploy_uploads_creates_and_waits_for_in_service(aws_env, moto, bert_package):
+    import boto3
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["sagemaker", "deploy", "--package", bert_package, "--env-file", str(aws_env),
+                                 "--endpoint-name", "recs"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "InService"
+    sm = boto3.client("sagemaker", region_name="us-east-1", endpoint_url=moto)
+    endpoint = sm.describe_endpoint(EndpointName="recs")
+    config = sm.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
+    variant = config["ProductionVariants"][0]
+    assert variant["InstanceType"] == "ml.g4dn.xlarge" and variant["InitialInstanceCount"] == 1
+    model = sm.describe_model(ModelName=variant["ModelName"])
+    assert model["PrimaryContainer"]["Environment"] == {"SAGEMAKER_PROGRAM": "inference.py"}
+    assert model["PrimaryContainer"]["ModelDataUrl"] == "s3://models/recserve/model.tar.gz"
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto)
+    assert s3.head_object(Bucket="models", Key="recserve/model.tar.gz")["ContentLength"] == os.path.getsize(bert_package)
+    # the invocation reaches the endpoint (moto answers with placeholder text, not a model's answer)
+    result = runner.invoke(app, ["sagemaker", "invoke", "1", "2", "--env-file", str(aws_env), "--endpoint-name", "recs"])
+    assert result.exit_code == 0, result.output
+
+
+def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monkeypatch):
+    from recserve.serving.sagemaker.deploy import load_settings
+
+    monkeypatch.setenv("RECSERVE_SAGEMAKER_INSTANCE_TYPE", "ml.g6.xlarge")
+    settings = load_settings(aws_env)
+    assert settings.instance_type == "ml.g6.xlarge" and settings.model_data == "s3://models/recserve/model.tar.gz"
+
+
+def test_missing_or_bad_settings_get_one_error_naming_them(tmp_path, monkeypatch):
+    from recserve.serving.sagemaker.deploy import deploy, load_settings
+
+    monkeypatch.chdir(tmp_path)  # no .env.inference here
+    with pytest.raises(ServingError, match="role_arn, image_uri, model_data"):
+        deploy(load_settings())
+    with pytest.raises(ServingError, match="model_data.*expected s3://bucket/key.*instance_count"):
+        load_settings(model_data="/local/model.tar.gz", instance_count=0)
