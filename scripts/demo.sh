@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole path on the shipped ML-100K data: prepare, train, evaluate, export, serve, recommend.
+# The whole path on the shipped ML-100K data: prepare, train, evaluate, export, serve, recommend, benchmark;
+# then Mult-VAE, and the SageMaker path on a local endpoint.
 set -euo pipefail
 out=${1:-runs/demo}
 bin=.venv/bin
@@ -37,3 +38,22 @@ trap - EXIT
 
 # A short load test of the three layouts side by side (the full sweep: docs/benchmarks.md)
 $rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms 1000
+
+# Mult-VAE on implicit feedback (ratings of 4 and 5), by the paper's held-out-user protocol
+$rs data ml-100k --out "$out/data-implicit" --rating-threshold 3.5
+$rs train --data "$out/data-implicit" --out "$out/multvae" --model multvae
+
+# The SageMaker path: the BERT4Rec run as a model.tar.gz, served locally by the SageMaker PyTorch
+# toolkit over TorchServe, asked for user 1's recommendations
+$rs sagemaker package --run "$out/run" --runtime pytorch --out "$out/model.tar.gz"
+$rs sagemaker serve --model "$out/model.tar.gz" --port 18080 &
+endpoint=$!
+trap 'kill -TERM $endpoint 2>/dev/null; wait $endpoint 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  curl -sf 127.0.0.1:18080/invocations -H 'Content-Type: application/json' -d '{"item_id": []}' >/dev/null && break
+  kill -0 $endpoint 2>/dev/null || { echo "endpoint failed to start" >&2; exit 1; }
+  sleep 1
+done
+$rs sagemaker invoke $history --k 5 --url http://127.0.0.1:18080
+kill -TERM $endpoint; wait $endpoint 2>/dev/null || true
+trap - EXIT
