@@ -74,3 +74,35 @@ def test_the_last_position_fast_path_equals_the_full_encoder():
     model = Bert4Rec(Bert4RecConfig(num_items=50, window=12, layers=3)).eval()
     tokens = torch.tensor([[0, 0, 3, 4, 5, 51], [7, 8, 9, 10, 11, 51]])
     torch.testing.assert_close(model.encode_last(tokens), model.encode(tokens)[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_loss_with_seen_items_excluded_is_the_softmax_over_the_unseen_items():
+    torch.manual_seed(0)
+    model = Bert4Rec(Bert4RecConfig(num_items=20, window=6, dropout=0.0)).eval()
+    mask = model.cfg.mask_index
+    tokens = torch.tensor([[0, 3, mask, 7, mask]])
+    labels = torch.tensor([[0, 0, 5, 0, 9]])
+    logits = model.logits(model.encode(tokens))[0]  # (L, V)
+    expected = []
+    for position, target, others in ((2, 5, [3, 7, 9]), (4, 9, [3, 7, 5])):
+        row = logits[position].clone()
+        row[[PAD_INDEX, mask, *others]] = -float("inf")  # the sample's other items, masked or not
+        expected.append(-torch.log_softmax(row, 0)[target])
+    torch.testing.assert_close(model.cloze_loss(tokens, labels, exclude_seen=True), torch.stack(expected).mean())
+    assert model.cloze_loss(tokens, labels, exclude_seen=False) > model.cloze_loss(tokens, labels, exclude_seen=True)
+
+
+def test_cosine_schedule_warms_up_then_decays_to_zero():
+    from recserve.train.tasks import optimizer_with_schedule
+    from recserve.train.trainer import TrainConfig
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    config = optimizer_with_schedule(opt, TrainConfig(lr_schedule="cosine"), total_steps=100)
+    schedule, rates = config["lr_scheduler"]["scheduler"], []
+    for _ in range(100):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    assert rates[0] == pytest.approx(0.2) and max(rates) == pytest.approx(rates[4]) and rates[4] > 0.99
+    assert rates[-1] < 0.01 and all(a >= b for a, b in zip(rates[5:], rates[6:]))
+    assert optimizer_with_schedule(opt, TrainConfig(), 100) is opt  # constant: the optimizer alone

@@ -24,10 +24,12 @@ def train(
     window: Annotated[Optional[int], typer.Option(help="BERT4Rec: longest input, mask token included [100]. "
                                                   "Mult-VAE: most history items served [1024].")] = None,
     hidden: Annotated[Optional[int], typer.Option(help="BERT4Rec: model width [64]. Mult-VAE: hidden layer [600].")] = None,
-    layers: Annotated[int, typer.Option(help="BERT4Rec: transformer blocks.")] = 2,
+    layers: Annotated[int, typer.Option(help="BERT4Rec: transformer blocks.")] = 1,
     heads: Annotated[int, typer.Option(help="BERT4Rec: attention heads.")] = 2,
     dropout: Annotated[Optional[float], typer.Option(help="Dropout rate [BERT4Rec 0.2, Mult-VAE 0.5 on the input].")] = None,
-    mask_prob: Annotated[float, typer.Option(help="BERT4Rec: Cloze masking probability.")] = 0.2,
+    mask_prob: Annotated[float, typer.Option(help="BERT4Rec: Cloze masking probability.")] = 0.4,
+    loss_exclude_seen: Annotated[bool, typer.Option(help="BERT4Rec: leave a sample's other items out of its "
+                                                    "softmax, as serving leaves seen items out.")] = True,
     samples_per_user: Annotated[int, typer.Option(help="BERT4Rec: windows drawn per user per epoch.")] = 4,
     latent: Annotated[int, typer.Option(help="Mult-VAE: latent dimensions.")] = 200,
     anneal_cap: Annotated[float, typer.Option(help="Mult-VAE: the largest KL weight.")] = 0.2,
@@ -36,6 +38,7 @@ def train(
     epochs: Annotated[Optional[int], typer.Option(help="Most epochs; early stopping may end sooner [60, 200].")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Samples per step [128, 100].")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Learning rate [1e-3].")] = None,
+    lr_schedule: Annotated[str, typer.Option(help="constant, or cosine (5% warm-up, then down to 0 at --epochs).")] = "constant",
     weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay [0.01, 0].")] = None,
     patience: Annotated[Optional[int], typer.Option(help="Epochs without a better validation metric before stopping [8, 20].")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
@@ -57,7 +60,7 @@ def train(
     given = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, epochs=epochs, patience=patience)
     settings = MODEL_DEFAULTS[model] | {k: v for k, v in given.items() if v is not None}
     cfg = TrainConfig(samples_per_user=samples_per_user, heldout_share=heldout_share, seed=seed, device=device,
-                      devices=devices, **settings)
+                      devices=devices, lr_schedule=lr_schedule, loss_exclude_seen=loss_exclude_seen, **settings)
     if model == "bert4rec":
         overrides = dict(layers=layers, heads=heads, mask_prob=mask_prob)
     else:

@@ -5,6 +5,7 @@ Lightning is imported inside the builders, so that importing recserve needs no L
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,20 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg) -> Task:
     if model == "multvae":
         return _multvae_task(data, overrides, cfg)
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
+
+
+def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
+    """The optimizer alone (constant LR), or with a per-step cosine schedule after a 5% linear warm-up."""
+    if cfg.lr_schedule == "constant":
+        return opt
+    total = max(int(total_steps), 1)
+    warmup = max(1, total // 20)
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
@@ -62,7 +77,7 @@ def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
             return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
 
         def training_step(self, batch, _):
-            loss = self.model.cloze_loss(*batch)
+            loss = self.model.cloze_loss(*batch, exclude_seen=cfg.loss_exclude_seen)
             self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
             return loss
 
@@ -76,7 +91,8 @@ def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
             self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            return optimizer_with_schedule(opt, cfg, self.trainer.estimated_stepping_batches)
 
     protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
     return Task(model_cfg, Bert4RecModule(), "val_ndcg@10", protocol)
@@ -118,7 +134,8 @@ def _multvae_task(data: PreparedData, overrides: dict, cfg) -> Task:
                 self.log(f"val_{key}", metrics[key], prog_bar=key != "recall@50", batch_size=1)
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            return optimizer_with_schedule(opt, cfg, self.trainer.estimated_stepping_batches)
 
     protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": 0.8, "seed": cfg.seed,
                 "ranking": "full, fed items excluded"}

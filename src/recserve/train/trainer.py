@@ -34,7 +34,9 @@ class TrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.01
+    lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
+    loss_exclude_seen: bool = True  # BERT4Rec: leave a sample's other items out of its softmax, as serving does
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
     patience: int = 8  # epochs without a better validation metric before stopping
@@ -50,6 +52,8 @@ class TrainConfig:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
         if not 0 < self.heldout_share < 0.5:
             problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
+        if self.lr_schedule not in ("constant", "cosine"):
+            problems.append(f"lr_schedule={self.lr_schedule!r}: expected constant or cosine")
         if self.lr <= 0:
             problems.append(f"lr={self.lr}: must be positive")
         if self.device not in ("auto", "cpu", "cuda"):
