@@ -56,7 +56,15 @@ SCHEDULE = [
     for base in ({}, {"layers": 1, "mask_prob": 0.4}, {"hidden": 256, "heads": 4, "dropout": 0.5, "mask_prob": 0.4})
     for extra in ({}, {"loss_exclude_seen": True}, _COSINE, _COSINE | {"loss_exclude_seen": True})
 ]
-GRIDS = {"one-at-a-time": GRID, "combined": COMBINED, "schedule": SCHEDULE}
+_BIG = {"hidden": 256, "heads": 4, "dropout": 0.5, "mask_prob": 0.4, "loss_exclude_seen": True}
+FINAL = [
+    {"layers": 1, "mask_prob": 0.4, "loss_exclude_seen": True},
+    _BIG, _BIG | _COSINE,
+    {"hidden": 128, "dropout": 0.4, "mask_prob": 0.4, "loss_exclude_seen": True},
+    {"layers": 1, "hidden": 128, "dropout": 0.4, "mask_prob": 0.4, "loss_exclude_seen": True,
+     "lr_schedule": "cosine", "epochs": 60, "patience": 60},
+]
+GRIDS = {"one-at-a-time": GRID, "combined": COMBINED, "schedule": SCHEDULE, "final": FINAL}
 
 
 def _optimizer(model, train_kw: dict, steps: int):
@@ -187,8 +195,13 @@ def run(args) -> None:
     summarize(out / "results.jsonl")
 
 
-def summarize(path: Path) -> None:
-    rows = [json.loads(line) for line in open(path)]
+def _refit_mean(group: list[dict], key: str) -> float:
+    values = [r["refit"]["test"]["full"][key] for r in group if "refit" in r]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def summarize(*paths: Path) -> None:
+    rows = [json.loads(line) for path in paths for line in open(path)]
     by_config: dict[str, list[dict]] = {}
     for row in rows:
         by_config.setdefault(json.dumps(row["config"], sort_keys=True), []).append(row)
@@ -200,8 +213,7 @@ def summarize(path: Path) -> None:
         table.append((mean(lambda r: r["valid_ndcg@10"]), key, len(group), mean(lambda r: r["test"]["full"]["ndcg@10"]),
                       mean(lambda r: r["test"]["full"]["hr@10"]), mean(lambda r: r["test"]["full_no_exclusion"]["ndcg@10"]),
                       mean(lambda r: r["test"]["full_no_exclusion"]["hr@10"]), mean(lambda r: r["epoch"]),
-                      mean(lambda r: r["refit"]["test"]["full"]["ndcg@10"]) if "refit" in group[0] else float("nan"),
-                      mean(lambda r: r["refit"]["test"]["full"]["hr@10"]) if "refit" in group[0] else float("nan")))
+                      _refit_mean(group, "ndcg@10"), _refit_mean(group, "hr@10")))
     for valid, key, n, ndcg, hr, ndcg_ne, hr_ne, epoch, r_ndcg, r_hr in sorted(table, reverse=True):
         print(f"{key} | {n} | {valid:.4f} | {ndcg:.4f} | {hr:.4f} | {ndcg_ne:.4f} | {hr_ne:.4f} | {epoch:.0f} | "
               f"refit {r_ndcg:.4f} / {r_hr:.4f}")
@@ -224,14 +236,14 @@ def main() -> None:
     r.add_argument("--refit", action="store_true", help="also retrain on items[:-1] for the best epoch count")
     r.add_argument("--max-epochs", type=int, default=0, help="cap every setting's epochs (a smoke run)")
     s = sub.add_parser("summarize", help="print the table of a results.jsonl")
-    s.add_argument("results")
+    s.add_argument("results", nargs="+")
     args = parser.parse_args()
     if args.command == "export":
         export_sequences(args.data, args.out)
     elif args.command == "run":
         run(args)
     else:
-        summarize(Path(args.results))
+        summarize(*map(Path, args.results))
 
 
 if __name__ == "__main__":

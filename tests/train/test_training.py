@@ -84,3 +84,20 @@ def test_metric_of_sampled_protocol_is_reproducible(tiny_run, ml100k_dir):
     a = evaluate_run(tiny_run, ml100k_dir, seed=3)["test"]["sampled"]
     b = evaluate_run(tiny_run, ml100k_dir, seed=3)["test"]["sampled"]
     assert a == b and np.isfinite(list(a.values())).all()
+
+
+def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_data_dir, tmp_path):
+    cfg = TrainConfig(epochs=3, samples_per_user=2, patience=3, device="cpu", resume=False, refit=True)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg)
+    assert summary["refit"]["epochs"] == summary["best_epoch"] + 1
+    selected = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
+    kept = torch.load(tmp_path / "run" / WEIGHTS_FILE, weights_only=True)
+    assert set(kept) == {k.removeprefix("model.") for k in selected}
+    assert not torch.equal(kept["item_emb.weight"], selected["model.item_emb.weight"])  # a new model was kept
+
+
+def test_refit_is_refused_for_multvae(ml100k_implicit_dir, tmp_path):
+    cfg = TrainConfig(epochs=1, device="cpu", resume=False, refit=True)
+    with pytest.raises(ConfigError, match="only BERT4Rec can be refitted"):
+        train(ml100k_implicit_dir, tmp_path / "run", {}, cfg, model="multvae")
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -41,6 +41,8 @@ def train(
     lr_schedule: Annotated[str, typer.Option(help="constant, or cosine (5% warm-up, then down to 0 at --epochs).")] = "constant",
     weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay [0.01, 0].")] = None,
     patience: Annotated[Optional[int], typer.Option(help="Epochs without a better validation metric before stopping [8, 20].")] = None,
+    refit: Annotated[bool, typer.Option(help="BERT4Rec: then train again on every item but the test one, for "
+                                        "the epoch count validation chose, and keep that model.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     devices: Annotated[int, typer.Option(help="GPUs to use (DDP when more than one).")] = 1,
@@ -60,7 +62,8 @@ def train(
     given = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, epochs=epochs, patience=patience)
     settings = MODEL_DEFAULTS[model] | {k: v for k, v in given.items() if v is not None}
     cfg = TrainConfig(samples_per_user=samples_per_user, heldout_share=heldout_share, seed=seed, device=device,
-                      devices=devices, lr_schedule=lr_schedule, loss_exclude_seen=loss_exclude_seen, **settings)
+                      devices=devices, lr_schedule=lr_schedule, loss_exclude_seen=loss_exclude_seen, refit=refit,
+                      **settings)
     if model == "bert4rec":
         overrides = dict(layers=layers, heads=heads, mask_prob=mask_prob)
     else:

@@ -25,10 +25,16 @@ class Task:
     protocol: dict  # how validation (and later test) is measured, for metrics.json
 
 
-def build_task(model: str, data: PreparedData, overrides: dict, cfg) -> Task:
-    """The task of ``model`` (one of ``MODELS``) on a prepared data folder."""
+def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool = False) -> Task:
+    """The task of ``model`` (one of ``MODELS``) on a prepared data folder.
+
+    Args:
+        refit: BERT4Rec only: train on every item but the test one (the validation item included).
+    """
     if model == "bert4rec":
-        return _bert4rec_task(data, overrides, cfg)
+        return _bert4rec_task(data, overrides, cfg, data.sequences.truncated(1) if refit else data.train)
+    if refit:
+        raise DataError("refit: only BERT4Rec can be refitted; Mult-VAE's held-out users are its validation")
     if model == "multvae":
         return _multvae_task(data, overrides, cfg)
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
@@ -48,7 +54,7 @@ def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
     return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
+def _bert4rec_task(data: PreparedData, overrides: dict, cfg, train_seq) -> Task:
     import lightning as L
 
     from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
@@ -56,7 +62,7 @@ def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
     from recserve.train.evaluate import rank_targets
     from recserve.train.metrics import ranking_metrics
 
-    if data.train.lengths.sum() == 0:
+    if train_seq.lengths.sum() == 0:
         raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
     model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **overrides)
     model_cfg.validate()
@@ -69,7 +75,7 @@ def _bert4rec_task(data: PreparedData, overrides: dict, cfg) -> Task:
 
         def train_dataloader(self):
             settings = ClozeSettings(model_cfg.window, model_cfg.mask_index, model_cfg.mask_prob, cfg.last_item_rate)
-            batches = ClozeBatches(data.train, settings, cfg.batch_size, cfg.samples_per_user, cfg.seed)
+            batches = ClozeBatches(train_seq, settings, cfg.batch_size, cfg.samples_per_user, cfg.seed)
             batches.rank, batches.world = self.global_rank, self.trainer.world_size
             return torch.utils.data.DataLoader(batches, batch_size=None)
 

@@ -37,6 +37,7 @@ class TrainConfig:
     lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
     loss_exclude_seen: bool = True  # BERT4Rec: leave a sample's other items out of its softmax, as serving does
+    refit: bool = False  # BERT4Rec: then train again on items[:-1] for the best epoch count; that model is kept
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
     patience: int = 8  # epochs without a better validation metric before stopping
@@ -50,6 +51,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "samples_per_user", "devices"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.refit and self.devices > 1:
+            problems.append("refit: runs on one device; drop --devices or --refit")
         if not 0 < self.heldout_share < 0.5:
             problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
         if self.lr_schedule not in ("constant", "cosine"):
@@ -84,6 +87,8 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     from lightning.pytorch.loggers import CSVLogger
 
     cfg.validate()
+    if cfg.refit and model != "bert4rec":
+        raise ConfigError("refit: only BERT4Rec can be refitted; Mult-VAE's held-out users are its validation")
     _quiet_lightning()
     data = load_prepared(data_dir)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -112,16 +117,34 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         return {}
     state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     weights = {k.removeprefix("model."): v for k, v in state.items()}
-    torch.save(weights, out_dir / WEIGHTS_FILE)
+    best_epoch = _best_epoch(best.best_model_path)
     summary = {
         "model": model,
         "data": str(data_dir),
-        "best_epoch": _best_epoch(best.best_model_path),
+        "best_epoch": best_epoch,
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
         "train": asdict(cfg),
     }
+    if cfg.refit:
+        epochs = (best_epoch or 0) + 1
+        weights = _refit(model, data, model_overrides or {}, cfg, epochs)
+        summary["refit"] = {"epochs": epochs, "trained_on": "items[:-1] (the validation item included)"}
+    torch.save(weights, out_dir / WEIGHTS_FILE)
     _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE, task.monitor)
     return summary
+
+
+def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
+    """Trains a fresh model on every item but the test one, for the epoch count that validation chose."""
+    import lightning as L
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    task = build_task(model, data, overrides, cfg, refit=True)
+    trainer = L.Trainer(max_epochs=epochs, accelerator=cfg.accelerator, devices=1, logger=False,
+                        enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
+                        enable_model_summary=False)
+    trainer.fit(task.module)
+    return task.module.model.state_dict()
 
 
 def _quiet_lightning() -> None:
@@ -159,7 +182,11 @@ def write_metrics(run_dir: Path, update: dict) -> dict:
 
 def _plot_curves(csv_path: Path, png_path: Path, monitor: str) -> None:
     """Training loss and the validation metrics per epoch, from Lightning's CSV log."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("no %s: matplotlib is not installed (pip install 'recserve[train]')", png_path.name)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
