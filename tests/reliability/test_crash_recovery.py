@@ -12,6 +12,7 @@ from recserve.serving.triton.launcher import free_ports
 from tests.reliability.test_shutdown import _wait_ready
 
 RECOVERY_BOUND_S = 90
+QUIET_S = 20  # a killed stub is noticed within --watch-secs; answers this long after the kill mean it recovered
 
 
 def _stubs_of(model: str) -> list[int]:
@@ -40,9 +41,10 @@ def test_a_killed_model_process_is_recovered_within_a_bounded_window(int_repo, t
         while time.monotonic() - killed_at < RECOVERY_BOUND_S:
             try:
                 client.recommend([1, 2])
-                if first_error is not None:
+                # answering again after failing; or never seen failing (the restart fell between two requests)
+                if first_error is not None or time.monotonic() - killed_at > QUIET_S:
                     break
-            except RecommendError:
+            except (RecommendError, OSError):
                 errors += 1
                 first_error = first_error or time.monotonic()
             time.sleep(0.2)
