@@ -8,10 +8,9 @@ left-padded and positions are counted from the right, so the last token always h
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +18,13 @@ from torch import nn
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
+from recserve.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
-class Bert4RecConfig:
+class Bert4RecConfig(ModelConfig):
+    MODEL: ClassVar[str] = "bert4rec"
+
     num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and the mask token (N + 1)
     window: int = 100  # longest input, the mask token included
     hidden: int = 64  # embedding and model width
@@ -30,14 +32,6 @@ class Bert4RecConfig:
     heads: int = 2  # attention heads; hidden must divide by it
     dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
     mask_prob: float = 0.4  # Cloze masking probability in training (the paper: 0.2 on MovieLens, 0.4 on Steam)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.num_items + 2
-
-    @property
-    def mask_index(self) -> int:
-        return self.num_items + 1
 
     def validate(self) -> None:
         problems = []
@@ -55,15 +49,6 @@ class Bert4RecConfig:
             problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
         if problems:
             raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"model": "bert4rec", **asdict(self)}, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> Bert4RecConfig:
-        raw = json.loads(Path(path).read_text())
-        raw.pop("model", None)
-        return cls(**raw)
 
 
 class Block(nn.Module):

@@ -9,9 +9,8 @@ the serving graph; the special columns are never fed in and never recommended.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +18,13 @@ from torch import nn
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
+from recserve.models.config import ModelConfig
 
 
 @dataclass(frozen=True)
-class MultVAEConfig:
+class MultVAEConfig(ModelConfig):
+    MODEL: ClassVar[str] = "multvae"
+
     num_items: int  # N, the catalogue size
     hidden: int = 600  # the paper's [I -> 600 -> 200 -> 600 -> I]
     latent: int = 200
@@ -30,15 +32,6 @@ class MultVAEConfig:
     anneal_cap: float = 0.2  # the KL weight grows linearly, and stops at this
     anneal_steps: int = 2000  # optimizer steps for the weight to reach 1 (the paper's total_anneal_steps)
     window: int = 1024  # most history items a served request keeps (the most recent)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.num_items + 2
-
-    @property
-    def mask_index(self) -> int:
-        """Reserved index N + 1 (BERT4Rec's mask token); the serving graph appends it, this model ignores it."""
-        return self.num_items + 1
 
     def validate(self) -> None:
         problems = []
@@ -55,15 +48,6 @@ class MultVAEConfig:
             problems.append(f"window={self.window}: must be at least 2")
         if problems:
             raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
-
-    def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"model": "multvae", **asdict(self)}, indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> MultVAEConfig:
-        raw = json.loads(Path(path).read_text())
-        raw.pop("model", None)
-        return cls(**raw)
 
 
 class MultVAE(nn.Module):
