@@ -4,7 +4,7 @@ ranking, HR@10 and NDCG@10 without and with seen-item exclusion.
 
 RecBole needs its own environment (numpy < 2, setuptools < 70; docs/quality.md says how). This script
 trains the RecBole models there and ranks their test users twice: as RecBole does (nothing excluded) and
-with each user's input items excluded, as recserve serves. recserve's side comes from run folders that
+with each user's whole history excluded, as recserve evaluates and serves. recserve's side comes from run folders that
 `recserve train` wrote (their metrics.json), or is trained here with --train-ours.
 
     .venv-recbole/bin/python benchmarks/recbole_compare.py --recbole SASRec:50:6 --recbole BERT4Rec:200:1 \\
@@ -52,8 +52,9 @@ def recbole_config(model: str, window: int, epochs: int, device: str, out: Path)
     }
 
 
-def rank_recbole_test(model, test_data, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """0-based test ranks with nothing excluded (RecBole's protocol) and with the input items excluded."""
+def rank_recbole_test(model, test_data, history, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """0-based test ranks with nothing excluded (RecBole's protocol) and with the user's whole history
+    excluded (recserve's protocol; ``history`` is a (users, items) bool matrix of every interaction)."""
     import torch
 
     plain, excluded = [], []
@@ -64,8 +65,8 @@ def rank_recbole_test(model, test_data, device: str) -> tuple[np.ndarray, np.nda
             scores[:, 0] = -torch.inf  # RecBole's padding item
             target = scores[positive_u, positive_i]
             plain.append((scores[positive_u] > target[:, None]).sum(1).numpy())
-            seen = torch.zeros_like(scores, dtype=torch.bool).scatter(1, interaction["item_id_list"].cpu(), True)
-            seen[positive_u, positive_i] = False
+            seen = history[interaction["user_id"].cpu()].clone()  # (B, items)
+            seen[positive_u, positive_i] = False  # a repeated target stays rankable
             masked = scores.masked_fill(seen, -torch.inf)
             excluded.append((masked[positive_u] > target[:, None]).sum(1).numpy())
     return np.concatenate(plain), np.concatenate(excluded)
@@ -83,6 +84,8 @@ def run_recbole(spec: str, device: str, out: Path) -> dict:
     config = Config(model=name, dataset="ml-100k", config_dict=recbole_config(name, int(window), int(epochs), device, out))
     init_seed(config["seed"], config["reproducibility"])
     dataset = create_dataset(config)
+    history = torch.zeros(dataset.user_num, dataset.item_num, dtype=torch.bool)
+    history[dataset.inter_feat["user_id"], dataset.inter_feat["item_id"]] = True  # before the split: everything
     train_data, valid_data, test_data = data_preparation(config, dataset)
     model = get_model(config["model"])(config, train_data.dataset).to(config["device"])
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
@@ -90,7 +93,7 @@ def run_recbole(spec: str, device: str, out: Path) -> dict:
     trainer.fit(train_data, valid_data, saved=True, show_progress=False)
     wall_s = time.perf_counter() - started
     model.load_state_dict(torch.load(trainer.saved_model_file, map_location=config["device"])["state_dict"])
-    plain, excluded = rank_recbole_test(model, test_data, config["device"])
+    plain, excluded = rank_recbole_test(model, test_data, history, config["device"])
     return {"name": f"RecBole {name}, window {window}", "training": f"{epochs} epochs max ({device})",
             "no_exclusion": ranking_metrics(plain), "seen_excluded": ranking_metrics(excluded),
             "wall_s": round(wall_s, 1), "test_users": len(plain)}
