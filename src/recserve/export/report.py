@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 8, 64, 256)

@@ -71,7 +71,7 @@ def rank_targets(
         scores[:, mask_index] = -torch.inf
         if "full_no_exclusion" in out:
             out["full_no_exclusion"].append(_target_ranks(scores, target, None).numpy())
-        seen = _seen_mask(inputs, users, scores.shape[1])
+        seen = seen_mask(inputs, users, scores.shape[1])
         seen[torch.arange(len(users)), target] = False  # a repeated target stays rankable
         if "full" in out:
             out["full"].append(_target_ranks(scores.masked_fill(seen, -torch.inf), target, None).numpy())
@@ -87,14 +87,12 @@ def rank_targets(
     return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
-def _seen_mask(inputs: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
+def seen_mask(inputs: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
     """(B, V) True at every item in each user's whole history (not only the window)."""
-    lengths = inputs.lengths[users]
-    rows = np.repeat(np.arange(len(users)), lengths)
-    starts = np.repeat(inputs.offsets[users], lengths)
-    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    chosen = inputs.select(users)
+    rows = np.repeat(np.arange(len(users)), chosen.lengths)
     seen = torch.zeros(len(users), vocab_size, dtype=torch.bool)
-    seen[torch.as_tensor(rows), torch.as_tensor(inputs.items[starts + within])] = True
+    seen[torch.as_tensor(rows), torch.as_tensor(chosen.items)] = True
     return seen
 
 

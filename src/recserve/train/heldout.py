@@ -19,8 +19,10 @@ from torch.utils.data import IterableDataset
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError
+from recserve.train.evaluate import seen_mask
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) item indices -> (B, V) scores
+FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
 RECALL_KS = (20, 50)
 NDCG_KS = (100,)
 
@@ -40,7 +42,7 @@ class HeldOutSplit:
     test: FoldIn
 
 
-def split_heldout(seq: Sequences, heldout_share: float = 0.1, fed_share: float = 0.8, seed: int = 0) -> HeldOutSplit:
+def split_heldout(seq: Sequences, heldout_share: float = 0.1, fed_share: float = FED_SHARE, seed: int = 0) -> HeldOutSplit:
     """Splits users into training, validation and test users (``heldout_share`` each for the last two).
 
     Raises:
@@ -76,13 +78,7 @@ def _fold_in(seq: Sequences, known: np.ndarray, fed_share: float, rng: np.random
 
 def multi_hot(seq: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
     """(B, V) float32, 1 at each item of each user."""
-    lengths = seq.lengths[users]
-    rows = np.repeat(np.arange(len(users)), lengths)
-    starts = np.repeat(seq.offsets[users], lengths)
-    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    x = torch.zeros(len(users), vocab_size)
-    x[torch.as_tensor(rows), torch.as_tensor(seq.items[starts + within])] = 1.0
-    return x
+    return seen_mask(seq, users, vocab_size).float()
 
 
 def heldout_metrics(hits: torch.Tensor, n_targets: torch.Tensor) -> dict[str, float]:
@@ -121,7 +117,7 @@ def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, batch_size: 
         tokens = torch.as_tensor(fold.fed.windows(users, fold.fed.lengths[users], width))
         with torch.no_grad():
             scores = score_fn(tokens.to(device)).float().cpu()  # (B, V)
-        scores = scores.masked_fill(multi_hot(fold.fed, users, vocab_size) > 0, -torch.inf)
+        scores = scores.masked_fill(seen_mask(fold.fed, users, vocab_size), -torch.inf)
         scores[:, PAD_INDEX] = -torch.inf
         scores[:, vocab_size - 1] = -torch.inf  # the reserved index N + 1
         ranked = scores.topk(min(top, vocab_size), dim=1).indices
@@ -178,5 +174,5 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
         "test": {"heldout": evaluate_fold(model, split.test, vocab_size, device=device)},
         "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size), split.test, vocab_size)},
         "split": {"train_users": split.train.num_users, "valid_users": split.valid.fed.num_users,
-                  "test_users": split.test.fed.num_users, "fed_share": 0.8},
+                  "test_users": split.test.fed.num_users, "fed_share": FED_SHARE},
     }

@@ -108,7 +108,7 @@ def _multvae_task(data: PreparedData, overrides: dict, cfg) -> Task:
     import lightning as L
 
     from recserve.models.multvae import MultVAE, MultVAEConfig
-    from recserve.train.heldout import MultiHotBatches, evaluate_fold, split_heldout
+    from recserve.train.heldout import FED_SHARE, MultiHotBatches, evaluate_fold, split_heldout
 
     model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
     model_cfg.validate()
@@ -143,6 +143,6 @@ def _multvae_task(data: PreparedData, overrides: dict, cfg) -> Task:
             opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             return optimizer_with_schedule(opt, cfg, self.trainer.estimated_stepping_batches)
 
-    protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": 0.8, "seed": cfg.seed,
+    protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": FED_SHARE, "seed": cfg.seed,
                 "ranking": "full, fed items excluded"}
     return Task(model_cfg, MultVAEModule(), "val_ndcg@100", protocol)

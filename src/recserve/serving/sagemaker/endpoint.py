@@ -61,7 +61,7 @@ class LocalEndpoint:
             "SAGEMAKER_PROGRAM": ENTRY_POINT,
             "SAGEMAKER_BIND_TO_PORT": str(self.port),
             "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PATH": _tool_path(),
         }
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
@@ -114,9 +114,14 @@ class LocalEndpoint:
         self.stop()
 
 
+def _tool_path() -> str:
+    """PATH with this interpreter's bin folder first, where the toolkit's `torchserve` command lives."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def _stop_torchserve() -> None:
     """TorchServe runs detached from the toolkit; ask it to stop, as `torchserve --stop` does."""
-    binary = shutil.which("torchserve", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    binary = shutil.which("torchserve", path=_tool_path())
     if binary:
         subprocess.run([binary, "--stop"], capture_output=True, timeout=60, check=False)
 

@@ -30,7 +30,6 @@ from recserve.serving.triton.placement import DEVICE_ENV
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"  # loopback unless asked otherwise
