@@ -60,7 +60,7 @@ def test_failed_parity_is_an_error_with_the_difference_and_nothing_is_written(ti
 
     def perturbed(*args):
         run = real_load(*args)
-        return lambda *inputs: (lambda ids, scores: (ids, scores + 0.01))(*run(*inputs))
+        return lambda *inputs, **kw: (lambda ids, scores: (ids, scores + 0.01))(*run(*inputs, **kw))
 
     monkeypatch.setattr(exporter.backend_module("torchscript"), "load", perturbed)
     with pytest.raises(ExportError, match=r"max score difference 1\.00e-02 \(tolerance 1e-03\)"):

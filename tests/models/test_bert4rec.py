@@ -70,10 +70,18 @@ def test_loss_decreases_on_a_fixed_batch():
     assert losses[-1] < 0.7 * losses[0]
 
 
-def test_the_last_position_fast_path_equals_the_full_encoder():
-    model = Bert4Rec(Bert4RecConfig(num_items=50, window=12, layers=3)).eval()
-    tokens = torch.tensor([[0, 0, 3, 4, 5, 51], [7, 8, 9, 10, 11, 51]])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_the_last_position_fast_path_equals_the_full_encoder(heads):
+    torch.manual_seed(0)
+    model = Bert4Rec(Bert4RecConfig(num_items=50, window=12, layers=2, heads=heads, hidden=16)).eval()
+    with torch.no_grad():  # weights and biases far from their initial values, so every term matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    tokens = torch.tensor([[0, 0, 3, 4, 5, 51], [7, 8, 9, 10, 11, 51], [0, 0, 0, 0, 0, 51]])
     torch.testing.assert_close(model.encode_last(tokens), model.encode(tokens)[:, -1], atol=1e-5, rtol=1e-5)
+    quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    # quantized layers keep the per-token projection; int8 activations leave only rounding noise
+    torch.testing.assert_close(quantized.encode_last(tokens), model.encode_last(tokens), atol=0.1, rtol=0)
 
 
 def test_loss_with_seen_items_excluded_is_the_softmax_over_the_unseen_items():

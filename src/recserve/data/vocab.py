@@ -9,6 +9,22 @@ import numpy as np
 from recserve.constants import PAD_INDEX
 
 
+LUT_MAX_ENTRIES = 1 << 24  # dense ID tables up to 128 MiB of int64
+
+
+def use_lookup_table(item_ids: np.ndarray) -> bool:
+    """Dense non-negative integer IDs map through a direct table (one gather, exports to every backend)."""
+    return (item_ids.dtype.kind in "iu" and len(item_ids) > 0 and item_ids[0] >= 0
+            and item_ids[-1] < max(LUT_MAX_ENTRIES, 16 * len(item_ids)))
+
+
+def lookup_table(item_ids: np.ndarray) -> np.ndarray:
+    """(max ID + 1,) index of each ID, 0 where an ID is not in the vocabulary."""
+    lut = np.zeros(int(item_ids[-1]) + 1, dtype=np.int64)
+    lut[item_ids] = np.arange(1, len(item_ids) + 1)
+    return lut
+
+
 @dataclass(frozen=True)
 class Vocab:
     """Sorted item IDs; the item with ``ids[i]`` has index ``i + 1``.

@@ -75,7 +75,8 @@ class CudaGraphRunner:
                 host_scores = torch.empty(scores.shape, dtype=torch.float32).pin_memory()
                 self.host[batch] = (host_in, host_ids, host_scores)
 
-    def __call__(self, ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
+    def __call__(self, ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
+        """Runs the captured graph of the smallest bucket that fits; always returns ``max_k`` columns."""
         with torch.inference_mode():  # the static tensors were made in inference mode
             if len(ids) <= self.buckets[-1]:
                 return self._run(ids, lengths, exclude)

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
+from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError
-from recserve.models.inference import InferenceGraph, use_lookup_table
+from recserve.models.inference import InferenceGraph
 from recserve.models.runs import load_config, load_run, model_name
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")

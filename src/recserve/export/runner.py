@@ -10,13 +10,14 @@ def torch_runner(fn, device: str):
     """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy."""
     device = torch.device(device)
 
-    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
+    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
         with torch.inference_mode():
             top_ids, scores = fn(
                 torch.from_numpy(ids).to(device, non_blocking=True),
                 torch.from_numpy(lengths).to(device, non_blocking=True),
                 torch.from_numpy(np.ascontiguousarray(exclude)).to(device, non_blocking=True),
             )
+            top_ids, scores = top_ids[:, :k], scores[:, :k]  # the graph selected max_k; copy back only k
         return top_ids.cpu().numpy(), scores.float().cpu().numpy()
 
     return run

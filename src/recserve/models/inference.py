@@ -15,23 +15,9 @@ import torch
 from torch import nn
 
 from recserve.constants import PAD_INDEX
+from recserve.data.vocab import lookup_table, use_lookup_table
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.multvae import MultVAE
-
-
-LUT_MAX_ENTRIES = 1 << 24  # dense ID tables up to 128 MiB of int64
-
-
-def use_lookup_table(item_ids: np.ndarray) -> bool:
-    """Dense non-negative IDs map through a direct table (one gather, exports to every backend)."""
-    return len(item_ids) > 0 and item_ids[0] >= 0 and item_ids[-1] < max(LUT_MAX_ENTRIES, 16 * len(item_ids))
-
-
-def lookup_table(item_ids: np.ndarray) -> np.ndarray:
-    """(max ID + 1,) index of each ID, 0 where an ID is not in the vocabulary."""
-    lut = np.zeros(int(item_ids[-1]) + 1, dtype=np.int64)
-    lut[item_ids] = np.arange(1, len(item_ids) + 1)
-    return lut
 
 
 def ids_to_indices(

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from recserve.constants import DEFAULT_K, EXPORT_MANIFEST, ITEM_TABLE_FILE
-from recserve.data.vocab import as_str_ids
+from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError, ServingError
 
 log = logging.getLogger(__name__)
 
-# (ids (B, L) int64, lengths (B,) int64, exclude_seen (B,) bool) -> (ids (B, K) int64, scores (B, K) float32)
-Runner = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+# (ids (B, L) int64, lengths (B,) int64, exclude_seen (B,) bool, k) -> (ids (B, K) int64, scores (B, K) float32);
+# K is at least k where k is given (and the catalogue holds that many), else the export's max_k
+Runner = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,24 @@ class Recommendation:
     item_ids: np.ndarray  # (k,) int64 or str
     scores: np.ndarray  # (k,) float32
     unknown_ids: int  # history IDs not in the vocabulary (dropped)
+
+
+@dataclass(frozen=True)
+class Answers:
+    """A batch's answers as arrays, best first: what server shells cut into responses without a loop per row."""
+
+    item_ids: np.ndarray  # (n, K) int64 or str; K is the batch's largest k
+    scores: np.ndarray  # (n, K) float32; -inf where the catalogue ran out of items to offer
+    unknown: np.ndarray  # (n,) int64 history IDs not in the vocabulary (dropped)
+    complete: bool  # every score is finite (always, unless the catalogue is smaller than k)
+
+    def rows(self, start: int, stop: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``start:stop`` cut to ``k`` columns, and to the columns every one of them fills."""
+        ids, scores = self.item_ids[start:stop, :k], self.scores[start:stop, :k]
+        if not self.complete:
+            width = int(np.isfinite(scores).sum(1).min(initial=k))
+            ids, scores = ids[:, :width], scores[:, :width]
+        return np.ascontiguousarray(ids), np.ascontiguousarray(scores)
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,8 @@ class Predictor:
         self.max_k = max_k
         self.manifest = manifest or {}
         self.fixed_length = self.manifest.get("fixed_length")  # backends compiled for one padded length
+        # dense integer IDs: membership by one gather instead of a search
+        self.member = lookup_table(vocab_ids) > 0 if use_lookup_table(vocab_ids) else None
 
     @classmethod
     def load(cls, export_dir: Path, device: str = "cpu") -> Predictor:
@@ -101,6 +122,9 @@ class Predictor:
     def _known(self, flat: np.ndarray) -> np.ndarray:
         if not self.string_ids and flat.dtype.kind not in "iu":
             raise RequestError(f"item_ids: integer IDs expected for this model, got {flat.dtype}")
+        if self.member is not None:
+            inside = (flat >= 0) & (flat < len(self.member))
+            return inside & self.member[np.where(inside, flat, 0)]
         pos = np.minimum(np.searchsorted(self.vocab_ids, flat), len(self.vocab_ids) - 1)
         return self.vocab_ids[pos] == flat if len(flat) else np.zeros(0, dtype=bool)
 
@@ -108,6 +132,26 @@ class Predictor:
         if not 1 <= k <= self.max_k:
             raise RequestError(f"k: {k} is out of range; allowed 1..{self.max_k}")
         return int(k)
+
+    def answer(self, histories: Sequence[np.ndarray], k: int, exclude_seen: np.ndarray | bool = True) -> Answers:
+        """The top ``k`` of each history as arrays: one graph call for the whole batch.
+
+        Args:
+            histories: one item-ID array per request row (at least one).
+            k: the batch's largest k (already checked against ``max_k``); rows that asked for fewer take a slice.
+            exclude_seen: one flag per row, or one for all.
+        """
+        n = len(histories)
+        if self.string_ids:
+            histories = [as_str_ids(h).reshape(-1) for h in histories]
+        batch = self.encode(histories)
+        exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
+        top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude, k=k)
+        top_ids, top_scores = top_ids[:, :k], top_scores[:, :k]
+        if self.map_ids:
+            top_ids = self.vocab_ids[top_ids - 1]
+        # fewer than k items remain only in tiny catalogues
+        return Answers(top_ids, top_scores, batch.unknown, bool(np.isfinite(top_scores).all()))
 
     def predict(
         self,
@@ -120,21 +164,11 @@ class Predictor:
         if n == 0:
             return []
         ks = [self.check_k(x) for x in np.broadcast_to(k, (n,))]
-        if self.string_ids:
-            histories = [as_str_ids(h).reshape(-1) for h in histories]
-        batch = self.encode(histories)
-        exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
-        top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude)
-        if self.map_ids:
-            top_ids = self.vocab_ids[top_ids - 1]
-        all_finite = bool(np.isfinite(top_scores).all())  # fewer than k items remain only in tiny catalogues
+        answers = self.answer(histories, max(ks), exclude_seen)
         out = []
         for row, kk in enumerate(ks):
-            ids, scores = top_ids[row, :kk], top_scores[row, :kk]
-            if not all_finite:
-                keep = np.isfinite(scores)
-                ids, scores = ids[keep], scores[keep]
-            out.append(Recommendation(ids, scores, int(batch.unknown[row])))
+            ids, scores = answers.rows(row, row + 1, kk)
+            out.append(Recommendation(ids[0], scores[0], int(answers.unknown[row])))
         return out
 
 

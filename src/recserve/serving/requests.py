@@ -20,10 +20,8 @@ class ParsedRequest:
     exclude_seen: np.ndarray  # (rows,) bool
 
 
-def _column(values: np.ndarray | None, rows: int, name: str, kinds: str, default):
-    """A per-row scalar input ((rows, 1) or (rows,)) or the default when absent."""
-    if values is None:
-        return np.full(rows, default)
+def _column(values: np.ndarray, rows: int, name: str, kinds: str) -> np.ndarray:
+    """A per-row scalar input, (rows, 1) or (rows,) or one value for all rows, as (rows,)."""
     values = np.asarray(values)
     if values.dtype.kind not in kinds:
         raise RequestError(f"{name}: wrong data type {values.dtype}")
@@ -50,11 +48,23 @@ def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.n
     rows = item_ids.shape[0]
     if rows == 0:
         raise RequestError(f"{INPUT_ITEM_IDS}: the request holds no history (shape {list(item_ids.shape)})")
-    ks = _column(k, rows, INPUT_K, "iu", DEFAULT_K)
-    if np.any(ks != ks[0]):
-        raise RequestError(f"{INPUT_K}: one k per request, got {sorted(set(ks.tolist()))}")
-    k_value = int(ks[0])
+    k_value = DEFAULT_K
+    if k is not None:
+        ks = _column(k, rows, INPUT_K, "iu")
+        if rows > 1 and np.any(ks != ks[0]):
+            raise RequestError(f"{INPUT_K}: one k per request, got {sorted(set(ks.tolist()))}")
+        k_value = int(ks[0])
     if not 1 <= k_value <= max_k:
         raise RequestError(f"{INPUT_K}: {k_value} is out of range; allowed 1..{max_k}")
-    exclude = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b", True).astype(bool)
+    if exclude_seen is None:
+        exclude = np.ones(rows, dtype=bool)
+    else:
+        exclude = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b").astype(bool)
     return ParsedRequest(histories=list(item_ids), k=k_value, exclude_seen=exclude)
+
+
+def parse_triton_request(request, max_k: int, string_ids: bool) -> ParsedRequest:
+    """``parse_request`` for a Triton python-backend request: its input tensors are read in one pass."""
+    inputs = {tensor.name(): tensor for tensor in request.inputs()}
+    value = lambda name: inputs[name].as_numpy() if name in inputs else None  # noqa: E731
+    return parse_request(value(INPUT_ITEM_IDS), value(INPUT_K), value(INPUT_EXCLUDE_SEEN), max_k, string_ids)

@@ -8,14 +8,9 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, OUTPUT_ITEM_IDS, OUTPUT_SCORES
+from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES
 from recserve.errors import RequestError
-from recserve.serving.requests import parse_request
-
-
-def _input(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+from recserve.serving.requests import parse_triton_request
 
 
 class TritonPythonModel:
@@ -31,8 +26,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                p = parse_request(_input(request, INPUT_ITEM_IDS), _input(request, INPUT_K),
-                                  _input(request, INPUT_EXCLUDE_SEEN), self.max_k, self.string_ids)
+                p = parse_triton_request(request, self.max_k, self.string_ids)
             except RequestError as err:
                 error = pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
