@@ -82,28 +82,38 @@ class Block(nn.Module):
     def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """The inference fast path: the block's output at the last position only.
 
-        With one query, attention needs no keys or values per token. For head h with query q,
-        q . (Wk x_l + bk) = (Wk^T q) . x_l + q . bk, and the constant q . bk cancels in the softmax; and
-        sum_l p_l (Wv x_l + bv) = Wv (sum_l p_l x_l) + bv, since the weights p sum to one. So the scores are
-        one product of the normalised tokens with Wk^T q (H numbers per head), and the values are projected
-        once, after the weighted sum: per token this costs 2 H numbers a head instead of the 3 H x H
-        projection. The same function, to float rounding.
+        With one query, attention needs no keys or values per token. For head h with query
+        q = Wq x + bq: q . (Wk t + bk) = (Wk^T Wq x + Wk^T bq) . t + q . bk for each normalised token t, and
+        the constant q . bk cancels in the softmax; and Wo (Wv sum_l p_l t_l + bv) + bo, the projected
+        output, is (Wo Wv) applied to the weighted sum of the tokens plus a constant, since the weights p
+        sum to one. So two layers made of products of the weights (the query side and the output side)
+        and two products with the tokens replace the 3 H x H projection of every token. The same
+        function, to float rounding; exports fold the weight products into constants.
 
         x: (B, L, H); keep: (B, 1, 1, L). Returns the last position's output (B, 1, H).
         """
         h = self.ln1(x)  # (B, L, H)
         if not isinstance(self.qkv, nn.Linear):  # a quantized layer: its weights are not plain tensors
             return self._forward_last_projected(x, h, keep)
-        width = h.shape[-1]
-        w_q, w_k, w_v = (w.unflatten(0, (self.heads, -1)) for w in self.qkv.weight.chunk(3, 0))  # (nh, hd, H)
-        b_q, _, b_v = (b.unflatten(0, (self.heads, -1)) for b in self.qkv.bias.chunk(3))  # (nh, hd)
-        q = (torch.einsum("ndh,bh->bnd", w_q, h[:, -1]) + b_q) * (width // self.heads) ** -0.5  # (B, nh, hd)
-        query = torch.einsum("bnd,ndh->bnh", q, w_k)  # (B, nh, H): Wk^T q per head
+        query_w, query_b, out_w, out_b = self._single_query_weights()
+        query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
         scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
-        mixed = scores.softmax(-1) @ h  # (B, nh, H)
-        y = torch.einsum("bnh,ndh->bnd", mixed, w_v) + b_v  # (B, nh, hd)
-        x = x[:, -1:] + self.proj(y.flatten(1))[:, None]
+        mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
+        x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
         return x + self.ffn(self.ln2(x))
+
+    def _single_query_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query side (nh H x H, with the attention scale) and the output side (H x nh H) of one query."""
+        width = self.qkv.in_features
+        w_q, w_k, w_v = (w.unflatten(0, (self.heads, -1)) for w in self.qkv.weight.chunk(3, 0))  # (nh, hd, H)
+        b_q, _, b_v = self.qkv.bias.chunk(3)
+        scale = (width // self.heads) ** -0.5
+        query_w = (w_k.transpose(1, 2) @ w_q).flatten(0, 1) * scale  # (nh H, H): Wk_h^T Wq_h per head
+        query_b = (w_k.transpose(1, 2) @ b_q.unflatten(0, (self.heads, -1))[..., None]).flatten() * scale
+        w_o = self.proj.weight.unflatten(1, (self.heads, -1)).transpose(0, 1)  # (nh, H, hd): Wo's columns per head
+        out_w = (w_o @ w_v).transpose(0, 1).flatten(1)  # (H, nh H): Wo_h Wv_h side by side
+        out_b = self.proj.weight @ b_v + self.proj.bias
+        return query_w, query_b, out_w, out_b
 
     def _forward_last_projected(self, x: torch.Tensor, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """``forward_last`` through the qkv layer itself, for layers that quantization swapped."""

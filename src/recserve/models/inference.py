@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
@@ -27,7 +28,7 @@ def ids_to_indices(
 
     Args:
         table: (N,) sorted item IDs.
-        lut: (M + 1,) index by ID for dense IDs, or None to search ``table`` instead.
+        lut: (M + 2,) index by ID for dense IDs up to M, and a last entry 0, or None to search ``table`` instead.
         item_ids: (B, L) IDs.
         valid: (B, L) False at padding positions.
 
@@ -35,8 +36,8 @@ def ids_to_indices(
         (B, L) indices 1..N, and padding (0) for unknown IDs and padding positions.
     """
     if lut is not None:  # decided when the graph is built, never by the data
-        inside = (item_ids >= 0) & (item_ids < lut.shape[0]) & valid
-        return torch.where(inside, lut[item_ids.clamp(0, lut.shape[0] - 1)], torch.zeros_like(item_ids))
+        last = lut.shape[0] - 1  # padding, where negative IDs, IDs past the table and padded positions look
+        return lut[torch.where(valid & (item_ids >= 0), item_ids, last).clamp(max=last)]
     pos = torch.searchsorted(table, item_ids).clamp(max=table.shape[0] - 1)
     found = (table[pos] == item_ids) & valid
     return torch.where(found, pos + 1, torch.zeros_like(pos))
@@ -50,8 +51,8 @@ class TopKHead(nn.Module):
         self.encoder = encoder
         self.max_k = min(max_k, encoder.cfg.num_items)
         cfg = encoder.cfg
-        special = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        special[[PAD_INDEX, cfg.mask_index]] = True
+        special = torch.zeros(cfg.vocab_size)
+        special[[PAD_INDEX, cfg.mask_index]] = float("-inf")  # added to every score: never recommended
         self.register_buffer("special", special, persistent=False)
         pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32))
         self.register_buffer("popular_scores", pop, persistent=False)
@@ -63,11 +64,10 @@ class TopKHead(nn.Module):
             Top-k vocabulary indices (B, K) int64 and scores (B, K) float32, best first.
         """
         scores = self.encoder(tokens).float()  # (B, V): the mask position only
-        known = (tokens[:, :-1] != PAD_INDEX).any(1, keepdim=True)  # (B, 1)
-        scores = torch.where(known, scores, self.popular_scores)
-        hits = torch.zeros_like(scores).scatter(1, tokens, torch.ones_like(tokens, dtype=scores.dtype))  # (B, V)
-        drop = ((hits > 0) & exclude_seen[:, None]) | self.special
-        scores = scores.masked_fill(drop, float("-inf"))
+        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+        scores = torch.where(known, scores, self.popular_scores) + self.special
+        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
+        scores = scores.scatter(1, seen, float("-inf"))
         top_scores, top_indices = scores.topk(self.max_k, dim=1)
         return top_indices, top_scores
 
@@ -92,7 +92,7 @@ class InferenceGraph(nn.Module):
         item_ids = np.asarray(item_ids, dtype=np.int64)
         table = torch.as_tensor(item_ids)
         self.register_buffer("table", table, persistent=False)
-        lut = torch.as_tensor(lookup_table(item_ids)) if use_lookup_table(item_ids) else None
+        lut = torch.as_tensor(np.append(lookup_table(item_ids), 0)) if use_lookup_table(item_ids) else None
         self.register_buffer("lut", lut, persistent=False)  # None: search the table instead
         # index -> ID; -1 for padding and mask, which never reach the top k
         self.register_buffer("index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]),
@@ -106,11 +106,11 @@ class InferenceGraph(nn.Module):
         Returns:
             Top-k item IDs (B, K) int64 and scores (B, K) float32, best first; K is ``max_k``.
         """
-        item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
+        if item_ids.shape[1] > self.window - 1:  # a shape test: exports bound the length and drop it
+            item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
         width = item_ids.shape[1]
         valid = torch.arange(width, device=item_ids.device)[None, :] >= (width - lengths)[:, None]  # (B, L)
         indices = ids_to_indices(self.table, self.lut, item_ids, valid)
-        mask = torch.full_like(lengths, self.mask_index)[:, None]  # (B, 1); from lengths, so L may be 0
-        tokens = torch.cat([indices, mask], dim=1)  # (B, L + 1)
+        tokens = F.pad(indices, (0, 1), value=self.mask_index)  # (B, L + 1): the mask token last; L may be 0
         top_indices, top_scores = self.head(tokens, exclude_seen)
         return self.index_to_id[top_indices], top_scores

@@ -110,13 +110,13 @@ class Predictor:
         known = self._known(flat)
         if self.map_ids:
             flat = np.where(known, np.searchsorted(self.vocab_ids, flat) + 1, 0).astype(np.int64)
-        owner = np.repeat(np.arange(len(histories)), lengths)
-        unknown = np.bincount(owner[~known], minlength=len(histories)).astype(np.int64)
+        ends = np.cumsum(lengths)
+        unknown_before = np.concatenate([[0], np.cumsum(~known)])  # unknown IDs before each flat position
+        unknown = unknown_before[ends] - unknown_before[ends - lengths]
         width = self.fixed_length or max(int(lengths.max(initial=0)), 1)
         ids = np.zeros((len(histories), width), dtype=np.int64)
-        # left padding: request b's items fill its last lengths[b] columns
-        col = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(width - lengths, lengths)
-        ids[owner, col] = flat
+        for row, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist())):
+            ids[row, width - length :] = flat[end - length : end]  # left padding: the last `length` columns
         return Batch(ids=ids, lengths=lengths, unknown=unknown)
 
     def _known(self, flat: np.ndarray) -> np.ndarray:

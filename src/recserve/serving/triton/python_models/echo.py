@@ -1,4 +1,4 @@
-"""Triton python model ``echo``: the ``recommender`` contract with a fixed top-k and no compute.
+"""Triton python model ``echo``: the ``recommender`` contract (all three outputs) with a fixed top-k and no compute.
 
 The ceiling that the server stack (protocol, batching, python backend) allows, for benchmarks.
 """
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES
+from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
 from recserve.errors import RequestError
 from recserve.serving.requests import parse_triton_request
 
@@ -36,5 +36,6 @@ class TritonPythonModel:
             scores = np.broadcast_to(self.scores[: p.k], (rows, p.k))
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor(OUTPUT_ITEM_IDS, np.ascontiguousarray(ids)),
-                 pb_utils.Tensor(OUTPUT_SCORES, np.ascontiguousarray(scores))]))
+                 pb_utils.Tensor(OUTPUT_SCORES, np.ascontiguousarray(scores)),
+                 pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, np.zeros((rows, 1), dtype=np.int32))]))
         return responses
