@@ -7,7 +7,7 @@ from recserve.constants import POPULARITY_FILE
 from recserve.errors import RequestError
 from recserve.export.exporter import export_run
 from recserve.serving.predictor import Predictor
-from recserve.serving.requests import parse_request
+from recserve.serving.requests import exclude_flags, parse_request
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,13 @@ def test_string_ids_work_end_to_end_and_unknown_strings_are_dropped(string_predi
 def test_malformed_requests_name_the_field(item_ids, k, exclude, message):
     with pytest.raises(RequestError, match=message):
         parse_request(item_ids, k, exclude, max_k=100, string_ids=False)
+
+
+def test_exclude_flags_default_to_true_and_keep_each_rows_choice():
+    default = parse_request(np.array([[1, 2]]), None, None, max_k=100, string_ids=False)
+    chosen = parse_request(np.array([[1], [2]]), None, np.array([[False], [True]]), max_k=100, string_ids=False)
+    assert exclude_flags([default, default]) is True
+    np.testing.assert_array_equal(exclude_flags([default, chosen]), [True, False, True])
 
 
 def test_the_serving_core_imports_only_numpy_and_torch():

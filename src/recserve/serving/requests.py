@@ -17,7 +17,7 @@ from recserve.errors import RequestError
 class ParsedRequest:
     histories: list[np.ndarray]  # one per row of the request
     k: int
-    exclude_seen: np.ndarray  # (rows,) bool
+    exclude_seen: np.ndarray | None  # (rows,) bool; None: the default, seen items excluded
 
 
 def _column(values: np.ndarray, rows: int, name: str, kinds: str) -> np.ndarray:
@@ -56,11 +56,18 @@ def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.n
         k_value = int(ks[0])
     if not 1 <= k_value <= max_k:
         raise RequestError(f"{INPUT_K}: {k_value} is out of range; allowed 1..{max_k}")
-    if exclude_seen is None:
-        exclude = np.ones(rows, dtype=bool)
-    else:
-        exclude = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b").astype(bool)
-    return ParsedRequest(histories=list(item_ids), k=k_value, exclude_seen=exclude)
+    if exclude_seen is not None:
+        exclude_seen = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b").astype(bool)
+    histories = [item_ids[0]] if rows == 1 else list(item_ids)
+    return ParsedRequest(histories=histories, k=k_value, exclude_seen=exclude_seen)
+
+
+def exclude_flags(parsed: list[ParsedRequest]) -> np.ndarray | bool:
+    """The batch's ``exclude_seen``, one flag per row, or True when no request set it."""
+    if all(p.exclude_seen is None for p in parsed):
+        return True
+    rows = [np.ones(len(p.histories), dtype=bool) if p.exclude_seen is None else p.exclude_seen for p in parsed]
+    return np.concatenate(rows)
 
 
 def parse_triton_request(request, max_k: int, string_ids: bool) -> ParsedRequest:

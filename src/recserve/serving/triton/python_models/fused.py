@@ -18,7 +18,7 @@ if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carri
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS  # noqa: E402
 from recserve.errors import RequestError  # noqa: E402
 from recserve.serving.predictor import Predictor
-from recserve.serving.requests import parse_triton_request
+from recserve.serving.requests import exclude_flags, parse_triton_request
 from recserve.serving.triton.placement import instance_device
 
 
@@ -40,8 +40,7 @@ class TritonPythonModel:
         if not good:
             return [self._error(p) for p in parsed]
         histories = [h for p in good for h in p.histories]
-        exclude = good[0].exclude_seen if len(good) == 1 else np.concatenate([p.exclude_seen for p in good])
-        answers = self.predictor.answer(histories, max(p.k for p in good), exclude)
+        answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good))
         if answers.item_ids.dtype.kind == "U":  # string IDs go out as BYTES
             answers = replace(answers, item_ids=np.char.encode(answers.item_ids, "utf-8").astype(np.object_))
         unknown = answers.unknown.astype(np.int32)[:, None]  # Triton 2.51 has no response parameters
