@@ -79,6 +79,9 @@ def test_the_last_position_fast_path_equals_the_full_encoder(heads):
             p.add_(torch.randn_like(p) * 0.3)
     tokens = torch.tensor([[0, 0, 3, 4, 5, 51], [7, 8, 9, 10, 11, 51], [0, 0, 0, 0, 0, 51]])
     torch.testing.assert_close(model.encode_last(tokens), model.encode(tokens)[:, -1], atol=1e-5, rtol=1e-5)
+    model.prepare_inference()  # the one-query weights computed once instead of on every call
+    assert model.blocks[-1].query_w is not None
+    torch.testing.assert_close(model.encode_last(tokens), model.encode(tokens)[:, -1], atol=1e-5, rtol=1e-5)
     quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     # quantized layers keep the per-token projection; int8 activations leave only rounding noise
     torch.testing.assert_close(quantized.encode_last(tokens), model.encode_last(tokens), atol=0.1, rtol=0)

@@ -51,6 +51,9 @@ class Bert4RecConfig(ModelConfig):
             raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
 
 
+SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
 
@@ -95,12 +98,19 @@ class Block(nn.Module):
         h = self.ln1(x)  # (B, L, H)
         if not isinstance(self.qkv, nn.Linear):  # a quantized layer: its weights are not plain tensors
             return self._forward_last_projected(x, h, keep)
-        query_w, query_b, out_w, out_b = self._single_query_weights()
+        frozen = [getattr(self, name, None) for name in SINGLE_QUERY_WEIGHTS]
+        query_w, query_b, out_w, out_b = self._single_query_weights() if frozen[0] is None else frozen
         query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
         scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
         mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
         x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
         return x + self.ffn(self.ln2(x))
+
+    def freeze_single_query(self) -> None:
+        """Computes the one-query weights once, for a model whose weights no longer change (serving)."""
+        with torch.no_grad():
+            for name, value in zip(SINGLE_QUERY_WEIGHTS, self._single_query_weights()):
+                self.register_buffer(name, value.detach().clone(), persistent=False)
 
     def _single_query_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The query side (nh H x H, with the attention scale) and the output side (H x nh H) of one query."""
@@ -172,6 +182,11 @@ class Bert4Rec(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
         return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
+
+    def prepare_inference(self) -> None:
+        """Precomputes what serving reuses on every call; the weights must not change afterwards."""
+        if isinstance(self.blocks[-1].qkv, nn.Linear):
+            self.blocks[-1].freeze_single_query()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L). Returns the scores of the last position (B, N + 2): the inference fast path."""

@@ -22,7 +22,7 @@ from recserve.models.multvae import MultVAE
 
 
 def ids_to_indices(
-    table: torch.Tensor, lut: torch.Tensor | None, item_ids: torch.Tensor, valid: torch.Tensor
+    table: torch.Tensor, lut: torch.Tensor | None, item_ids: torch.Tensor, valid: torch.Tensor, lut_last: int = 0
 ) -> torch.Tensor:
     """Maps IDs to vocabulary indices: a gather where ``lut`` is set, else a binary search in ``table``.
 
@@ -31,13 +31,14 @@ def ids_to_indices(
         lut: (M + 2,) index by ID for dense IDs up to M, and a last entry 0, or None to search ``table`` instead.
         item_ids: (B, L) IDs.
         valid: (B, L) False at padding positions.
+        lut_last: M + 1, the last entry's position (a plain number, so traced graphs keep it a constant).
 
     Returns:
         (B, L) indices 1..N, and padding (0) for unknown IDs and padding positions.
     """
     if lut is not None:  # decided when the graph is built, never by the data
-        last = lut.shape[0] - 1  # padding, where negative IDs, IDs past the table and padded positions look
-        return lut[torch.where(valid & (item_ids >= 0), item_ids, last).clamp(max=last)]
+        # negative IDs, IDs past the table and padded positions all look up the last entry: padding
+        return lut[torch.where(valid & (item_ids >= 0), item_ids, lut_last).clamp(max=lut_last)]
     pos = torch.searchsorted(table, item_ids).clamp(max=table.shape[0] - 1)
     found = (table[pos] == item_ids) & valid
     return torch.where(found, pos + 1, torch.zeros_like(pos))
@@ -48,6 +49,7 @@ class TopKHead(nn.Module):
 
     def __init__(self, encoder: Bert4Rec | MultVAE, popularity: np.ndarray, max_k: int):
         super().__init__()
+        encoder.prepare_inference()  # a serving graph's weights are final
         self.encoder = encoder
         self.max_k = min(max_k, encoder.cfg.num_items)
         cfg = encoder.cfg
@@ -94,6 +96,7 @@ class InferenceGraph(nn.Module):
         self.register_buffer("table", table, persistent=False)
         lut = torch.as_tensor(np.append(lookup_table(item_ids), 0)) if use_lookup_table(item_ids) else None
         self.register_buffer("lut", lut, persistent=False)  # None: search the table instead
+        self.lut_last = 0 if lut is None else int(lut.shape[0]) - 1
         # index -> ID; -1 for padding and mask, which never reach the top k
         self.register_buffer("index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]),
                              persistent=False)
@@ -110,7 +113,7 @@ class InferenceGraph(nn.Module):
             item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
         width = item_ids.shape[1]
         valid = torch.arange(width, device=item_ids.device)[None, :] >= (width - lengths)[:, None]  # (B, L)
-        indices = ids_to_indices(self.table, self.lut, item_ids, valid)
+        indices = ids_to_indices(self.table, self.lut, item_ids, valid, self.lut_last)
         tokens = F.pad(indices, (0, 1), value=self.mask_index)  # (B, L + 1): the mask token last; L may be 0
         top_indices, top_scores = self.head(tokens, exclude_seen)
         return self.index_to_id[top_indices], top_scores

@@ -82,6 +82,9 @@ class MultVAE(nn.Module):
         mu, logvar = self.encoder(h).chunk(2, dim=1)
         return mu, logvar
 
+    def prepare_inference(self) -> None:
+        """Nothing to precompute: the encoder is two dense layers (the same interface as BERT4Rec's)."""
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) a history of item indices, in any order. Returns scores (B, V) from the posterior mean."""
         mu, _ = self.encode(self.multi_hot(tokens))  # in the buffers' dtype: follows .to(bf16), not int8
