@@ -108,6 +108,26 @@ def test_graph_takes_int64_ids_and_any_batch(tiny_run, tmp_path):
         assert ids.shape == (batch, 100) and scores.dtype == np.float32
 
 
+@pytest.mark.parametrize("backend", ["onnx", "eager"])
+def test_runners_select_only_the_k_asked_for_and_the_same_items(tiny_run, tmp_path, backend):
+    manifest = exporter.export_run(tiny_run, backend, "fp32", tmp_path / "out")
+    runner = load_runner(tmp_path / "out", manifest)
+    spec = load_spec(tiny_run, graph_searches=backend != "onnx")
+    inputs = [t.numpy() for t in example_inputs(spec, 6, 9, seed=7)]
+    all_ids, all_scores = runner(*inputs)
+    for k in (1, 10, 37):
+        ids, scores = runner(*inputs, k=k)
+        assert ids.shape == (6, k)
+        np.testing.assert_array_equal(ids, all_ids[:, :k])
+        np.testing.assert_allclose(scores, all_scores[:, :k], atol=1e-6)
+    if backend == "onnx":  # the selection size is an input of the graph, not a constant
+        import onnx
+
+        graph = onnx.load(str(tmp_path / "out" / "model.onnx")).graph
+        assert "k" in [i.name for i in graph.input]
+        assert [n for n in graph.node if n.op_type == "TopK"][0].input[1] == "k"
+
+
 def test_inference_graph_returns_tensors_not_a_loss(tiny_run):
     spec = load_spec(tiny_run)
     outputs = build_graph(tiny_run, spec, 10)(*example_inputs(spec, 2, 5))
