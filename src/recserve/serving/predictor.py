@@ -37,7 +37,7 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class Answers:
-    """A batch's answers as arrays, best first: what server shells cut into responses without a loop per row."""
+    """A batch's answers as arrays, best first, for server shells to slice into their responses."""
 
     item_ids: np.ndarray  # (n, K) int64 or str; K is the batch's largest k
     scores: np.ndarray  # (n, K) float32; -inf where the catalogue ran out of items to offer
