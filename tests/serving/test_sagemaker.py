@@ -185,6 +185,9 @@ def test_invoke_command_talks_to_the_local_endpoint(endpoint, tiny_run):
     result = CliRunner().invoke(app, ["sagemaker", "invoke", *history, "--k", "3", "--url", endpoint.url])
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.output)["item_id"]) == 3
+    # an ID that is not a number, for an integer-ID model: a usage error that names the flag, nothing sent
+    refused = CliRunner().invoke(app, ["sagemaker", "invoke", history[0], "sku-1", "--url", endpoint.url])
+    assert refused.exit_code == 2 and "--string-ids" in refused.output
 
 
 def _wait_port(port: int, timeout_s: float = 30) -> None:

@@ -41,3 +41,13 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(1) from err
 
     return wrapper
+
+
+def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
+    """Command-line item IDs as the model takes them: integers, or strings with ``--string-ids``."""
+    if string_ids:
+        return item_ids
+    try:
+        return [int(x) for x in item_ids]
+    except ValueError as err:
+        raise typer.BadParameter(f"{err}; pass --string-ids for a string-ID model", param_hint="ITEM_IDS") from err

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from recserve.cli.console import console, handle_errors
+from recserve.cli.console import console, handle_errors, history_ids
 
 
 def _titles(path: Optional[Path]) -> dict:
@@ -36,13 +36,7 @@ def recommend(
 
     from recserve.client import RecommenderClient
 
-    if not string_ids:
-        try:
-            history = [int(x) for x in item_ids]
-        except ValueError as err:
-            raise typer.BadParameter(f"{err}; pass --string-ids for a string-ID model", param_hint="ITEM_IDS") from err
-    else:
-        history = item_ids
+    history = history_ids(item_ids, string_ids)
     with RecommenderClient(url, protocol) as client:
         answer = client.recommend(history, k=k, exclude_seen=not include_seen)
     if as_json:

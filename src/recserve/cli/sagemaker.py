@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from recserve.cli.console import console, handle_errors
+from recserve.cli.console import console, handle_errors, history_ids
 
 app = typer.Typer(help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
                   no_args_is_help=True)
@@ -91,11 +91,12 @@ def invoke(
     url: Annotated[Optional[str], typer.Option(help="A local endpoint (http://127.0.0.1:8080) instead of SageMaker.")] = None,
     env_file: Annotated[Optional[Path], typer.Option(help="Settings file (default .env.inference).")] = None,
     endpoint_name: Annotated[Optional[str], typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
+    string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
 ) -> None:
     """Send {"item_id": [...], "k": k} to an endpoint and print its JSON answer."""
     from recserve.errors import ServingError
 
-    body = {"item_id": [int(i) if i.lstrip("-").isdigit() else i for i in item_ids], "k": k}
+    body = {"item_id": history_ids(item_ids, string_ids), "k": k}
     if url:
         from recserve.serving.sagemaker.endpoint import invoke as post
 
