@@ -66,6 +66,17 @@ def test_string_ids_work_end_to_end_and_unknown_strings_are_dropped(string_predi
     np.testing.assert_array_equal(as_bytes.item_ids, answer.item_ids)
 
 
+def test_a_catalogue_smaller_than_k_returns_only_the_unseen_items(string_predictor):
+    catalogue = string_predictor.vocab_ids  # 30 SKUs
+    five, two = catalogue[:5], catalogue[10:12]
+    short, shorter = string_predictor.predict([five, two], k=len(catalogue))
+    assert len(short.item_ids) == len(catalogue) - 5 and len(shorter.item_ids) == len(catalogue) - 2
+    assert np.isfinite(short.scores).all() and not set(short.item_ids) & set(five)
+    answers = string_predictor.answer([five, two], len(catalogue))  # as a server shell slices one request
+    ids, scores = answers.rows(0, 2, len(catalogue))
+    assert ids.shape == (2, len(catalogue) - 5) and np.isfinite(scores).all()
+
+
 @pytest.mark.parametrize(
     ("item_ids", "k", "exclude", "message"),
     [
