@@ -33,7 +33,10 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
         assert row["errors"] == 0, row
         assert row["concurrency"] == 4 and row["throughput_rps"] > 10
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] < 5000
+        cpu = row["cpu_us_per_request"]  # every process group did work for every request
+        assert 0 < cpu["client"] < 1e5 and 0 < cpu["server"] < 1e5 and 0 < cpu["models"] < 1e5, cpu
     assert result["server_failures"] == {"fused": 0, "seed": 0, "echo": 0}
+    assert "## CPU per request" in (out / "report.md").read_text()
 
 
 def test_per_step_breakdown_covers_every_ensemble_step(summary):

@@ -67,4 +67,14 @@ def write_report(summary: dict, path: Path) -> None:
         lines.append(f"- {layout}: best throughput within the SLO: "
                      + ("none" if best is None else f"{best['throughput_rps']:,.0f} req/s at {best['level']} "
                         f"(p99 {best['p99_ms']:.2f} ms)"))
+    measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
+    if measured:
+        lines += ["", "## CPU per request", "",
+                  "Microseconds of CPU time a request in each process group while the load ran: perf_analyzer "
+                  "(client), Triton's server process, and its model processes.", ""]
+        for r in measured:
+            kind, value = _level(r)
+            cpu = r["cpu_us_per_request"]
+            lines.append(f"- {r.get('variant', r['layout'])} at {kind} {value:g}: client {cpu['client']:.0f}, "
+                         f"server {cpu['server']:.0f}, models {cpu['models']:.0f}")
     path.write_text("\n".join(lines) + "\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from recserve.bench import perf_analyzer as pa
+from recserve.bench.cpu import CpuMeter
 from recserve.bench.perf_analyzer import LAYOUT_MODELS, LoadLevel
 from recserve.constants import (
     INPUT_ITEM_IDS,
@@ -91,7 +92,8 @@ def sweep(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    with _server(repo, url) as (http_url, grpc_url, metrics_url):
+    with _server(repo, url) as (http_url, grpc_url, metrics_url, server_pid):
+        meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
             for layout in layouts:
@@ -100,13 +102,14 @@ def sweep(
                 pa.write_input_data(histories, layout, inputs, string_ids)
                 for level in levels:
                     progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
-                    before = pa.model_statistics(http_url)
+                    before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
                     result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs, measurement_ms,
                                     Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60)
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
+                    cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))
                     failures = sum(s["failures"] for s in steps.values())
                     rows.append({"layout": layout, level.kind: level.value, **result,
-                                 "errors": result["errors"] + failures, "steps": steps})
+                                 "errors": result["errors"] + failures, "steps": steps, "cpu_us_per_request": cpu})
         metrics = pa.metrics_text(metrics_url)
     summary = {
         "results": rows,
@@ -131,7 +134,7 @@ def _server(repo: Path | None, url: str | None):
         parts = url.split(",")
         if len(parts) != 3:
             raise ServingError(f"url {url!r}: expected host:http_port,host:grpc_port,host:metrics_port")
-        return nullcontext(tuple(parts))
+        return nullcontext((*parts, None))  # another host's or process's server: no CPU accounting
     return _started(repo)
 
 
@@ -147,7 +150,7 @@ class _started:
     def __enter__(self):
         self.server.__enter__()
         s = self.server.settings
-        return self.server.http_url, self.server.grpc_url, f"{s.host}:{s.metrics_port}"
+        return self.server.http_url, self.server.grpc_url, f"{s.host}:{s.metrics_port}", self.server.process.pid
 
     def __exit__(self, *exc):
         self.server.__exit__(*exc)

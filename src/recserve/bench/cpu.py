@@ -1,0 +1,67 @@
+"""CPU time per request, by process, while a load runs: where a request's time goes on a shared host.
+
+Reads Linux's ``/proc`` for the server and the model processes it started (the python-backend stubs), and
+the finished children of this process (perf_analyzer) from ``getrusage``. Elsewhere it reports nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds used) of a live process, or None when it is gone or unreadable."""
+    try:
+        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = stat[0]
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    server_s: float
+    models_s: dict[int, float]  # by pid: the server's descendants
+    client_s: float  # this process's finished children
+
+
+class CpuMeter:
+    """Snapshots of the CPU time of a server process tree and of finished client processes."""
+
+    def __init__(self, server_pid: int | None):
+        self.server_pid = server_pid if PROC.is_dir() else None
+
+    def snapshot(self) -> CpuSnapshot | None:
+        if self.server_pid is None or (server := _stat(self.server_pid)) is None:
+            return None
+        models = {pid: stat[1] for pid in _descendants(self.server_pid) if (stat := _stat(pid)) is not None}
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return CpuSnapshot(server[1], models, usage.ru_utime + usage.ru_stime)
+
+    def per_request(self, before: CpuSnapshot | None, requests: int) -> dict | None:
+        """Microseconds of CPU a request since ``before``: the client, the server and the model processes."""
+        after = self.snapshot()
+        if before is None or after is None or requests <= 0:
+            return None
+        models = sum(seconds - before.models_s.get(pid, 0.0) for pid, seconds in after.models_s.items())
+        spent = {"client": after.client_s - before.client_s, "server": after.server_s - before.server_s,
+                 "models": models}
+        return {name: seconds / requests * 1e6 for name, seconds in spent.items()}
