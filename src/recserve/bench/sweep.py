@@ -96,14 +96,18 @@ def sweep(
         meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
+            inputs = {}
             for layout in layouts:
                 check_answers(layout, http_url, next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH), string_ids)
-                inputs = Path(tmp) / f"{layout}.json"
-                pa.write_input_data(histories, layout, inputs, string_ids)
-                for level in levels:
+                inputs[layout] = Path(tmp) / f"{layout}.json"
+                pa.write_input_data(histories, layout, inputs[layout], string_ids)
+            # level by level, every layout in turn: the runs a ratio compares are minutes apart at most,
+            # so a shared host's drift moves both sides of it
+            for level in levels:
+                for layout in layouts:
                     progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
                     before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
-                    result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs, measurement_ms,
+                    result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs[layout], measurement_ms,
                                     Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60)
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                     cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))
@@ -111,6 +115,7 @@ def sweep(
                     rows.append({"layout": layout, level.kind: level.value, **result,
                                  "errors": result["errors"] + failures, "steps": steps, "cpu_us_per_request": cpu})
         metrics = pa.metrics_text(metrics_url)
+    rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,
         "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
