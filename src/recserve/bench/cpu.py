@@ -11,35 +11,24 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from recserve.serving.triton.launcher import child_pids
+
 PROC = Path("/proc")
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds used) of a live process, or None when it is gone or unreadable."""
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds a live process has used (user and system), or None when it is gone or unreadable."""
     try:
         fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _descendants(root: int) -> list[int]:
-    parents = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = stat[0]
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
 class CpuSnapshot:
     server_s: float
-    models_s: dict[int, float]  # by pid: the server's descendants
+    models_s: dict[int, float]  # by pid: the server's children, its model processes
     client_s: float  # this process's finished children
 
 
@@ -50,11 +39,12 @@ class CpuMeter:
         self.server_pid = server_pid if PROC.is_dir() else None
 
     def snapshot(self) -> CpuSnapshot | None:
-        if self.server_pid is None or (server := _stat(self.server_pid)) is None:
+        if self.server_pid is None or (server := _cpu_seconds(self.server_pid)) is None:
             return None
-        models = {pid: stat[1] for pid in _descendants(self.server_pid) if (stat := _stat(pid)) is not None}
+        stubs = {pid: _cpu_seconds(pid) for pid in child_pids(self.server_pid)}  # the model processes
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return CpuSnapshot(server[1], models, usage.ru_utime + usage.ru_stime)
+        models = {pid: seconds for pid, seconds in stubs.items() if seconds is not None}
+        return CpuSnapshot(server, models, usage.ru_utime + usage.ru_stime)
 
     def per_request(self, before: CpuSnapshot | None, requests: int) -> dict | None:
         """Microseconds of CPU a request since ``before``: the client, the server and the model processes."""
