@@ -11,18 +11,15 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.serving.triton.launcher import child_pids
+from recserve.serving.triton.launcher import child_pids, proc_stat
 
 PROC = Path("/proc")
 
 
 def _cpu_seconds(pid: int) -> float | None:
     """CPU seconds a live process has used (user and system), or None when it is gone or unreadable."""
-    try:
-        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proc_stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

@@ -128,17 +128,19 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     return [*args, *s.extra_args]
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...), or None when it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def child_pids(pid: int) -> list[int]:
     """The direct children of a process (Linux /proc)."""
     children = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None and int(fields[1]) == pid:
             children.append(int(entry.name))
     return children
 
