@@ -68,17 +68,15 @@ GRIDS = {"one-at-a-time": GRID, "combined": COMBINED, "schedule": SCHEDULE, "fin
 
 
 def _optimizer(model, train_kw: dict, steps: int):
-    """AdamW, with the LR constant or on a cosine from a 5% warm-up down to 0 over ``steps``."""
-    import math
-
+    """AdamW, with the LR constant or on recserve's cosine from a 5% warm-up down to 0 over ``steps``."""
     import torch
+
+    from recserve.train.schedule import cosine_with_warmup
 
     opt = torch.optim.AdamW(model.parameters(), lr=train_kw["lr"], weight_decay=train_kw["weight_decay"])
     if train_kw["lr_schedule"] == "constant":
         return opt, None
-    warmup = max(1, steps // 20)
-    shape = lambda t: min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(t, steps) / steps))  # noqa: E731
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, shape)
+    return opt, cosine_with_warmup(opt, steps)
 
 
 def export_sequences(data_dir: str, out: str) -> None:

@@ -5,7 +5,6 @@ Lightning is imported inside the builders, so that importing recserve needs no L
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 
 from recserve.data.datasets import PreparedData
 from recserve.errors import DataError
+from recserve.train.schedule import cosine_with_warmup
 
 MODELS = ("bert4rec", "multvae")
 
@@ -44,14 +44,7 @@ def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
     """The optimizer alone (constant LR), or with a per-step cosine schedule after a 5% linear warm-up."""
     if cfg.lr_schedule == "constant":
         return opt
-    total = max(int(total_steps), 1)
-    warmup = max(1, total // 20)
-
-    def factor(step: int) -> float:
-        return min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": cosine_with_warmup(opt, total_steps), "interval": "step"}}
 
 
 def _bert4rec_task(data: PreparedData, overrides: dict, cfg, train_seq) -> Task:
