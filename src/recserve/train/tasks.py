@@ -29,12 +29,11 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
     """The task of ``model`` (one of ``MODELS``) on a prepared data folder.
 
     Args:
-        refit: BERT4Rec only: train on every item but the test one (the validation item included).
+        refit: BERT4Rec only (``train`` refuses it for other models before it starts): train on every item
+            but the test one (the validation item included).
     """
     if model == "bert4rec":
         return _bert4rec_task(data, overrides, cfg, data.sequences.truncated(1) if refit else data.train)
-    if refit:
-        raise DataError("refit: only BERT4Rec can be refitted; Mult-VAE's held-out users are its validation")
     if model == "multvae":
         return _multvae_task(data, overrides, cfg)
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
