@@ -22,7 +22,7 @@ from recserve.models.multvae import MultVAE
 
 
 def ids_to_indices(
-    table: torch.Tensor, lut: torch.Tensor | None, item_ids: torch.Tensor, valid: torch.Tensor, lut_last: int = 0
+    table: torch.Tensor, lut: torch.Tensor | None, item_ids: torch.Tensor, valid: torch.Tensor, lut_last: int
 ) -> torch.Tensor:
     """Maps IDs to vocabulary indices: a gather where ``lut`` is set, else a binary search in ``table``.
 
@@ -31,7 +31,8 @@ def ids_to_indices(
         lut: (M + 2,) index by ID for dense IDs up to M, and a last entry 0, or None to search ``table`` instead.
         item_ids: (B, L) IDs.
         valid: (B, L) False at padding positions.
-        lut_last: M + 1, the last entry's position (a plain number, so traced graphs keep it a constant).
+        lut_last: M + 1, the last entry's position (a plain number, so traced graphs keep it a constant);
+            unused without ``lut``.
 
     Returns:
         (B, L) indices 1..N, and padding (0) for unknown IDs and padding positions.
