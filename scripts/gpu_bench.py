@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.bench.perf_analyzer import LoadLevel
+from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
 from recserve.bench.report import ratios, write_report
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
@@ -114,7 +114,8 @@ def main() -> None:
         "command": " ".join(["scripts/gpu_bench.sh", *sys.argv[1:]]),
         "model": "BERT4Rec, 100,000 items, hidden 256, 2 layers, 4 heads, window 40, random weights",
         "settings": {"instances": args.instances, "max_queue_delay_microseconds": args.delay_us,
-                     "measurement_ms": args.measurement_ms, "protocol": "grpc", "perf_analyzer": "--async",
+                     "measurement_ms": args.measurement_ms, "protocol": "grpc",
+                     "perf_analyzer": f"--async --max-threads {default_client_threads()}",
                      "layouts": sorted({r["variant"] for r in rows}), "requests_from": "synthetic Zipf histories",
                      "slo_p99_ms": 10.0},
         "results": rows, "ratios": per_variant, "notes": notes,

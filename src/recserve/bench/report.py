@@ -40,8 +40,9 @@ def write_report(summary: dict, path: Path) -> None:
     s = summary["settings"]
     lines = [
         "# Benchmark", "",
-        f"perf_analyzer over {s['protocol']}, {s['measurement_ms']} ms windows, requests from {s['requests_from']}; "
-        f"p99 SLO {s['slo_p99_ms']} ms.", "",
+        f"perf_analyzer over {s['protocol']}, {s['measurement_ms']} ms windows, "
+        + (f"{s['client_threads']} client threads, " if s.get("client_threads") else "")
+        + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms.", "",
         "| layout | load | throughput (req/s) | p50 ms | p90 ms | p99 ms | errors | server steps (ms per request) |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]

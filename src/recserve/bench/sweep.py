@@ -73,7 +73,7 @@ def sweep(
     layouts: list[str], levels: list[LoadLevel], out: Path, histories: list[np.ndarray], string_ids: bool = False,
     repo: Path | None = None,
     url: str | None = None, protocol: str = "grpc", measurement_ms: int = 2000, slo_p99_ms: float = 50.0,
-    progress: Callable[[str, int, int], None] = lambda *_: None,
+    client_threads: int | None = None, progress: Callable[[str, int, int], None] = lambda *_: None,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -81,6 +81,7 @@ def sweep(
         histories: the item-ID histories requests are made of (``real_histories`` reads a data folder's).
         repo: a model repository to serve for the run (started on free loopback ports), or
         url: a running server as ``host:http_port,host:grpc_port,host:metrics_port`` (HTTP, gRPC, metrics).
+        client_threads: perf_analyzer threads (``--max-threads``); one per usable core when None.
     """
     from recserve.bench.report import ratios, write_report
 
@@ -108,7 +109,8 @@ def sweep(
                     progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
                     before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
                     result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs[layout], measurement_ms,
-                                    Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60)
+                                    Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60,
+                                    client_threads=client_threads)
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                     cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))
                     failures = sum(s["failures"] for s in steps.values())
@@ -119,6 +121,7 @@ def sweep(
     summary = {
         "results": rows,
         "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
+                     "client_threads": client_threads or pa.default_client_threads(),
                      "layouts": layouts, "requests_from": f"{len(histories)} histories"},
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }

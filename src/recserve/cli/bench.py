@@ -42,6 +42,9 @@ def bench(
     slo_p99_ms: Annotated[float, typer.Option(help="p99 latency objective for the best-within-SLO figure.")] = 50.0,
     data: Annotated[Optional[Path], typer.Option(help="Data folder whose histories make the load "
                                                       "(default: the repository's run's).")] = None,
+    client_threads: Annotated[Optional[int], typer.Option(
+        min=1, help="perf_analyzer threads keeping the requests in flight (async); default one per usable core, "
+                    "at most 16: on a shared host more threads than cores take CPU from the server.")] = None,
 ) -> None:
     """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -65,6 +68,7 @@ def bench(
 
         histories, string_ids = real_histories(data)
         summary = sweep([x.strip() for x in layouts.split(",")], levels, out, histories, string_ids, repo=repo, url=url,
-                        protocol=protocol, measurement_ms=measurement_ms, slo_p99_ms=slo_p99_ms, progress=progress)
+                        protocol=protocol, measurement_ms=measurement_ms, slo_p99_ms=slo_p99_ms,
+                        client_threads=client_threads, progress=progress)
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

@@ -84,8 +84,11 @@ class Predictor:
         self.max_k = max_k
         self.manifest = manifest or {}
         self.fixed_length = self.manifest.get("fixed_length")  # backends compiled for one padded length
-        # dense integer IDs: membership by one gather instead of a search
-        self.member = lookup_table(vocab_ids) > 0 if use_lookup_table(vocab_ids) else None
+        # dense integer IDs: membership by one gather instead of a search; the trailing False answers for
+        # every ID past the table (the gather clips to it)
+        self.member = np.append(lookup_table(vocab_ids) > 0, False) if use_lookup_table(vocab_ids) else None
+        # a padded slot holds 0, which counts as known where 0 is an item ID (indices: 0 is never an item)
+        self.pad_known = not self.map_ids and bool(self._known(np.zeros(1, dtype=np.int64))[0])
 
     @classmethod
     def load(cls, export_dir: Path, device: str = "cpu") -> Predictor:
@@ -104,29 +107,29 @@ class Predictor:
         Integer IDs go to the graph as they are (it maps them), unless this predictor maps IDs itself: then
         each ID becomes its 1-based rank in the vocabulary (0 if unknown), which is what that graph takes.
         """
-        histories = [np.asarray(h).reshape(-1)[-self.history_limit :] for h in histories]
-        lengths = np.array([len(h) for h in histories], dtype=np.int64)
-        flat = np.concatenate(histories) if len(histories) else np.zeros(0, np.int64)
-        known = self._known(flat)
-        if self.map_ids:
-            flat = np.where(known, np.searchsorted(self.vocab_ids, flat) + 1, 0).astype(np.int64)
-        ends = np.cumsum(lengths)
-        unknown_before = np.concatenate([[0], np.cumsum(~known)])  # unknown IDs before each flat position
-        unknown = unknown_before[ends] - unknown_before[ends - lengths]
+        rows = [np.asarray(h).reshape(-1)[-self.history_limit :] for h in histories]
+        if not self.string_ids and any(r.dtype.kind not in "iu" for r in rows):
+            kinds = sorted({str(r.dtype) for r in rows if r.dtype.kind not in "iu"})
+            raise RequestError(f"item_ids: integer IDs expected for this model, got {', '.join(kinds)}")
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         width = self.fixed_length or max(int(lengths.max(initial=0)), 1)
-        ids = np.zeros((len(histories), width), dtype=np.int64)
-        for row, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist())):
-            ids[row, width - length :] = flat[end - length : end]  # left padding: the last `length` columns
+        if self.map_ids and rows:  # one search for the whole batch, then back into rows
+            flat = np.concatenate(rows)
+            rows = np.split(np.where(self._known(flat), np.searchsorted(self.vocab_ids, flat) + 1, 0), np.cumsum(lengths)[:-1])
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        for row, h in enumerate(rows):
+            ids[row, width - len(h) :] = h  # left padding: the last len(h) columns
+        known = (ids > 0) if self.map_ids else self._known(ids)
+        unknown = lengths - known.sum(1) + (width - lengths) * self.pad_known  # padded slots are not history
         return Batch(ids=ids, lengths=lengths, unknown=unknown)
 
-    def _known(self, flat: np.ndarray) -> np.ndarray:
-        if not self.string_ids and flat.dtype.kind not in "iu":
-            raise RequestError(f"item_ids: integer IDs expected for this model, got {flat.dtype}")
+    def _known(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each ID (any shape) is in the vocabulary."""
         if self.member is not None:
-            inside = (flat >= 0) & (flat < len(self.member))
-            return inside & self.member[np.where(inside, flat, 0)]
-        pos = np.minimum(np.searchsorted(self.vocab_ids, flat), len(self.vocab_ids) - 1)
-        return self.vocab_ids[pos] == flat if len(flat) else np.zeros(0, dtype=bool)
+            ids = ids.astype(np.int64, copy=False)  # unsigned IDs too (a gather takes signed indices)
+            return np.take(self.member, ids, mode="clip") & (ids >= 0)
+        pos = np.minimum(np.searchsorted(self.vocab_ids, ids), len(self.vocab_ids) - 1)
+        return self.vocab_ids[pos] == ids if ids.size else np.zeros(ids.shape, dtype=bool)
 
     def check_k(self, k: int) -> int:
         if not 1 <= k <= self.max_k:
@@ -145,7 +148,8 @@ class Predictor:
         if self.string_ids:
             histories = [as_str_ids(h).reshape(-1) for h in histories]
         batch = self.encode(histories)
-        exclude = np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
+        exclude = (np.full(n, exclude_seen, dtype=bool) if np.ndim(exclude_seen) == 0
+                   else np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy())
         top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude, k=k)
         top_ids, top_scores = top_ids[:, :k], top_scores[:, :k]
         if self.map_ids:
