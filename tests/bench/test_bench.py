@@ -19,7 +19,7 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     histories, string_ids = real_histories(ml100k_dir)
     result = sweep(["fused", "seed", "echo"], [LoadLevel("concurrency", 4)], out, histories, string_ids,
-                   repo=int_repo, measurement_ms=800, slo_p99_ms=1000)
+                   repo=int_repo, measurement_ms=800, slo_p99_ms=1000, client_threads=2)
     return out, result
 
 
@@ -37,6 +37,7 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
         assert 0 < cpu["client"] < 1e5 and 0 < cpu["server"] < 1e5 and 0 < cpu["models"] < 1e5, cpu
     assert result["server_failures"] == {"fused": 0, "seed": 0, "echo": 0}
     assert "## CPU per request" in (out / "report.md").read_text()
+    assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
 
 
 def test_per_step_breakdown_covers_every_ensemble_step(summary):

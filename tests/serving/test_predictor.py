@@ -118,3 +118,27 @@ def test_the_serving_core_imports_only_numpy_and_torch():
 
 def test_an_empty_batch_gets_an_empty_answer(predictor):
     assert predictor.predict([]) == []
+
+
+@pytest.mark.parametrize("vocab_ids", [np.array([0, 3, 7]), np.array([0, 3, 10**12])], ids=["table", "search"])
+@pytest.mark.parametrize("map_ids", [False, True], ids=["graph-maps", "predictor-maps"])
+def test_encode_pads_left_and_counts_only_history_ids_unknown(vocab_ids, map_ids):
+    encoder = Predictor(runner=None, vocab_ids=vocab_ids, window=6, max_k=3, map_ids=map_ids)
+    last = int(vocab_ids[-1])
+    histories = [np.array([3, 0]), np.array([5, -1, 2**40, last, 0, 3]), np.array([], dtype=np.int64),
+                 np.array([7], dtype=np.uint64)]
+    batch = encoder.encode(histories)
+    # ID 0 is an item here, so the padding's zeros must count neither as known nor as unknown history
+    np.testing.assert_array_equal(batch.lengths, [2, 5, 0, 1])  # window 6 keeps 5 items and the mask token
+    np.testing.assert_array_equal(batch.unknown, [0, 2, 0, 0 if last == 7 else 1])
+    if map_ids:  # indices 1..N, 0 for unknown and for padding
+        expected = [[0, 0, 0, 2, 1], [0, 0, 3, 1, 2], [0] * 5, [0, 0, 0, 0, 3 if last == 7 else 0]]
+    else:
+        expected = [[0, 0, 0, 3, 0], [-1, 2**40, last, 0, 3], [0] * 5, [0, 0, 0, 0, 7]]
+    np.testing.assert_array_equal(batch.ids, expected)
+
+
+def test_encode_refuses_non_integer_ids_for_an_integer_vocabulary():
+    encoder = Predictor(runner=None, vocab_ids=np.array([1, 2, 3]), window=5, max_k=3, map_ids=False)
+    with pytest.raises(RequestError, match="item_ids: integer IDs expected for this model, got float64"):
+        encoder.encode([np.array([1, 2]), np.array([1.5])])
