@@ -60,7 +60,7 @@ def default_client_threads() -> int:
     """One perf_analyzer thread per core this process may use, at most perf_analyzer's own default of 16.
 
     The load generator shares the host with the server: threads beyond the cores only add context switches
-    (on 2 cores, 16 threads cost the client 85 us a request against 50 us with 2, in async mode).
+    (on 2 cores, 16 threads cost the client 85 us of CPU a request against 57 us with 2, in async mode).
     """
     return max(1, min(16, len(os.sched_getaffinity(0))))
 

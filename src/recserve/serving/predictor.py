@@ -115,7 +115,8 @@ class Predictor:
         width = self.fixed_length or max(int(lengths.max(initial=0)), 1)
         if self.map_ids and rows:  # one search for the whole batch, then back into rows
             flat = np.concatenate(rows)
-            rows = np.split(np.where(self._known(flat), np.searchsorted(self.vocab_ids, flat) + 1, 0), np.cumsum(lengths)[:-1])
+            indices = np.where(self._known(flat), np.searchsorted(self.vocab_ids, flat) + 1, 0)
+            rows = np.split(indices, np.cumsum(lengths)[:-1])
         ids = np.zeros((len(rows), width), dtype=np.int64)
         for row, h in enumerate(rows):
             ids[row, width - len(h) :] = h  # left padding: the last len(h) columns
