@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--measurement-ms", type=int, default=2000)
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--delay-us", type=int, default=100)
+    parser.add_argument("--client-threads", type=int, help="perf_analyzer threads (default: one per core, at most 16)")
     parser.add_argument("--ml100k", type=Path, help="run folder of the trained ML-100K model, with histories.npz")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
@@ -86,7 +87,7 @@ def main() -> None:
             write_repository(run, repo, (spec["layout"],), spec["settings"], spec.get("backend", "eager"),
                              spec.get("precision", "fp32"))
             summary = sweep([spec["layout"]], levels, args.out / name, histories, repo=repo,
-                            measurement_ms=args.measurement_ms, slo_p99_ms=10.0)
+                            measurement_ms=args.measurement_ms, slo_p99_ms=10.0, client_threads=args.client_threads)
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"
@@ -102,7 +103,8 @@ def main() -> None:
         settings = table["echo"]["settings"]
         write_repository(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
         summary = sweep(["fused", "seed"], [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
-                        args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms)
+                        args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms,
+                        client_threads=args.client_threads)
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
     per_variant = {}
     for name in {r["variant"] for r in rows if r["layout"] == "fused" and r["model"] == "100k-random"}:
@@ -115,7 +117,7 @@ def main() -> None:
         "model": "BERT4Rec, 100,000 items, hidden 256, 2 layers, 4 heads, window 40, random weights",
         "settings": {"instances": args.instances, "max_queue_delay_microseconds": args.delay_us,
                      "measurement_ms": args.measurement_ms, "protocol": "grpc",
-                     "perf_analyzer": f"--async --max-threads {default_client_threads()}",
+                     "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}",
                      "layouts": sorted({r["variant"] for r in rows}), "requests_from": "synthetic Zipf histories",
                      "slo_p99_ms": 10.0},
         "results": rows, "ratios": per_variant, "notes": notes,
