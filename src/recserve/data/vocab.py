@@ -19,8 +19,12 @@ def use_lookup_table(item_ids: np.ndarray) -> bool:
 
 
 def lookup_table(item_ids: np.ndarray) -> np.ndarray:
-    """(max ID + 1,) index of each ID, 0 where an ID is not in the vocabulary."""
-    lut = np.zeros(int(item_ids[-1]) + 1, dtype=np.int64)
+    """(max ID + 2,) index of each ID, 0 where an ID is not in the vocabulary.
+
+    The last entry, one past the largest ID, is 0 too: a lookup clipped to the table's end answers
+    "unknown" for every larger ID.
+    """
+    lut = np.zeros(int(item_ids[-1]) + 2, dtype=np.int64)
     lut[item_ids] = np.arange(1, len(item_ids) + 1)
     return lut
 

@@ -95,7 +95,7 @@ class InferenceGraph(nn.Module):
         item_ids = np.asarray(item_ids, dtype=np.int64)
         table = torch.as_tensor(item_ids)
         self.register_buffer("table", table, persistent=False)
-        lut = torch.as_tensor(np.append(lookup_table(item_ids), 0)) if use_lookup_table(item_ids) else None
+        lut = torch.as_tensor(lookup_table(item_ids)) if use_lookup_table(item_ids) else None
         self.register_buffer("lut", lut, persistent=False)  # None: search the table instead
         self.lut_last = 0 if lut is None else int(lut.shape[0]) - 1
         # index -> ID; -1 for padding and mask, which never reach the top k

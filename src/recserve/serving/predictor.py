@@ -84,9 +84,9 @@ class Predictor:
         self.max_k = max_k
         self.manifest = manifest or {}
         self.fixed_length = self.manifest.get("fixed_length")  # backends compiled for one padded length
-        # dense integer IDs: membership by one gather instead of a search; the trailing False answers for
-        # every ID past the table (the gather clips to it)
-        self.member = np.append(lookup_table(vocab_ids) > 0, False) if use_lookup_table(vocab_ids) else None
+        # dense integer IDs: membership by one gather (clipped: the table's last entry answers for every ID
+        # past it) instead of a search
+        self.member = lookup_table(vocab_ids) > 0 if use_lookup_table(vocab_ids) else None
         # a padded slot holds 0, which counts as known where 0 is an item ID (indices: 0 is never an item)
         self.pad_known = not self.map_ids and bool(self._known(np.zeros(1, dtype=np.int64))[0])
 
