@@ -92,6 +92,7 @@ def sweep(
         raise ServingError("pass either a repository to serve or the url of a running server")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    client_threads = client_threads or pa.default_client_threads()
     rows = []
     with _server(repo, url) as (http_url, grpc_url, metrics_url, server_pid):
         meter = CpuMeter(server_pid)
@@ -121,7 +122,7 @@ def sweep(
     summary = {
         "results": rows,
         "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
-                     "client_threads": client_threads or pa.default_client_threads(),
+                     "client_threads": client_threads,
                      "layouts": layouts, "requests_from": f"{len(histories)} histories"},
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }
