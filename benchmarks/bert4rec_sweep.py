@@ -91,9 +91,7 @@ def train_one(job: dict) -> dict:
 
     from recserve.data.sequences import Sequences
     from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-    from recserve.train.cloze import ClozeBatches, ClozeSettings
-    from recserve.train.evaluate import history_counts, popularity_score_fn, rank_targets
-    from recserve.train.metrics import ranking_metrics
+    from recserve.train.evaluate import Ranker, evaluate_protocols, history_counts, popularity_score_fn
 
     torch.set_num_threads(2)
     raw = np.load(job["seqs"])
@@ -107,23 +105,23 @@ def train_one(job: dict) -> dict:
     np.random.seed(seed)
     model = Bert4Rec(Bert4RecConfig(num_items=num_items, **model_kw)).to(device)
     cfg = model.cfg
-    settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
-    batches = ClozeBatches(seqs.truncated(2), settings, train_kw["batch_size"], train_kw["samples_per_user"], seed)
+    batches, loss = _batches(seqs.truncated(2), cfg, train_kw, seed, device)
     opt, schedule = _optimizer(model, train_kw, train_kw["epochs"] * len(batches))
     valid_in, valid_t = seqs.truncated(2), seqs.last(2)
     test_in, test_t = seqs.truncated(1), seqs.last(1)
     pop = history_counts(valid_in, cfg.vocab_size)
-    common = dict(window=cfg.window, mask_index=cfg.mask_index, popularity=pop, device=device, batch_size=512)
+    common = dict(window=cfg.window, mask_index=cfg.mask_index, popularity=pop, device=device)
+    valid_ranker, test_ranker = Ranker(valid_in, valid_t, **common), Ranker(test_in, test_t, **common)
     best = {"valid_ndcg@10": -1.0}
     started, stale = time.perf_counter(), 0
     for epoch in range(train_kw["epochs"]):
-        _epoch(model, batches, opt, schedule, device, train_kw["loss_exclude_seen"])
+        batches.set_epoch(epoch)
+        _epoch(model, batches, opt, schedule, loss)
         model.eval()
-        valid = ranking_metrics(rank_targets(model, valid_in, valid_t, protocols=("full",), **common)["full"])
+        valid = evaluate_protocols(model, valid_ranker, ("full",))["full"]
         if valid["ndcg@10"] > best["valid_ndcg@10"]:
-            ranks = rank_targets(model, test_in, test_t, protocols=("full", "full_no_exclusion"), **common)
             best = {"valid_ndcg@10": valid["ndcg@10"], "epoch": epoch + 1,
-                    "test": {name: ranking_metrics(r) for name, r in ranks.items()}}
+                    "test": evaluate_protocols(model, test_ranker, ("full", "full_no_exclusion"))}
             stale = 0
         else:
             stale += 1
@@ -131,18 +129,34 @@ def train_one(job: dict) -> dict:
                 break
     if job.get("refit") and "epoch" in best:
         best["refit"] = _refit(job, num_items, model_kw, train_kw, seqs, best["epoch"])
-    popularity = rank_targets(popularity_score_fn(history_counts(test_in, cfg.vocab_size)), test_in, test_t,
-                              protocols=("full", "full_no_exclusion"), **(common | {"device": "cpu"}))
+    counts = history_counts(test_in, cfg.vocab_size)
+    popularity = evaluate_protocols(popularity_score_fn(counts, device), Ranker(test_in, test_t, counts, cfg.window,
+                                    cfg.mask_index, device=device), ("full", "full_no_exclusion"))
     return {"config": job["config"], "seed": seed, "epochs_run": epoch + 1, "wall_s": time.perf_counter() - started,
-            **best, "popularity": {name: ranking_metrics(r) for name, r in popularity.items()}}
+            **best, "popularity": popularity}
 
 
-def _epoch(model, batches, opt, schedule, device: str, exclude_seen: bool) -> None:
+def _batches(train_seqs, cfg, train_kw: dict, seed: int, device: str):
+    """recserve's Cloze batches on the device and the exact-softmax loss (the trainer's defaults)."""
+    from recserve.train.batches import ClozeEpochs, ClozeSettings
+    from recserve.train.evaluate import history_counts
+    from recserve.train.losses import CatalogueLoss, LossSettings
+
+    settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
+    batches = ClozeEpochs(train_seqs, settings, train_kw["batch_size"], train_kw["samples_per_user"], seed, device)
+    loss = CatalogueLoss(LossSettings("full", exclude_seen=train_kw["loss_exclude_seen"]),
+                         history_counts(train_seqs, cfg.vocab_size), cfg.mask_index, device)
+    return batches, loss
+
+
+def _epoch(model, batches, opt, schedule, loss) -> None:
+    from recserve.train.cloze import cloze_loss
+
     model.train()
-    for tokens, labels in batches:
-        loss = model.cloze_loss(tokens.to(device), labels.to(device), exclude_seen=exclude_seen)
+    for batch in batches:
+        value = cloze_loss(model, batch, loss)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         opt.step()
         if schedule is not None:
             schedule.step()
@@ -153,24 +167,21 @@ def _refit(job: dict, num_items: int, model_kw: dict, train_kw: dict, seqs, epoc
     import torch
 
     from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-    from recserve.train.cloze import ClozeBatches, ClozeSettings
-    from recserve.train.evaluate import history_counts, rank_targets
-    from recserve.train.metrics import ranking_metrics
+    from recserve.train.evaluate import Ranker, evaluate_protocols, history_counts
 
     device = job["device"]
     torch.manual_seed(job["seed"])
     model = Bert4Rec(Bert4RecConfig(num_items=num_items, **model_kw)).to(device)
     cfg = model.cfg
-    settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
     test_in, test_t = seqs.truncated(1), seqs.last(1)
-    batches = ClozeBatches(test_in, settings, train_kw["batch_size"], train_kw["samples_per_user"], job["seed"])
+    batches, loss = _batches(test_in, cfg, train_kw, job["seed"], device)
     opt, schedule = _optimizer(model, train_kw, train_kw["epochs"] * len(batches))
-    for _ in range(epochs):
-        _epoch(model, batches, opt, schedule, device, train_kw["loss_exclude_seen"])
+    for epoch in range(epochs):
+        batches.set_epoch(epoch)
+        _epoch(model, batches, opt, schedule, loss)
     model.eval()
-    ranks = rank_targets(model, test_in, test_t, cfg.window, cfg.mask_index, history_counts(test_in, cfg.vocab_size),
-                         device=device, batch_size=512, protocols=("full", "full_no_exclusion"))
-    return {"epochs": epochs, "test": {name: ranking_metrics(r) for name, r in ranks.items()}}
+    ranker = Ranker(test_in, test_t, history_counts(test_in, cfg.vocab_size), cfg.window, cfg.mask_index, device=device)
+    return {"epochs": epochs, "test": evaluate_protocols(model, ranker, ("full", "full_no_exclusion"))}
 
 
 def run(args) -> None:

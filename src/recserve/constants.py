@@ -14,6 +14,7 @@ WEIGHTS_FILE = "model.pt"
 ITEM_TABLE_FILE = "item_ids.npy"  # sorted item IDs (index i + 1 is ids[i]); also in every export
 POPULARITY_FILE = "popularity.npy"  # interaction counts by index, padding and mask included
 METRICS_FILE = "metrics.json"
+RUN_FILE = "run.json"  # what trained the run: model, settings, data (a rerun must agree)
 
 # Export folder (recserve export): what the serving core loads
 EXPORT_MANIFEST = "export.json"

@@ -5,7 +5,7 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.models.multvae import MultVAE, MultVAEConfig
+from recserve.models.multvae import Bag, MultVAE, MultVAEConfig
 
 
 def small(**overrides) -> MultVAE:
@@ -34,25 +34,41 @@ def test_kl_weight_grows_linearly_to_the_cap():
     assert [model.beta(s) for s in (0, 10, 20, 1000)] == [0.0, 0.1, 0.2, 0.2]
 
 
+def _bag(rows_items) -> Bag:
+    rows = torch.tensor([r for r, items in enumerate(rows_items) for _ in items])
+    return Bag(torch.tensor([i for items in rows_items for i in items]), rows, len(rows_items))
+
+
+def test_the_sparse_encoder_equals_the_dense_multi_hot_one():
+    model = small()
+    histories = [[3, 7, 9], [1], [5, 6, 7, 8, 30, 31, 49]]
+    mu, logvar = model.encode_bag(_bag(histories))
+    hot = torch.zeros(3, 52)
+    for row, items in enumerate(histories):
+        hot[row, items] = 1
+    dense_mu, dense_logvar = model.encode(hot)
+    torch.testing.assert_close(mu, dense_mu)
+    torch.testing.assert_close(logvar, dense_logvar)
+
+
 def test_loss_is_the_multinomial_nll_plus_weighted_kl():
     model = small()
-    x = torch.zeros(4, 52)
-    x[:, 3:9] = 1
-    loss0, nll0 = model.loss(x, beta=0.0)
-    loss1, nll1 = model.loss(x, beta=1.0)
+    bag = _bag([[3, 4, 5, 6, 7, 8]] * 4)
+    loss0, nll0 = model.loss(bag, beta=0.0)
+    loss1, nll1 = model.loss(bag, beta=1.0)
+    log_probs = torch.log_softmax(model(torch.tensor([[3, 4, 5, 6, 7, 8]])), 1)
+    torch.testing.assert_close(nll0, -log_probs[0, 3:9].sum())  # the multinomial NLL of the user's items
     assert torch.allclose(loss0, nll0) and torch.allclose(nll0, nll1)
     assert loss1 > loss0  # eval mode: z is the mean, and the KL of a non-standard posterior is positive
 
 
 def test_a_few_steps_lower_the_loss():
     model = small(dropout=0.0).train()
-    x = torch.zeros(32, 52)
-    x[:16, 1:10] = 1
-    x[16:, 30:40] = 1
+    bag = _bag([list(range(1, 10))] * 16 + [list(range(30, 40))] * 16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     first = None
     for _ in range(30):
-        loss, nll = model.loss(x, beta=0.0)
+        loss, nll = model.loss(bag, beta=0.0)
         first = first if first is not None else nll.item()
         opt.zero_grad()
         loss.backward()

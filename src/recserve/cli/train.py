@@ -31,6 +31,11 @@ def train(
     loss_exclude_seen: Annotated[bool, typer.Option(help="BERT4Rec: leave a sample's other items out of its "
                                                     "softmax, as serving leaves seen items out.")] = True,
     samples_per_user: Annotated[int, typer.Option(help="BERT4Rec: windows drawn per user per epoch.")] = 4,
+    loss: Annotated[str, typer.Option(help="BERT4Rec: full (exact softmax over the catalogue), sampled-uniform or "
+                                      "sampled-popularity (in-batch plus drawn negatives, log-Q corrected); auto: "
+                                      "full up to 100,000 items, else sampled-uniform.")] = "auto",
+    negatives: Annotated[int, typer.Option(help="BERT4Rec, sampled losses: negatives drawn per batch, beside as "
+                                           "many in-batch targets.")] = 8192,
     latent: Annotated[int, typer.Option(help="Mult-VAE: latent dimensions.")] = 200,
     anneal_cap: Annotated[float, typer.Option(help="Mult-VAE: the largest KL weight.")] = 0.2,
     anneal_steps: Annotated[int, typer.Option(help="Mult-VAE: optimizer steps for the KL weight to reach 1 (it stops at the cap).")] = 2000,
@@ -45,7 +50,12 @@ def train(
                                         "the epoch count validation chose, and keep that model.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    devices: Annotated[int, typer.Option(help="GPUs to use (DDP when more than one).")] = 1,
+    devices: Annotated[int, typer.Option(help="GPUs (or CPU processes) to use; DDP when more than one. "
+                                         "--batch-size is the whole step's, split between them.")] = 1,
+    precision: Annotated[str, typer.Option(help="auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32.")] = "auto",
+    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the training step.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Delete the run already in --out and start afresh "
+                                            "(without it a rerun must match the run's settings and data, and resumes).")] = False,
     evaluate: Annotated[bool, typer.Option(help="Evaluate on the test split afterwards.")] = True,
 ) -> None:
     """Train a model with validation each epoch, early stopping, checkpoints and curves.
@@ -63,13 +73,13 @@ def train(
     settings = MODEL_DEFAULTS[model] | {k: v for k, v in given.items() if v is not None}
     cfg = TrainConfig(samples_per_user=samples_per_user, heldout_share=heldout_share, seed=seed, device=device,
                       devices=devices, lr_schedule=lr_schedule, loss_exclude_seen=loss_exclude_seen, refit=refit,
-                      **settings)
+                      loss=loss, negatives=negatives, precision=precision, compile=compile, **settings)
     if model == "bert4rec":
         overrides = dict(layers=layers, heads=heads, mask_prob=mask_prob)
     else:
         overrides = dict(latent=latent, anneal_cap=anneal_cap, anneal_steps=anneal_steps)
     overrides |= {k: v for k, v in dict(window=window, hidden=hidden, dropout=dropout).items() if v is not None}
-    summary = run_training(data, out, overrides, cfg, model=model)
+    summary = run_training(data, out, overrides, cfg, model=model, overwrite=overwrite)
     if not summary:
         return  # a DDP worker other than rank 0
     write_metrics(out, summary)

@@ -8,7 +8,6 @@ left-padded and positions are counted from the right, so the last token always h
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -191,27 +190,3 @@ class Bert4Rec(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L). Returns the scores of the last position (B, N + 2): the inference fast path."""
         return self.logits(self.encode_last(tokens))
-
-    def cloze_loss(self, tokens: torch.Tensor, labels: torch.Tensor, exclude_seen: bool = False) -> torch.Tensor:
-        """Cross-entropy over the catalogue at masked positions only.
-
-        Args:
-            tokens: (B, L) inputs with masked positions set to the mask token.
-            labels: (B, L) the original item at masked positions, padding (0) elsewhere.
-            exclude_seen: leave the sample's other items out of each softmax, as serving leaves seen items
-                out of the ranking (for catalogues where an item rarely comes back).
-        """
-        hidden = self.encode(tokens)  # (B, L, H)
-        picked = labels != PAD_INDEX
-        logits = self.logits(hidden[picked])  # (M, N + 2): only masked positions, never the full sequence
-        logits[:, PAD_INDEX] = -math.inf
-        logits[:, self.cfg.mask_index] = -math.inf
-        targets = labels[picked]  # (M,)
-        if exclude_seen:
-            ones = torch.ones_like(tokens, dtype=torch.bool)
-            seen = torch.zeros(tokens.shape[0], self.cfg.vocab_size, dtype=torch.bool, device=tokens.device)
-            seen = seen.scatter(1, tokens, ones).scatter(1, labels, ones)  # (B, V): every item of the sample
-            seen = seen[picked.nonzero()[:, 0]]  # (M, V)
-            seen[torch.arange(len(targets), device=tokens.device), targets] = False
-            logits = logits.masked_fill(seen, -math.inf)
-        return F.cross_entropy(logits, targets)

@@ -50,6 +50,19 @@ class MultVAEConfig(ModelConfig):
             raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
 
 
+@dataclass
+class Bag:
+    """Training users' item sets, sparse: every (row, item) pair once.
+
+    Attributes:
+        items: (nnz,) item indices; rows: (nnz,) each item's row in the batch; users: the batch's rows.
+    """
+
+    items: torch.Tensor
+    rows: torch.Tensor
+    users: int
+
+
 class MultVAE(nn.Module):
     """Encoder to a diagonal Gaussian, decoder to catalogue logits."""
 
@@ -90,20 +103,29 @@ class MultVAE(nn.Module):
         mu, _ = self.encode(self.multi_hot(tokens))  # in the buffers' dtype: follows .to(bf16), not int8
         return self.decoder(mu)
 
-    def loss(self, x: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Negative ELBO with the KL term weighted by ``beta``.
+    def encode_bag(self, bag: Bag) -> tuple[torch.Tensor, torch.Tensor]:
+        """``encode`` of the bag's multi-hot rows without building them: the first layer gathers the columns
+        of the bag's items, weighted by the normalisation and the input dropout. Returns (B, latent) twice."""
+        first, rest = self.encoder[0], self.encoder[1:]
+        ones = torch.ones_like(bag.items, dtype=first.weight.dtype)
+        count = torch.zeros(bag.users, dtype=ones.dtype, device=ones.device).index_add_(0, bag.rows, ones)
+        weight = self.drop(count.rsqrt()[bag.rows])  # (nnz,) 1 / sqrt(items in the row), with dropout
+        columns = first.weight.T[bag.items] * weight[:, None]  # (nnz, hidden)
+        hidden = torch.zeros(bag.users, first.out_features, dtype=columns.dtype, device=columns.device)
+        mu, logvar = rest(hidden.index_add(0, bag.rows, columns) + first.bias).chunk(2, dim=1)
+        return mu, logvar
 
-        Args:
-            x: (B, V) multi-hot of each training user's items.
+    def loss(self, bag: Bag, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Negative ELBO with the KL term weighted by ``beta``, from a sparse bag of items.
 
         Returns:
-            The loss and the multinomial negative log-likelihood alone (both scalars, batch means).
+            The loss and the multinomial negative log-likelihood alone (both scalars, means over rows).
         """
-        mu, logvar = self.encode(x)
+        mu, logvar = self.encode_bag(bag)
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if self.training else mu
-        log_probs = F.log_softmax(self.decoder(z), dim=1)
-        nll = -(log_probs * x).sum(1).mean()
-        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum(1).mean()
+        log_probs = F.log_softmax(self.decoder(z).float(), dim=1)  # (B, V), on the device only
+        nll = -log_probs[bag.rows, bag.items].sum() / bag.users
+        kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).float().sum(1).mean()
         return nll + beta * kl, nll
 
     def beta(self, step: int) -> float:

@@ -1,7 +1,10 @@
-"""Leave-one-out evaluation: full ranking (seen items excluded, or not) and the sampled protocol.
+"""Leave-one-out evaluation on the model's device: full ranking (seen items excluded, or not) and two
+sampled protocols, batched so that memory is bounded by a batch of (users x catalogue) scores.
 
-The sampled protocol is the BERT4Rec paper's: the target against 100 negatives drawn by popularity,
-never from the user's history, with a fixed seed.
+``sampled`` is the BERT4Rec paper's protocol: the target against 100 negatives drawn by popularity, never
+from the user's history. ``sampled_uniform`` is the SASRec paper's: 100 negatives drawn uniformly from the
+items the user never interacted with. Both use a fixed seed (a device's own random stream: the CPU and a GPU
+draw different negatives for the same seed).
 """
 
 from __future__ import annotations
@@ -14,92 +17,90 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
+from recserve.errors import DataError
+from recserve.train.batches import SequenceTensors
 from recserve.train.metrics import ranking_metrics
 
 log = logging.getLogger(__name__)
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) tokens -> (B, N + 2) scores
 SAMPLED_NEGATIVES = 100
-PROTOCOLS = ("full", "full_no_exclusion", "sampled")
+PROTOCOLS = ("full", "full_no_exclusion", "sampled", "sampled_uniform")
+SCORES_PER_BATCH = 2**25  # users x catalogue scores ranked at a time (128 MB in float32)
 
 
-def _target_ranks(scores: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
-    """0-based rank of each target among the candidates (all items where None); ties count against it."""
-    target_scores = scores.gather(1, targets[:, None])  # (B, 1)
-    if candidates is not None:
-        scores = scores.gather(1, candidates)
-    return (scores > target_scores).sum(1)
+def eval_batch_size(vocab_size: int) -> int:
+    """Users a batch, so that a batch holds about ``SCORES_PER_BATCH`` scores (1 to 4,096)."""
+    return int(np.clip(SCORES_PER_BATCH // vocab_size, 1, 4096))
 
 
-def rank_targets(
-    score_fn: ScoreFn,
-    inputs: Sequences,
-    targets: np.ndarray,
-    window: int,
-    mask_index: int,
-    popularity: np.ndarray,
-    batch_size: int = 256,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    protocols: tuple[str, ...] = PROTOCOLS,
-) -> dict[str, np.ndarray]:
-    """Ranks every user's target under the three protocols.
+class Ranker:
+    """Ranks each user's target after their history, under the protocols; the data stays on ``device``."""
 
-    Args:
-        score_fn: the model's scores for the last position of left-padded token windows.
-        inputs: each user's history before the target.
-        targets: (users,) target item indices.
-        window: model window; the history keeps its ``window - 1`` most recent items.
-        mask_index: the mask token appended to each history.
-        popularity: (N + 2,) item counts, for drawing sampled negatives.
+    def __init__(self, inputs: Sequences, targets: np.ndarray, popularity: np.ndarray, window: int,
+                 mask_index: int, device: str | torch.device = "cpu", seed: int = 0):
+        """Args:
+        inputs: each user's history before the target; targets: (users,) target indices.
+        popularity: (N + 2,) item counts, for drawing the popularity negatives.
+        window: the model's window; the history keeps its ``window - 1`` most recent items and the mask
+            token is appended.
+        """
+        self.device, self.window, self.mask_index, self.seed = torch.device(device), window, mask_index, seed
+        self.history = SequenceTensors.from_sequences(inputs, device)
+        self.lengths = inputs.lengths  # on the host: batch widths without a device round trip
+        self.targets = torch.as_tensor(targets, dtype=torch.int64, device=device)
+        self.weights = torch.as_tensor(popularity, dtype=torch.float32, device=device) + 1  # +1: all drawable
 
-    Returns:
-        0-based ranks under ``full`` (seen excluded), ``full_no_exclusion`` and ``sampled``.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    weights_all = torch.as_tensor(popularity, dtype=torch.float64)
-    out: dict[str, list[np.ndarray]] = {name: [] for name in protocols}
-    lengths = inputs.lengths
-    for start in range(0, inputs.num_users, batch_size):
-        users = np.arange(start, min(start + batch_size, inputs.num_users))
-        history = inputs.windows(users, lengths[users], window - 1)
-        tokens = torch.as_tensor(np.concatenate([history, np.full((len(users), 1), mask_index)], axis=1))
-        target = torch.as_tensor(targets[users])
-        with torch.no_grad():
-            scores = score_fn(tokens.to(device)).float().cpu()  # (B, V)
-        scores[:, PAD_INDEX] = -torch.inf
-        scores[:, mask_index] = -torch.inf
-        if "full_no_exclusion" in out:
-            out["full_no_exclusion"].append(_target_ranks(scores, target, None).numpy())
-        seen = seen_mask(inputs, users, scores.shape[1])
-        seen[torch.arange(len(users)), target] = False  # a repeated target stays rankable
-        if "full" in out:
-            out["full"].append(_target_ranks(scores.masked_fill(seen, -torch.inf), target, None).numpy())
-        if "sampled" not in out:
-            continue
-        weights = (weights_all + 1).expand(len(users), -1).clone()  # +1: unseen-in-training items stay drawable
-        weights[seen] = 0
-        weights[torch.arange(len(users)), target] = 0
-        weights[:, [PAD_INDEX, mask_index]] = 0
-        count = min(SAMPLED_NEGATIVES, int((weights > 0).sum(1).min()))
-        negatives = torch.multinomial(weights, count, replacement=False, generator=generator)
-        out["sampled"].append(_target_ranks(scores, target, negatives).numpy())
-    return {name: np.concatenate(parts) for name, parts in out.items()}
+    def ranks(self, score_fn: ScoreFn, protocols: tuple[str, ...] = PROTOCOLS) -> dict[str, np.ndarray]:
+        """0-based rank of each user's target under each protocol (ties count against the target)."""
+        unknown = set(protocols) - set(PROTOCOLS)
+        if unknown:
+            raise DataError(f"protocols {sorted(unknown)}: expected some of {', '.join(PROTOCOLS)}")
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        users_total = len(self.lengths)
+        out: dict[str, list[torch.Tensor]] = {name: [] for name in protocols}
+        step = eval_batch_size(len(self.weights))
+        for start in range(0, users_total, step):
+            stop = min(start + step, users_total)
+            for name, ranks in self._rank_batch(score_fn, start, stop, protocols, generator).items():
+                out[name].append(ranks)
+        return {name: torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
+                for name, parts in out.items()}
 
-
-def seen_mask(inputs: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
-    """(B, V) True at every item in each user's whole history (not only the window)."""
-    chosen = inputs.select(users)
-    rows = np.repeat(np.arange(len(users)), chosen.lengths)
-    seen = torch.zeros(len(users), vocab_size, dtype=torch.bool)
-    seen[torch.as_tensor(rows), torch.as_tensor(chosen.items)] = True
-    return seen
+    @torch.no_grad()
+    def _rank_batch(self, score_fn, start: int, stop: int, protocols, generator) -> dict[str, torch.Tensor]:
+        users = torch.arange(start, stop, device=self.device)
+        lengths = self.history.lengths[users]
+        history = self.history.windows(users, lengths, self.window - 1)
+        mask = torch.full((len(users), 1), self.mask_index, device=self.device)
+        scores = score_fn(torch.cat([history, mask], 1)).float()  # (B, V)
+        rows = torch.arange(len(users), device=self.device)
+        target = self.targets[users]
+        target_score = scores[rows, target][:, None]  # (B, 1)
+        specials = torch.tensor([PAD_INDEX, self.mask_index], device=self.device)
+        excluded = torch.zeros_like(scores, dtype=torch.bool).index_fill_(1, specials, True)
+        out = {}
+        if "full_no_exclusion" in protocols:
+            out["full_no_exclusion"] = ((scores > target_score) & ~excluded).sum(1)
+        widest = max(int(self.lengths[start:stop].max(initial=0)), 1)
+        excluded.scatter_(1, self.history.windows(users, lengths, widest), True)  # the whole history
+        excluded[rows, target] = False  # a repeated target stays rankable
+        if "full" in protocols:
+            out["full"] = ((scores > target_score) & ~excluded).sum(1)
+        excluded[rows, target] = True  # never a negative
+        for name, weights in (("sampled", self.weights), ("sampled_uniform", torch.ones_like(self.weights))):
+            if name in protocols:
+                drawable = torch.where(excluded, 0.0, weights.expand_as(scores))
+                count = min(SAMPLED_NEGATIVES, int((drawable > 0).sum(1).min()))
+                negatives = torch.multinomial(drawable, count, replacement=False, generator=generator)
+                out[name] = (scores.gather(1, negatives) > target_score).sum(1)
+        return out
 
 
-def popularity_score_fn(counts: np.ndarray) -> ScoreFn:
+def popularity_score_fn(counts: np.ndarray, device: str | torch.device = "cpu") -> ScoreFn:
     """Scores every user with the items' interaction counts: the baseline to beat."""
-    table = torch.as_tensor(counts, dtype=torch.float32)
-    return lambda tokens: table.repeat(tokens.shape[0], 1)
+    table = torch.as_tensor(counts, dtype=torch.float32, device=device)
+    return lambda tokens: table.expand(tokens.shape[0], -1)
 
 
 def history_counts(inputs: Sequences, vocab_size: int) -> np.ndarray:
@@ -107,11 +108,10 @@ def history_counts(inputs: Sequences, vocab_size: int) -> np.ndarray:
     return np.bincount(inputs.items, minlength=vocab_size).astype(np.int64)
 
 
-def evaluate_protocols(score_fn: ScoreFn, inputs: Sequences, targets: np.ndarray, window: int,
-                       mask_index: int, popularity: np.ndarray, **kwargs) -> dict[str, dict[str, float]]:
-    """Metrics under each protocol (see ``rank_targets``)."""
-    ranks = rank_targets(score_fn, inputs, targets, window, mask_index, popularity, **kwargs)
-    return {name: ranking_metrics(r) for name, r in ranks.items()}
+def evaluate_protocols(score_fn: ScoreFn, ranker: Ranker, protocols: tuple[str, ...] = PROTOCOLS
+                       ) -> dict[str, dict[str, float]]:
+    """Metrics under each protocol (see ``Ranker``)."""
+    return {name: ranking_metrics(r) for name, r in ranker.ranks(score_fn, protocols).items()}
 
 
 def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
@@ -119,25 +119,30 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
 
     The test input of each user is the whole sequence but its last item; popularity counts those inputs.
     """
+    import time
+
     from recserve.data.datasets import load_prepared
     from recserve.models.runs import load_run
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)
     if model.cfg.num_items != data.vocab.num_items:
-        from recserve.errors import DataError
-
         raise DataError(
             f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on {model.cfg.num_items}; "
             "evaluate on the data folder it was trained on"
         )
+    model.prepare_inference()
     inputs, targets = data.sequences.truncated(1), data.sequences.last(1)
     counts = history_counts(inputs, data.vocab.size)
-    common = dict(window=model.cfg.window, mask_index=model.cfg.mask_index, popularity=counts, seed=seed)
+    ranker = Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, device=device, seed=seed)
+    started = time.perf_counter()
+    test = evaluate_protocols(model, ranker)
+    elapsed_s = time.perf_counter() - started
     return {
-        "test": evaluate_protocols(model, inputs, targets, device=device, **common),
-        "popularity": evaluate_protocols(popularity_score_fn(counts), inputs, targets, **common),
+        "test": test,
+        "popularity": evaluate_protocols(popularity_score_fn(counts, device), ranker),
         "test_users": int(inputs.num_users),
         "sampled_negatives": SAMPLED_NEGATIVES,
         "seed": seed,
+        "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
     }

@@ -19,7 +19,9 @@ from torch.utils.data import IterableDataset
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError
-from recserve.train.evaluate import seen_mask
+from recserve.train.batches import SequenceTensors, row_contains
+from recserve.train.evaluate import eval_batch_size
+from recserve.models.multvae import Bag
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) item indices -> (B, V) scores
 FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
@@ -76,11 +78,6 @@ def _fold_in(seq: Sequences, known: np.ndarray, fed_share: float, rng: np.random
     return FoldIn(fed=seq.where(~is_target), targets=seq.where(is_target))
 
 
-def multi_hot(seq: Sequences, users: np.ndarray, vocab_size: int) -> torch.Tensor:
-    """(B, V) float32, 1 at each item of each user."""
-    return seen_mask(seq, users, vocab_size).float()
-
-
 def heldout_metrics(hits: torch.Tensor, n_targets: torch.Tensor) -> dict[str, float]:
     """Recall@20/50 and NDCG@100 from the top-ranked list's hits.
 
@@ -106,50 +103,69 @@ def heldout_metrics(hits: torch.Tensor, n_targets: torch.Tensor) -> dict[str, fl
     return out
 
 
-def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, batch_size: int = 256,
-                  device: str | torch.device = "cpu") -> dict[str, float]:
-    """Ranks every item for each held-out user from the fed items, fed and special items excluded."""
-    top = max(*RECALL_KS, *NDCG_KS)
-    hits, counts = [], []
-    for start in range(0, fold.fed.num_users, batch_size):
-        users = np.arange(start, min(start + batch_size, fold.fed.num_users))
-        width = max(int(fold.fed.lengths[users].max(initial=0)), 1)
-        tokens = torch.as_tensor(fold.fed.windows(users, fold.fed.lengths[users], width))
-        with torch.no_grad():
-            scores = score_fn(tokens.to(device)).float().cpu()  # (B, V)
-        scores = scores.masked_fill(seen_mask(fold.fed, users, vocab_size), -torch.inf)
-        scores[:, PAD_INDEX] = -torch.inf
-        scores[:, vocab_size - 1] = -torch.inf  # the reserved index N + 1
-        ranked = scores.topk(min(top, vocab_size), dim=1).indices
-        hits.append(multi_hot(fold.targets, users, vocab_size).gather(1, ranked))
-        counts.append(torch.as_tensor(fold.targets.lengths[users]))
-    return heldout_metrics(torch.cat(hits), torch.cat(counts))
+@torch.no_grad()
+def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str | torch.device = "cpu"
+                  ) -> dict[str, float]:
+    """Ranks every item for each held-out user from the fed items, fed and special items excluded.
+
+    On ``device``, a batch of users at a time (memory bounded by a batch of users x catalogue scores).
+    """
+    top = min(max(*RECALL_KS, *NDCG_KS), vocab_size)
+    fed, targets = SequenceTensors.from_sequences(fold.fed, device), SequenceTensors.from_sequences(fold.targets, device)
+    specials = torch.tensor([PAD_INDEX, vocab_size - 1], device=device)  # padding and the reserved N + 1
+    hits, step = [], eval_batch_size(vocab_size)
+    for start in range(0, fold.fed.num_users, step):
+        users = torch.arange(start, min(start + step, fold.fed.num_users), device=device)
+        tokens = fed.windows(users, fed.lengths[users], _widest(fold.fed.lengths, start, step))
+        scores = score_fn(tokens).float()  # (B, V)
+        scores = scores.scatter(1, tokens, -torch.inf).index_fill(1, specials, -torch.inf)
+        ranked = scores.topk(top, dim=1).indices  # (B, top)
+        wanted = targets.windows(users, targets.lengths[users], _widest(fold.targets.lengths, start, step))
+        hits.append(row_contains(wanted, ranked) & (ranked != PAD_INDEX))
+    if not hits:
+        return heldout_metrics(torch.zeros(0, top), torch.zeros(0, dtype=torch.int64))
+    return heldout_metrics(torch.cat(hits).cpu(), torch.as_tensor(fold.targets.lengths))
 
 
-def popularity_fn(train: Sequences, vocab_size: int) -> ScoreFn:
+def _widest(lengths: np.ndarray, start: int, step: int) -> int:
+    return max(int(lengths[start : start + step].max(initial=0)), 1)
+
+
+def popularity_fn(train: Sequences, vocab_size: int, device: str | torch.device = "cpu") -> ScoreFn:
     """Scores every user with the training users' item counts: the baseline to beat."""
-    table = torch.as_tensor(np.bincount(train.items, minlength=vocab_size), dtype=torch.float32)
-    return lambda tokens: table.repeat(tokens.shape[0], 1)
+    table = torch.as_tensor(np.bincount(train.items, minlength=vocab_size), dtype=torch.float32, device=device)
+    return lambda tokens: table.expand(tokens.shape[0], -1)
 
 
-class MultiHotBatches(IterableDataset):
-    """An epoch is every training user once, shuffled, as (B, V) multi-hot rows; split across DDP ranks."""
+class BagEpochs(IterableDataset):
+    """An epoch is every training user once, shuffled, as bags of item indices built on ``device`` (no
+    (users x catalogue) array anywhere); the ranks share one order and each takes its share of a batch."""
 
-    def __init__(self, train: Sequences, vocab_size: int, batch_size: int, seed: int):
-        self.train, self.vocab_size, self.batch_size, self.seed = train, vocab_size, batch_size, seed
-        self.epoch = 0
-        self.rank, self.world = 0, 1
+    def __init__(self, train: Sequences, batch_size: int, seed: int, device: str | torch.device = "cpu",
+                 rank: int = 0, world: int = 1):
+        self.seq, self.tensors = train, SequenceTensors.from_sequences(train, device)
+        self.batch_size, self.seed, self.device = batch_size, seed, torch.device(device)
+        self.rank, self.world, self.epoch = rank, world, 0
 
     def __len__(self) -> int:
-        return -(-(self.train.num_users // self.world) // self.batch_size)
+        return -(-self.seq.num_users // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __iter__(self):
-        rng = np.random.default_rng([self.seed, self.epoch])  # the same order on every rank, then split
-        self.epoch += 1
-        users = rng.permutation(self.train.num_users)
-        users = users[: len(users) - len(users) % self.world][self.rank :: self.world]
-        for start in range(0, len(users), self.batch_size):
-            yield multi_hot(self.train, users[start : start + self.batch_size], self.vocab_size)
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.seq.num_users)
+        for start in range(0, len(order), self.batch_size):
+            users = order[start : start + self.batch_size][self.rank :: self.world]
+            yield self.bag(users)
+
+    def bag(self, users: np.ndarray) -> Bag:
+        """The users' items, flat, with each item's row in the batch."""
+        lengths = self.seq.lengths[users]
+        rows = np.repeat(np.arange(len(users)), lengths)
+        within = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        positions = torch.as_tensor(np.repeat(self.seq.offsets[users], lengths) + within).to(self.device)
+        return Bag(self.tensors.items[positions], torch.as_tensor(rows).to(self.device), len(users))
 
 
 def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
@@ -172,7 +188,8 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
     vocab_size = model.cfg.vocab_size
     return {
         "test": {"heldout": evaluate_fold(model, split.test, vocab_size, device=device)},
-        "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size), split.test, vocab_size)},
+        "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size, device), split.test, vocab_size,
+                                                device=device)},
         "split": {"train_users": split.train.num_users, "valid_users": split.valid.fed.num_users,
                   "test_users": split.test.fed.num_users, "fed_share": FED_SHARE},
     }

@@ -1,6 +1,8 @@
 """What each model brings to the shared trainer: its config, its LightningModule and its validation metric.
 
-Lightning is imported inside the builders, so that importing recserve needs no Lightning.
+Batches are built on the module's device (``train.batches``, ``train.heldout.BagEpochs``), validation ranks
+every user there, and nothing in a training step waits for the host. Only the trainer imports this module,
+so that importing recserve needs no Lightning.
 """
 
 from __future__ import annotations
@@ -8,10 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import lightning as L
 import torch
 
 from recserve.data.datasets import PreparedData
+from recserve.data.sequences import Sequences
 from recserve.errors import DataError
+from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.models.multvae import MultVAE, MultVAEConfig
+from recserve.train.batches import ClozeEpochs, ClozeSettings
+from recserve.train.cloze import cloze_loss
+from recserve.train.evaluate import Ranker, history_counts
+from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
+from recserve.train.losses import CatalogueLoss
+from recserve.train.metrics import ranking_metrics
 from recserve.train.schedule import cosine_with_warmup
 
 MODELS = ("bert4rec", "multvae")
@@ -20,7 +32,7 @@ MODELS = ("bert4rec", "multvae")
 @dataclass(frozen=True)
 class Task:
     model_cfg: Any  # Bert4RecConfig or MultVAEConfig
-    module: Any  # the LightningModule
+    module: L.LightningModule
     monitor: str  # the validation metric that picks the best checkpoint and stops early
     protocol: dict  # how validation (and later test) is measured, for metrics.json
 
@@ -29,13 +41,25 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
     """The task of ``model`` (one of ``MODELS``) on a prepared data folder.
 
     Args:
+        cfg: the trainer's ``TrainConfig``.
         refit: BERT4Rec only (``train`` refuses it for other models before it starts): train on every item
             but the test one (the validation item included).
     """
     if model == "bert4rec":
-        return _bert4rec_task(data, overrides, cfg, data.sequences.truncated(1) if refit else data.train)
+        train_seq = data.sequences.truncated(1) if refit else data.train
+        if train_seq.lengths.sum() == 0:
+            raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
+        model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **overrides)
+        model_cfg.validate()
+        protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
+        return Task(model_cfg, Bert4RecModule(model_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
     if model == "multvae":
-        return _multvae_task(data, overrides, cfg)
+        model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
+        model_cfg.validate()
+        split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
+        protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": FED_SHARE,
+                    "seed": cfg.seed, "ranking": "full, fed items excluded"}
+        return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
 
 
@@ -46,95 +70,93 @@ def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
     return {"optimizer": opt, "lr_scheduler": {"scheduler": cosine_with_warmup(opt, total_steps), "interval": "step"}}
 
 
-def _bert4rec_task(data: PreparedData, overrides: dict, cfg, train_seq) -> Task:
-    import lightning as L
+class _DeviceBatchesModule(L.LightningModule):
+    """Batches that are already on the device: Lightning's transfer is skipped, each epoch reseeds them."""
 
-    from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-    from recserve.train.cloze import ClozeBatches, ClozeSettings
-    from recserve.train.evaluate import rank_targets
-    from recserve.train.metrics import ranking_metrics
+    batches: ClozeEpochs | BagEpochs
 
-    if train_seq.lengths.sum() == 0:
-        raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
-    model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **overrides)
-    model_cfg.validate()
-    valid_inputs, valid_targets = data.sequences.truncated(2), data.sequences.last(2)
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch
 
-    class Bert4RecModule(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = Bert4Rec(model_cfg)
+    def on_train_epoch_start(self) -> None:
+        self.batches.set_epoch(self.current_epoch)
 
-        def train_dataloader(self):
-            settings = ClozeSettings(model_cfg.window, model_cfg.mask_index, model_cfg.mask_prob, cfg.last_item_rate)
-            batches = ClozeBatches(train_seq, settings, cfg.batch_size, cfg.samples_per_user, cfg.seed)
-            batches.rank, batches.world = self.global_rank, self.trainer.world_size
-            return torch.utils.data.DataLoader(batches, batch_size=None)
-
-        def val_dataloader(self):
-            return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
-
-        def training_step(self, batch, _):
-            loss = self.model.cloze_loss(*batch, exclude_seen=cfg.loss_exclude_seen)
-            self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
-            return loss
-
-        def validation_step(self, _batch, _):
-            ranks = rank_targets(
-                self.model, valid_inputs, valid_targets, model_cfg.window, model_cfg.mask_index,
-                data.popularity, device=self.device, protocols=("full",),
-            )["full"]
-            metrics = ranking_metrics(ranks)
-            self.log("val_ndcg@10", metrics["ndcg@10"], prog_bar=True, batch_size=1)
-            self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
-
-        def configure_optimizers(self):
-            opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-            return optimizer_with_schedule(opt, cfg, self.trainer.estimated_stepping_batches)
-
-    protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
-    return Task(model_cfg, Bert4RecModule(), "val_ndcg@10", protocol)
+    def _loader(self, batches) -> torch.utils.data.DataLoader:
+        self.batches = batches
+        return torch.utils.data.DataLoader(batches, batch_size=None)
 
 
-def _multvae_task(data: PreparedData, overrides: dict, cfg) -> Task:
-    import lightning as L
+class Bert4RecModule(_DeviceBatchesModule):
+    """BERT4Rec on the Cloze task; validation ranks every user's second-to-last item."""
 
-    from recserve.models.multvae import MultVAE, MultVAEConfig
-    from recserve.train.heldout import FED_SHARE, MultiHotBatches, evaluate_fold, split_heldout
+    def __init__(self, model_cfg: Bert4RecConfig, data: PreparedData, train_seq: Sequences, cfg):
+        super().__init__()
+        self.model = Bert4Rec(model_cfg)
+        self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
+        self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
+        self.step_loss = torch.compile(cloze_loss) if cfg.compile else cloze_loss
 
-    model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
-    model_cfg.validate()
-    split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
+    def setup(self, stage: str) -> None:
+        counts = history_counts(self.train_seq, self.model_cfg.vocab_size)
+        self.catalogue_loss = CatalogueLoss(self.loss_settings, counts, self.model_cfg.mask_index, self.device)
+        self.generator = torch.Generator(self.device).manual_seed(self.cfg.seed * 7919 + self.global_rank)
+        valid_inputs, valid_targets = self.data.sequences.truncated(2), self.data.sequences.last(2)
+        self.ranker = Ranker(valid_inputs, valid_targets, history_counts(valid_inputs, self.model_cfg.vocab_size),
+                             self.model_cfg.window, self.model_cfg.mask_index, device=self.device)
 
-    class MultVAEModule(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = MultVAE(model_cfg)
+    def train_dataloader(self):
+        c = self.model_cfg
+        settings = ClozeSettings(c.window, c.mask_index, c.mask_prob, self.cfg.last_item_rate)
+        return self._loader(ClozeEpochs(self.train_seq, settings, self.cfg.batch_size, self.cfg.samples_per_user,
+                                        self.cfg.seed, self.device, self.global_rank, self.trainer.world_size))
 
-        def train_dataloader(self):
-            batches = MultiHotBatches(split.train, model_cfg.vocab_size, cfg.batch_size, cfg.seed)
-            batches.rank, batches.world = self.global_rank, self.trainer.world_size
-            return torch.utils.data.DataLoader(batches, batch_size=None)
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
 
-        def val_dataloader(self):
-            return torch.utils.data.DataLoader([0], batch_size=None)
+    def training_step(self, batch, _):
+        loss = self.step_loss(self.model, batch, self.catalogue_loss, self.generator)
+        self.log("train_loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=1)
+        return loss
 
-        def training_step(self, batch, _):
-            beta = self.model.beta(self.global_step)
-            loss, nll = self.model.loss(batch, beta)
-            self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
-            self.log("beta", beta, on_step=False, on_epoch=True)
-            return loss
+    def validation_step(self, _batch, _):
+        with torch.autocast(self.device.type, enabled=False):  # bf16 scores would tie far more often
+            metrics = ranking_metrics(self.ranker.ranks(self.model, ("full",))["full"])
+        self.log("val_ndcg@10", metrics["ndcg@10"], prog_bar=True, batch_size=1)
+        self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
 
-        def validation_step(self, _batch, _):
-            metrics = evaluate_fold(self.model, split.valid, model_cfg.vocab_size, device=self.device)
-            for key in ("ndcg@100", "recall@20", "recall@50"):
-                self.log(f"val_{key}", metrics[key], prog_bar=key != "recall@50", batch_size=1)
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return optimizer_with_schedule(opt, self.cfg, self.trainer.estimated_stepping_batches)
 
-        def configure_optimizers(self):
-            opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-            return optimizer_with_schedule(opt, cfg, self.trainer.estimated_stepping_batches)
 
-    protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": FED_SHARE, "seed": cfg.seed,
-                "ranking": "full, fed items excluded"}
-    return Task(model_cfg, MultVAEModule(), "val_ndcg@100", protocol)
+class MultVAEModule(_DeviceBatchesModule):
+    """Mult-VAE on the training users' bags of items; validation ranks for the held-out validation users."""
+
+    def __init__(self, model_cfg: MultVAEConfig, split: HeldOutSplit, cfg):
+        super().__init__()
+        self.model = MultVAE(model_cfg)
+        self.model_cfg, self.split, self.cfg = model_cfg, split, cfg
+
+    def train_dataloader(self):
+        return self._loader(BagEpochs(self.split.train, self.cfg.batch_size, self.cfg.seed, self.device,
+                                      self.global_rank, self.trainer.world_size))
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader([0], batch_size=None)
+
+    def training_step(self, batch, _):
+        beta = self.model.beta(self.global_step)
+        loss, _nll = self.model.loss(batch, beta)
+        self.log("train_loss", loss, prog_bar=True, on_step=False, on_epoch=True, batch_size=1)
+        self.log("beta", beta, on_step=False, on_epoch=True, batch_size=1)
+        return loss
+
+    def validation_step(self, _batch, _):
+        with torch.autocast(self.device.type, enabled=False):
+            metrics = evaluate_fold(self.model, self.split.valid, self.model_cfg.vocab_size, device=self.device)
+        for key in ("ndcg@100", "recall@20", "recall@50"):
+            self.log(f"val_{key}", metrics[key], prog_bar=key != "recall@50", batch_size=1)
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return optimizer_with_schedule(opt, self.cfg, self.trainer.estimated_stepping_batches)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from recserve.constants import (
 )
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
-from recserve.train.tasks import build_task
+from recserve.train.losses import LossSettings
+from recserve.train.runfolder import LAST_CHECKPOINT, prepare_run_folder, run_identity
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
+    loss: str = "auto"  # BERT4Rec: full, sampled-uniform or sampled-popularity; auto: full up to 100k items
+    negatives: int = 8192  # BERT4Rec, sampled losses: items drawn per batch, beside the in-batch targets
     loss_exclude_seen: bool = True  # BERT4Rec: leave a sample's other items out of its softmax, as serving does
     refit: bool = False  # BERT4Rec: then train again on items[:-1] for the best epoch count; that model is kept
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
@@ -44,6 +48,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto, cpu or cuda
     devices: int = 1  # GPUs (DDP when more than one)
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32
+    compile: bool = False  # torch.compile the training step
     resume: bool = True  # continue from the run's last checkpoint when there is one
 
     def validate(self) -> None:
@@ -59,6 +65,9 @@ class TrainConfig:
             problems.append(f"lr_schedule={self.lr_schedule!r}: expected constant or cosine")
         if self.lr <= 0:
             problems.append(f"lr={self.lr}: must be positive")
+        problems += self.loss_settings.validate()
+        if self.precision not in ("auto", "bf16", "32"):
+            problems.append(f"precision={self.precision!r}: expected auto, bf16 or 32")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device={self.device!r}: expected auto, cpu or cuda")
         elif self.device == "cuda" and not torch.cuda.is_available():
@@ -69,6 +78,16 @@ class TrainConfig:
             raise ConfigError("bad training settings: " + "; ".join(problems))
 
     @property
+    def loss_settings(self) -> LossSettings:
+        return LossSettings(self.loss, self.negatives, self.loss_exclude_seen)
+
+    @property
+    def lightning_precision(self) -> str:
+        """Lightning's name for the precision: bf16 autocast on CUDA unless asked otherwise."""
+        bf16 = self.precision == "bf16" or (self.precision == "auto" and self.accelerator == "gpu")
+        return "bf16-mixed" if bf16 else "32-true"
+
+    @property
     def accelerator(self) -> str:
         if self.device == "auto":
             return "gpu" if torch.cuda.is_available() else "cpu"
@@ -76,25 +95,31 @@ class TrainConfig:
 
 
 def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig(),
-          model: str = "bert4rec") -> dict:
+          model: str = "bert4rec", overwrite: bool = False, callbacks: list | None = None) -> dict:
     """Trains ``model`` (bert4rec or multvae) on a prepared folder and writes the run folder.
 
-    The run holds ``model.pt`` (the best weights), ``model_config.json``, ``checkpoints/`` (Lightning's best
-    and last checkpoints; a second run on the same folder resumes from the last), ``logs/`` and ``curves.png``.
+    The run holds ``run.json`` (what trained it), ``model.pt`` (the best weights), ``model_config.json``,
+    ``checkpoints/`` (Lightning's best and last checkpoints; a second run on the same folder with the same
+    settings resumes from the last), ``logs/`` and ``curves.png``.
+
+    Args:
+        overwrite: delete the run already in ``out_dir`` first (never a folder that holds no run).
+        callbacks: more Lightning callbacks (benchmarks/train_scale.py times epochs with one).
     """
-    import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+
+    from recserve.train.tasks import build_task
 
     cfg.validate()
     if cfg.refit and model != "bert4rec":
         raise ConfigError("refit: only BERT4Rec can be refitted; Mult-VAE's held-out users are its validation")
     _quiet_lightning()
     data = load_prepared(data_dir)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, model_overrides or {}, cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    prepare_run_folder(out_dir, run_identity(model, task.model_cfg, cfg, data), cfg.epochs, cfg.resume, overwrite)
     task.model_cfg.save(out_dir / MODEL_CONFIG_FILE)
     save_catalog(out_dir, data)
     best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max",
@@ -104,14 +129,16 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         strategy="ddp" if cfg.devices > 1 else "auto",
-        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience)],
+        precision=cfg.lightning_precision,
+        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience), *(callbacks or [])],
         logger=CSVLogger(out_dir, name="logs", version=0),
         deterministic=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=10,
     )
-    last = out_dir / "checkpoints" / "last.ckpt"
+    last = out_dir / LAST_CHECKPOINT
+    started = time.perf_counter()
     trainer.fit(task.module, ckpt_path=last if cfg.resume and last.exists() else None)
     if trainer.global_rank != 0:
         return {}
@@ -123,8 +150,10 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         "data": str(data_dir),
         "best_epoch": best_epoch,
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
-        "train": asdict(cfg),
+        "train": asdict(cfg) | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
     }
+    if model == "bert4rec":
+        summary["loss"] = task.module.loss_settings.describe()
     if cfg.refit:
         epochs = (best_epoch or 0) + 1
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
@@ -134,13 +163,21 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     return summary
 
 
-def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
-    """Trains a fresh model on every item but the test one, for the epoch count that validation chose."""
+def _seeded_lightning(seed: int):
     import lightning as L
 
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    L.seed_everything(seed, workers=True, verbose=False)
+    return L
+
+
+def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
+    """Trains a fresh model on every item but the test one, for the epoch count that validation chose."""
+    from recserve.train.tasks import build_task
+
+    L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, overrides, cfg, refit=True)
     trainer = L.Trainer(max_epochs=epochs, accelerator=cfg.accelerator, devices=1, logger=False,
+                        precision=cfg.lightning_precision,
                         enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
                         enable_model_summary=False)
     trainer.fit(task.module)
@@ -152,7 +189,7 @@ def _quiet_lightning() -> None:
     import warnings
 
     for message in (".*IterableDataset.*__len__.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
-                    ".*does not have many workers.*"):
+                    ".*does not have many workers.*", ".*transfer_batch_to_device.*"):
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 

@@ -1,0 +1,98 @@
+"""Trains variants of `recserve train` over several seeds, several runs at a time, and tabulates test metrics.
+
+Each variant is NAME=OPTIONS (the options `recserve train` takes); every (variant, seed) is one run of the
+real command in its own process, so several share a GPU. Each run's metrics.json becomes one line of
+``--out`` (JSONL); the table gives the mean and spread per variant. ``--src`` runs another checkout's
+recserve (its ``src`` folder) for a before/after comparison on the same data and seeds.
+
+    python benchmarks/train_seeds.py --data runs/ml100k --seeds 0,1,2,3,4 --parallel 5 \\
+        --variant "bf16=--device cuda" --variant "fp32=--device cuda --precision 32" \\
+        --out benchmarks/results/quality/ml100k-seeds.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+KEYS = ("full", "full_no_exclusion", "sampled", "sampled_uniform")
+
+
+def run_one(job: dict) -> dict:
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [job["src"], os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "recserve.cli.main", "train", "--data", job["data"], "--out", job["run"],
+           "--seed", str(job["seed"]), *job["options"].split()]
+    started = time.perf_counter()
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=job["timeout_s"])
+    wall_s = time.perf_counter() - started
+    row = {"variant": job["variant"], "seed": job["seed"], "data": job["data"], "options": job["options"],
+           "src": job["src"], "wall_s": round(wall_s, 1), "returncode": result.returncode}
+    metrics_path = Path(job["run"]) / "metrics.json"
+    if result.returncode != 0 or not metrics_path.exists():
+        return row | {"error": result.stderr[-2000:]}
+    metrics = json.loads(metrics_path.read_text())
+    row |= {"best_epoch": metrics.get("best_epoch"), "valid": metrics.get("valid"),
+            "train_s": metrics.get("train", {}).get("seconds"), "loss": metrics.get("loss"),
+            "test": {k: metrics["test"][k] for k in KEYS if k in metrics.get("test", {})},
+            "popularity": {k: metrics["popularity"][k] for k in KEYS if k in metrics.get("popularity", {})}}
+    return row
+
+
+def summarize(rows: list[dict]) -> str:
+    lines = ["| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 sampled | NDCG@10 "
+             "sampled_uniform | best epoch | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        group = [r for r in rows if r["variant"] == variant and "test" in r]
+        if not group:
+            lines.append(f"| {variant} | failed | | | | | | |")
+            continue
+        def stat(protocol, key):
+            values = [r["test"][protocol][key] for r in group if protocol in r["test"]]
+            return f"{np.mean(values):.4f} ± {np.std(values):.4f}" if values else "-"
+        lines.append(f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
+                     f"{stat('full', 'hr@10')} | {stat('sampled', 'ndcg@10')} | {stat('sampled_uniform', 'ndcg@10')} | "
+                     f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | {np.mean([r['wall_s'] for r in group]):.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--variant", action="append", required=True, help="NAME=OPTIONS for `recserve train`")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--out", required=True, help="JSONL file (appended to)")
+    parser.add_argument("--runs", default="runs/seeds", help="folder for the run folders")
+    parser.add_argument("--src", default=str(SRC), help="the recserve source folder to run")
+    parser.add_argument("--timeout-s", type=int, default=3600)
+    args = parser.parse_args()
+    jobs = []
+    for spec, seed in itertools.product(args.variant, [int(s) for s in args.seeds.split(",")]):
+        name, _, options = spec.partition("=")
+        jobs.append({"variant": name, "options": options, "seed": seed, "data": args.data, "src": args.src,
+                     "run": str(Path(args.runs) / f"{name}-seed{seed}"), "timeout_s": args.timeout_s})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with ThreadPoolExecutor(args.parallel) as pool, open(args.out, "a") as log:
+        for row in pool.map(run_one, jobs):
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            full = row.get("test", {}).get("full", {})
+            print(f"{row['variant']} seed {row['seed']}: full NDCG@10 {full.get('ndcg@10', float('nan')):.4f} "
+                  f"({row['wall_s']} s){' ERROR ' + row['error'][-300:] if 'error' in row else ''}", flush=True)
+    print(summarize(rows))
+
+
+if __name__ == "__main__":
+    main()

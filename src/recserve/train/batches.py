@@ -1,0 +1,198 @@
+"""Training batches built on the training device: histories as two flat tensors, windows and Cloze masks
+sliced from them with tensor operations, an epoch a permutation of users. No per-sample Python, and no
+host-device synchronisation per step (the count of masked positions is bounded, not read back).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recserve.constants import PAD_INDEX
+from recserve.data.sequences import Sequences
+
+LOSS_CAPACITY_SIGMAS = 4.0  # masked positions a GPU batch keeps: the mean plus this many standard deviations
+
+
+@dataclass(frozen=True)
+class SequenceTensors:
+    """Every user's item indices in time order, flat, on one device (``Sequences``' layout).
+
+    Attributes:
+        items: (total,) int64 item indices, user after user.
+        offsets: (users + 1,) int64 start of each user's items.
+    """
+
+    items: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def from_sequences(cls, seq: Sequences, device: str | torch.device = "cpu") -> SequenceTensors:
+        items = torch.as_tensor(seq.items, dtype=torch.int64).to(device)
+        return cls(items, torch.as_tensor(seq.offsets, dtype=torch.int64).to(device))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def windows(self, users: torch.Tensor, ends: torch.Tensor, length: int) -> torch.Tensor:
+        """Left-padded windows ending (exclusive) at ``ends`` within each user's sequence.
+
+        Args:
+            users: (B,) user rows; ends: (B,) end positions, 0 <= end <= the user's length.
+
+        Returns:
+            (B, L) int64 indices, padding (0) on the left where the history is shorter than L.
+        """
+        cols = torch.arange(-length, 0, device=users.device)  # (L,)
+        pos = (self.offsets[users] + ends)[:, None] + cols  # (B, L) absolute positions
+        valid = cols >= -ends[:, None]
+        picked = self.items[pos.clamp(0, max(self.items.numel() - 1, 0))]
+        return torch.where(valid, picked, PAD_INDEX)
+
+
+@dataclass(frozen=True)
+class ClozeSettings:
+    window: int  # tokens per sample
+    mask_index: int  # the mask token
+    mask_prob: float  # each real item is masked with this probability
+    last_item_rate: float  # share of samples that mask only the last item, as at serving time
+
+
+@dataclass
+class ClozeBatch:
+    """One batch of Cloze samples and the positions whose loss counts.
+
+    Attributes:
+        tokens: (B, L) inputs, masked positions set to the mask token.
+        items: (B, L) the window's original items (what ``exclude_seen`` leaves out of each softmax).
+        rows: (C,) the sample row of each kept masked position (C = the batch's capacity).
+        cols: (C,) its position in the row.
+        targets: (C,) the original item there; padding (0) in capacity slots left unused.
+        weight: () 1 / the masked positions of the whole batch over every rank, times the rank count, so
+            that the sum of the per-position losses times ``weight``, averaged over ranks by DDP, is the
+            single-process mean.
+    """
+
+    tokens: torch.Tensor
+    items: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    weight: torch.Tensor
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """(C,) True at slots that hold a masked position."""
+        return self.targets != PAD_INDEX
+
+
+def random_ends(lengths: torch.Tensor, window: int, generator: torch.Generator) -> torch.Tensor:
+    """(B,) where each sample's window ends: anywhere from the first full window to the sequence's end."""
+    lowest = lengths.clamp(max=window)
+    draw = torch.rand(lengths.shape, generator=generator, device=lengths.device)
+    return lowest + (draw * (lengths - lowest + 1)).long().clamp(max=(lengths - lowest))
+
+
+def cloze_masks(items: torch.Tensor, s: ClozeSettings, generator: torch.Generator) -> torch.Tensor:
+    """(B, L) True at masked positions: real items with probability ``mask_prob``; a ``last_item_rate`` share
+    of samples mask only their last item; every sample masks at least its last item. Never padding."""
+    shape, device = items.shape, items.device
+    masked = (torch.rand(shape, generator=generator, device=device) < s.mask_prob) & (items != PAD_INDEX)
+    last_only = torch.rand(shape[0], generator=generator, device=device) < s.last_item_rate
+    masked &= ~last_only[:, None]
+    masked[:, -1] |= last_only | ~masked.any(1)
+    return masked
+
+
+def select_positions(masked: torch.Tensor, capacity: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, column) of the masked positions, row-major.
+
+    With a ``capacity``, exactly that many slots: the first masked positions, then slots marked by
+    ``masked[row, col]`` being False. A stable sort, not ``nonzero``, so that a GPU never waits for the
+    host to learn the count. Without one (on the CPU, where nothing waits), every masked position.
+    """
+    if capacity is None:
+        return masked.nonzero(as_tuple=True)
+    flat = masked.flatten()
+    order = torch.argsort((~flat).to(torch.uint8), stable=True)[:capacity]
+    return order // masked.shape[1], order % masked.shape[1]
+
+
+def cloze_batch(seq: SequenceTensors, users: torch.Tensor, s: ClozeSettings, generator: torch.Generator,
+                capacity: int | None = None, rank: int = 0, world: int = 1) -> ClozeBatch:
+    """Masked windows of ``users`` (the whole batch over all ranks); this rank keeps rows ``rank::world``.
+
+    Every rank draws the same batch from the same generator state and keeps its share, so the ranks see
+    disjoint samples and together exactly the single-process batch.
+    """
+    ends = random_ends(seq.lengths[users], s.window, generator)
+    items = seq.windows(users, ends, s.window)  # (B, L) left-padded
+    masked = cloze_masks(items, s, generator)
+    total = masked.sum()
+    items, masked = items[rank::world], masked[rank::world]
+    rows, cols = select_positions(masked, capacity)
+    targets = torch.where(masked[rows, cols], items[rows, cols], PAD_INDEX)
+    tokens = torch.where(masked, s.mask_index, items)
+    return ClozeBatch(tokens, items, rows, cols, targets, world / total.clamp(min=1).float())
+
+
+def masked_capacity(lengths: np.ndarray, s: ClozeSettings, rows: int) -> int:
+    """How many masked positions a batch of ``rows`` samples keeps room for.
+
+    A sample masks Binomial(real, mask_prob) positions (at least one), or only its last item with
+    probability ``last_item_rate``, where real = min(length, window) over the training users. The room is
+    the mean of a batch plus ``LOSS_CAPACITY_SIGMAS`` standard deviations: a batch rarely has more, and the
+    few extra positions of one that does are left out of that step's loss (the step's mean still counts
+    them in its denominator).
+    """
+    real = np.minimum(lengths[lengths > 0], s.window).astype(np.float64)
+    p, r = s.mask_prob, s.last_item_rate
+    mean = (1 - r) * p * real + r  # per user
+    second = (1 - r) * (real * p * (1 - p) + (real * p) ** 2) + r
+    per_row_mean, per_row_var = mean.mean() + 1.0, max(second.mean() - mean.mean() ** 2, 1.0)
+    capacity = rows * per_row_mean + LOSS_CAPACITY_SIGMAS * math.sqrt(rows * per_row_var) + 8
+    return int(min(rows * s.window, math.ceil(capacity)))
+
+
+class ClozeEpochs(torch.utils.data.IterableDataset):
+    """An epoch is every user with a history ``samples_per_user`` times, shuffled, in batches of
+    ``batch_size`` samples over all ranks; each rank builds the same batches and keeps its rows."""
+
+    def __init__(self, seq: Sequences, settings: ClozeSettings, batch_size: int, samples_per_user: int,
+                 seed: int, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
+        self.tensors = SequenceTensors.from_sequences(seq, device)
+        self.users = torch.as_tensor(np.flatnonzero(seq.lengths > 0), device=device).repeat(samples_per_user)
+        self.settings, self.batch_size, self.seed = settings, batch_size, seed
+        self.rank, self.world, self.epoch = rank, world, 0
+        self.device = torch.device(device)
+        rows = -(-batch_size // world)
+        self.capacity = masked_capacity(seq.lengths, settings, rows) if self.device.type == "cuda" else None
+
+    def __len__(self) -> int:
+        return -(-self.users.numel() // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Each epoch draws its own order and masks, from the seed and the epoch alone (resuming repeats none)."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = self.users[torch.randperm(self.users.numel(), generator=generator, device=self.device)]
+        for start in range(0, order.numel(), self.batch_size):
+            yield cloze_batch(self.tensors, order[start : start + self.batch_size], self.settings, generator,
+                              self.capacity, self.rank, self.world)
+
+
+def row_contains(items: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """(B, Q) True where ``queries[b, q]`` is among ``items[b]`` (B, R), by a sorted search per row.
+
+    ``queries`` may also be (Q,), shared by every row.
+    """
+    ordered = items.sort(1).values  # (B, R)
+    queries = queries.expand(items.shape[0], -1).contiguous()
+    found = torch.searchsorted(ordered, queries).clamp(max=max(items.shape[1] - 1, 0))
+    return ordered.gather(1, found) == queries

@@ -1,0 +1,110 @@
+"""Losses over the catalogue: the exact softmax where it fits, a sampled softmax with log-Q correction beyond.
+
+Sampled softmax: each batch shares one pool of negatives, the batch's own targets (in-batch negatives,
+which follow popularity) plus ``negatives`` items drawn uniformly or by popularity; each negative's logit
+is corrected by the log of the item's expected count in the pool (log-Q: Bengio & Senecal 2008; Yi et
+al., RecSys 2019), which makes the pool's sum of exponentials an unbiased estimate of the catalogue's, so
+the sampled loss tends to the full one as the pool grows (tests check this). Seen-item exclusion leaves a sample's own items out of
+each softmax by index (a scatter of the window's items, a sorted search for the pool), never through a
+dense (positions x catalogue) mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from recserve.constants import PAD_INDEX
+from recserve.errors import ConfigError
+from recserve.train.batches import row_contains
+
+LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
+FULL_SOFTMAX_MAX_ITEMS = 100_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    name: str = "auto"  # one of LOSSES; auto picks full or sampled-uniform by catalogue size
+    negatives: int = 8192  # sampled: items drawn per batch, beside as many in-batch targets
+    exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving does
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.name not in LOSSES:
+            problems.append(f"loss={self.name!r}: expected one of {', '.join(LOSSES)}")
+        if self.negatives < 1:
+            problems.append(f"negatives={self.negatives}: must be at least 1")
+        return problems
+
+    def resolve(self, num_items: int) -> LossSettings:
+        """``auto`` made concrete for a catalogue of ``num_items``."""
+        if self.name != "auto":
+            return self
+        return replace(self, name="full" if num_items <= FULL_SOFTMAX_MAX_ITEMS else "sampled-uniform")
+
+    def describe(self) -> dict:
+        """What metrics.json records."""
+        out = {"name": self.name, "exclude_seen": self.exclude_seen}
+        if self.name.startswith("sampled"):
+            out |= {"negatives": self.negatives, "in_batch": True, "log_q_correction": True}
+        return out
+
+
+class CatalogueLoss:
+    """Per-position cross-entropy of queries against the item table (the model's tied output layer)."""
+
+    def __init__(self, settings: LossSettings, popularity: np.ndarray, mask_index: int,
+                 device: str | torch.device = "cpu"):
+        """Args: popularity: (V,) training counts by index (padding and mask included, and ignored)."""
+        if settings.name == "auto":
+            raise ConfigError("CatalogueLoss needs a resolved loss; call LossSettings.resolve first")
+        self.settings, self.mask_index = settings, mask_index
+        counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
+        counts[[PAD_INDEX, mask_index]] = 0
+        self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
+        uniform = (counts > 0).float()
+        self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
+
+    def __call__(self, query: torch.Tensor, table: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
+                 rows: torch.Tensor, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Per-position losses, 0 where the target is padding (an unused slot).
+
+        Args:
+            query: (C, H) output-side vectors at the positions; table: (V, H) item vectors; bias: (V,).
+            targets: (C,) item to predict; rows: (C,) each position's sample row.
+            items: (B, R) each sample's items (padding allowed): what exclusion leaves out.
+
+        Returns:
+            (C,) float32 cross-entropy.
+        """
+        if self.settings.name == "full":
+            return self._full(query, table, bias, targets, rows, items)
+        return self._sampled(query, table, bias, targets, rows, items, generator)
+
+    def _full(self, query, table, bias, targets, rows, items) -> torch.Tensor:
+        logits = torch.addmm(bias, query, table.T).float()  # (C, V), a fresh tensor: changed in place below
+        logits.index_fill_(1, torch.tensor([PAD_INDEX, self.mask_index], device=logits.device), -math.inf)
+        if self.settings.exclude_seen:  # the sample's items but the target (padding is out already)
+            window = items[rows]  # (C, R)
+            logits.scatter_(1, window.masked_fill(window == targets[:, None], PAD_INDEX), -math.inf)
+        return F.cross_entropy(logits, targets, ignore_index=PAD_INDEX, reduction="none")
+
+    def _sampled(self, query, table, bias, targets, rows, items, generator) -> torch.Tensor:
+        drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
+        in_batch = targets[: self.settings.negatives]
+        pool = torch.cat([in_batch, drawn])  # (S,)
+        expected = in_batch.numel() * self.p_popular + self.settings.negatives * self.p_draw  # (V,) per-item count
+        log_q = expected.clamp(min=1e-30).log()
+        positive = ((query * table[targets]).sum(-1) + bias[targets]).float()  # (C,)
+        negative = (query @ table[pool].T + bias[pool]).float() - log_q[pool]  # (C, S)
+        drop = (pool[None, :] == targets[:, None]) | (pool == PAD_INDEX) | (pool == self.mask_index)
+        if self.settings.exclude_seen:
+            drop = drop | row_contains(items, pool)[rows]
+        negative = negative.masked_fill(drop, -math.inf)
+        loss = torch.logsumexp(torch.cat([positive[:, None], negative], 1), 1) - positive
+        return torch.where(targets != PAD_INDEX, loss, 0.0)
+

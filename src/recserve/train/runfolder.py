@@ -1,0 +1,94 @@
+"""A run folder remembers what trained it (``run.json``: model, settings, data); a rerun that disagrees is
+refused with the differences named, before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, RUN_FILE
+from recserve.data.datasets import PreparedData
+from recserve.errors import ConfigError
+
+# Training settings a rerun may change: it continues the same run.
+RESUMABLE = ("epochs", "patience", "device", "devices", "precision", "compile", "resume")
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+AFRESH = "start afresh with --overwrite, or choose another --out"
+
+
+def data_fingerprint(data: PreparedData) -> dict:
+    """Counts and a digest of the sequences and item IDs: two folders with the same data agree."""
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (data.sequences.items, data.sequences.offsets, data.vocab.ids.astype(str)):
+        digest.update(array.tobytes())
+    return {"users": int(data.sequences.num_users), "items": int(data.vocab.num_items),
+            "interactions": int(len(data.sequences.items)), "digest": digest.hexdigest()}
+
+
+def run_identity(model: str, model_cfg, cfg, data: PreparedData) -> dict:
+    """What ``run.json`` records: a later run on the folder must agree on all of it but ``RESUMABLE``."""
+    train = {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE}
+    return {"model": model, "model_config": asdict(model_cfg), "train": train, "data": data_fingerprint(data)}
+
+
+def prepare_run_folder(out_dir: Path, identity: dict, epochs: int, resume: bool, overwrite: bool) -> None:
+    """Creates ``out_dir`` for this run, or checks that the run already there is this one.
+
+    Raises:
+        ConfigError: the folder holds a run with other settings or data, a run without ``run.json``, files
+            that are no run (never deleted, even with ``overwrite``), or a run already past ``epochs``.
+    """
+    out_dir = Path(out_dir)
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # a DDP worker: rank 0 has prepared the folder
+    if out_dir.exists() and any(out_dir.iterdir()):
+        is_run = any((out_dir / name).exists() for name in (RUN_FILE, MODEL_CONFIG_FILE, METRICS_FILE, "checkpoints"))
+        if not is_run:
+            raise ConfigError(f"--out {out_dir}: the folder holds files but no recserve run; choose another --out")
+        if overwrite:
+            shutil.rmtree(out_dir)
+        else:
+            _check_same_run(out_dir, identity, epochs, resume)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+
+
+def _check_same_run(out_dir: Path, identity: dict, epochs: int, resume: bool) -> None:
+    path = out_dir / RUN_FILE
+    if not path.is_file():
+        raise ConfigError(f"--out {out_dir}: holds a run without {RUN_FILE} (from an older recserve), so it cannot "
+                          f"be checked against these settings; {AFRESH}")
+    differences = _differences(json.loads(path.read_text()), json.loads(json.dumps(identity)))
+    if differences:
+        raise ConfigError(f"--out {out_dir}: holds a run with other settings or data ({'; '.join(differences)}); "
+                          f"{AFRESH}")
+    done = trained_epochs(out_dir)
+    if resume and done > epochs:
+        raise ConfigError(f"--out {out_dir}: the run there has trained {done} epochs and --epochs {epochs} asks "
+                          f"for fewer; ask for more than {done} to continue it, or {AFRESH}")
+
+
+def trained_epochs(out_dir: Path) -> int:
+    """Epochs the run's last checkpoint holds (0 without one)."""
+    path = Path(out_dir) / LAST_CHECKPOINT
+    if not path.is_file():
+        return 0
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("epoch", -1)) + 1
+
+
+def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
+    """``name: recorded -> now`` for every leaf that differs."""
+    out = []
+    for key in sorted(set(recorded) | set(now)):
+        old, new = recorded.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            out.append(f"{prefix}{key}: {old!r} in the run, {new!r} now")
+    return out

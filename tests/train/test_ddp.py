@@ -1,0 +1,60 @@
+"""DDP on CPU (two processes, gloo): each rank trains on its own share of every batch, and together they
+take the same steps as one process."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+
+from recserve.constants import WEIGHTS_FILE
+
+PROBE = textwrap.dedent('''
+    """Trains through recserve's trainer and writes the tokens of every batch each rank trained on."""
+    import json, os, sys
+    from recserve.train import tasks
+    from recserve.train.trainer import TrainConfig, train
+
+    data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    seen = []
+    step = tasks.Bert4RecModule.training_step
+
+    def recording_step(self, batch, index):
+        seen.append(batch.tokens.tolist())
+        return step(self, batch, index)
+
+    tasks.Bert4RecModule.training_step = recording_step
+    cfg = TrainConfig(epochs=1, batch_size=16, samples_per_user=2, device="cpu", devices=devices)
+    train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg)
+    rank = os.environ.get("LOCAL_RANK", "0")
+    with open(f"{out}/batches-rank{rank}.json", "w") as f:
+        json.dump(seen, f)
+''')
+
+
+def _run(probe, data, out, devices):
+    result = subprocess.run([sys.executable, str(probe), str(data), str(out), str(devices)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    _run(probe, string_data_dir, tmp_path / "one", 1)
+    _run(probe, string_data_dir, tmp_path / "two", 2)
+    whole = json.loads((tmp_path / "one" / "batches-rank0.json").read_text())
+    ranks = [json.loads((tmp_path / "two" / f"batches-rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(whole) == len(ranks[0]) == len(ranks[1]) == 8  # 120 windows, 16 a step
+    for step, batch in enumerate(whole):
+        share0, share1 = ranks[0][step], ranks[1][step]
+        assert share0 == batch[0::2] and share1 == batch[1::2]  # each rank its own rows, none twice
+        assert len(share0) + len(share1) == len(batch)
+    one = torch.load(tmp_path / "one" / WEIGHTS_FILE, weights_only=True)
+    two = torch.load(tmp_path / "two" / WEIGHTS_FILE, weights_only=True)
+    moved = one["item_emb.weight"] - two["item_emb.weight"]
+    assert not torch.equal(one["item_emb.weight"], torch.zeros_like(moved))
+    for name in one:
+        np.testing.assert_allclose(two[name].numpy(), one[name].numpy(), atol=2e-4, rtol=1e-3, err_msg=name)

@@ -1,0 +1,118 @@
+"""Catalogue losses: the exact softmax with seen items left out, and the sampled softmax that estimates it."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recserve.constants import PAD_INDEX
+from recserve.data.sequences import Sequences
+from recserve.errors import ConfigError
+from recserve.models import Bert4Rec, Bert4RecConfig
+from recserve.train.batches import ClozeEpochs, ClozeSettings
+from recserve.train.cloze import cloze_loss
+from recserve.train.losses import FULL_SOFTMAX_MAX_ITEMS, CatalogueLoss, LossSettings
+
+N = 40
+MASK = N + 1
+
+
+def _problem(seed=0, positions=6, hidden=8):
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(positions, hidden, generator=gen)
+    table = torch.randn(N + 2, hidden, generator=gen) * 0.7
+    bias = torch.randn(N + 2, generator=gen) * 0.3
+    targets = torch.randint(1, N + 1, (positions,), generator=gen)
+    rows = torch.arange(positions) % 2
+    items = torch.tensor([[0, 0, 3, 7, 9, 12], [5, 6, 7, 8, 30, 31]])
+    items[rows[0], 0] = targets[0]  # a target that is also in its own window stays the target
+    return query, table, bias, targets, rows, items
+
+
+def _reference(query, table, bias, targets, rows, items, exclude_seen):
+    """The softmax over the catalogue written one position at a time."""
+    losses = []
+    for m in range(len(targets)):
+        logits = query[m] @ table.T + bias
+        drop = [PAD_INDEX, MASK] + (items[rows[m]].tolist() if exclude_seen else [])
+        logits[[d for d in drop if d != targets[m]]] = -float("inf")
+        losses.append(-torch.log_softmax(logits, 0)[targets[m]])
+    return torch.stack(losses)
+
+
+@pytest.mark.parametrize("exclude_seen", [True, False])
+def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(exclude_seen):
+    problem = _problem()
+    loss = CatalogueLoss(LossSettings("full", exclude_seen=exclude_seen), np.ones(N + 2), MASK)
+    torch.testing.assert_close(loss(*problem), _reference(*problem, exclude_seen))
+
+
+def test_unused_slots_cost_nothing():
+    query, table, bias, targets, rows, items = _problem()
+    targets[3:] = PAD_INDEX
+    for name in ("full", "sampled-uniform"):
+        per = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)(query, table, bias, targets, rows, items)
+        assert (per[3:] == 0).all() and (per[:3] > 0).all()
+
+
+@pytest.mark.parametrize("name", ["sampled-uniform", "sampled-popularity"])
+@pytest.mark.parametrize("exclude_seen", [True, False])
+def test_sampled_loss_with_log_q_correction_estimates_the_full_loss(name, exclude_seen):
+    problem = _problem()
+    popularity = np.random.default_rng(0).zipf(1.5, N + 2).astype(float)
+    sampled = CatalogueLoss(LossSettings(name, negatives=200_000, exclude_seen=exclude_seen), popularity, MASK)
+    estimate = sampled(*problem, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(estimate, _reference(*problem, exclude_seen), rtol=0.03, atol=0.03)
+
+
+def test_without_log_q_correction_the_sampled_loss_would_be_far_off():
+    """The correction matters: the same pool scored without it misses the full loss by far."""
+    problem = _problem()
+    sampled = CatalogueLoss(LossSettings("sampled-uniform", negatives=200_000), np.ones(N + 2), MASK)
+    sampled.p_draw = sampled.p_popular = torch.full((N + 2,), 1 / 200_000)  # log Q = 0: no correction
+    estimate = sampled(*problem, generator=torch.Generator().manual_seed(0))
+    assert (estimate - _reference(*problem, True)).abs().min() > 1.0
+
+
+def test_auto_picks_the_exact_softmax_up_to_the_threshold():
+    assert LossSettings().resolve(FULL_SOFTMAX_MAX_ITEMS).name == "full"
+    assert LossSettings().resolve(FULL_SOFTMAX_MAX_ITEMS + 1).name == "sampled-uniform"
+    assert LossSettings("sampled-popularity").resolve(10).name == "sampled-popularity"
+    assert LossSettings("sampled-uniform", 512).describe() == {
+        "name": "sampled-uniform", "exclude_seen": True, "negatives": 512, "in_batch": True, "log_q_correction": True}
+    with pytest.raises(ConfigError, match="resolved"):
+        CatalogueLoss(LossSettings(), np.ones(N + 2), MASK)
+    assert LossSettings("softmax").validate() == ["loss='softmax': expected one of auto, full, sampled-uniform, sampled-popularity"]
+
+
+@pytest.mark.parametrize("name", ["full", "sampled-uniform"])
+def test_a_few_cloze_steps_lower_the_loss(name):
+    torch.manual_seed(0)
+    model = Bert4Rec(Bert4RecConfig(num_items=50, window=16, hidden=32, dropout=0.0))
+    lengths = [16] * 32
+    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, sum(lengths)),
+                    offsets=np.concatenate([[0], np.cumsum(lengths)]))
+    batch = next(iter(ClozeEpochs(seq, ClozeSettings(16, 51, 0.2, 0.1), 32, 1, seed=0)))
+    loss = CatalogueLoss(LossSettings(name, negatives=256), np.ones(52), 51)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        value = cloze_loss(model, batch, loss, torch.Generator().manual_seed(0))
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_cloze_loss_is_the_mean_over_masked_positions():
+    torch.manual_seed(0)
+    model = Bert4Rec(Bert4RecConfig(num_items=50, window=8, hidden=16, dropout=0.0)).eval()
+    seq = Sequences(items=np.arange(1, 25), offsets=np.array([0, 8, 16, 24]))
+    batch = next(iter(ClozeEpochs(seq, ClozeSettings(8, 51, 0.3, 0.0), 3, 1, seed=1)))
+    loss = CatalogueLoss(LossSettings("full", exclude_seen=False), np.ones(52), 51)
+    masked = batch.tokens == 51
+    logits = model.logits(model.encode(batch.tokens))[masked]
+    logits[:, [PAD_INDEX, 51]] = -float("inf")
+    expected = F.cross_entropy(logits, batch.items[masked])
+    torch.testing.assert_close(cloze_loss(model, batch, loss), expected)

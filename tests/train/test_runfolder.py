@@ -1,0 +1,91 @@
+"""A run folder remembers its settings and data: reruns that disagree get one clear error, nothing lost."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from recserve.cli.main import app
+from recserve.constants import RUN_FILE, WEIGHTS_FILE
+from recserve.errors import ConfigError
+from recserve.train.runfolder import trained_epochs
+from recserve.train.trainer import TrainConfig, train
+
+SMALL = {"window": 8, "hidden": 16, "layers": 1, "heads": 2}
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def two_epoch_run(string_data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reuse") / "run"
+    train(string_data_dir, out, SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    return out
+
+
+def test_the_run_records_its_settings_and_data(two_epoch_run):
+    recorded = json.loads((two_epoch_run / RUN_FILE).read_text())
+    assert recorded["model"] == "bert4rec" and recorded["model_config"]["hidden"] == 16
+    assert recorded["train"]["batch_size"] == 128 and "epochs" not in recorded["train"]
+    assert recorded["data"]["users"] == 60 and len(recorded["data"]["digest"]) == 32
+    assert trained_epochs(two_epoch_run) == 2
+
+
+def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, string_data_dir):
+    before = (two_epoch_run / WEIGHTS_FILE).read_bytes()
+    with pytest.raises(ConfigError, match=r"model_config.hidden: 16 in the run, 32 now.*--overwrite"):
+        train(string_data_dir, two_epoch_run, SMALL | {"hidden": 32}, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+    assert (two_epoch_run / WEIGHTS_FILE).read_bytes() == before  # nothing was touched
+
+
+def test_other_data_is_refused(two_epoch_run, ml100k_dir):
+    with pytest.raises(ConfigError, match=r"data.items: 30 in the run, 1682 now"):
+        train(ml100k_dir, two_epoch_run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+
+
+def test_fewer_epochs_than_trained_says_so(two_epoch_run, string_data_dir):
+    with pytest.raises(ConfigError, match="has trained 2 epochs and --epochs 1 asks for fewer; ask for more than 2"):
+        train(string_data_dir, two_epoch_run, SMALL, TrainConfig(epochs=1, samples_per_user=1, device="cpu"))
+
+
+def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
+    cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu")
+    train(string_data_dir, tmp_path / "run", SMALL, cfg)
+    train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    assert trained_epochs(tmp_path / "run") == 2
+
+
+def test_overwrite_starts_afresh_and_records_the_new_settings(string_data_dir, tmp_path):
+    train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    train(string_data_dir, tmp_path / "run", SMALL | {"hidden": 32}, TrainConfig(epochs=1, samples_per_user=1, device="cpu"),
+          overwrite=True)
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["model_config"]["hidden"] == 32
+    assert trained_epochs(tmp_path / "run") == 1
+
+
+def test_a_folder_holding_other_files_is_never_deleted(string_data_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files but no recserve run"):
+        train(string_data_dir, tmp_path, SMALL, TrainConfig(epochs=1, samples_per_user=1, device="cpu"), overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_without_its_record_is_refused(two_epoch_run, string_data_dir, tmp_path):
+    import shutil
+
+    shutil.copytree(two_epoch_run, tmp_path / "old")
+    (tmp_path / "old" / RUN_FILE).unlink()
+    with pytest.raises(ConfigError, match=f"without {RUN_FILE}"):
+        train(string_data_dir, tmp_path / "old", SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--hidden", "32"], "model_config.hidden: 16 in the run, 32 now"),
+     (["--hidden", "16", "--epochs", "1"], "has trained 2 epochs"),
+     (["--hidden", "16", "--loss", "softmax"], "loss='softmax': expected one of auto, full")],
+)
+def test_the_cli_prints_one_line_and_no_traceback(two_epoch_run, string_data_dir, args, message):
+    result = runner.invoke(app, ["train", "--data", str(string_data_dir), "--out", str(two_epoch_run), "--window", "8",
+                                 "--samples-per-user", "1", "--device", "cpu", *args])
+    assert result.exit_code == 1
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
