@@ -138,19 +138,19 @@ def train_one(job: dict) -> dict:
 
 def _batches(train_seqs, cfg, train_kw: dict, seed: int, device: str):
     """recserve's Cloze batches on the device and the exact-softmax loss (the trainer's defaults)."""
-    from recserve.train.batches import ClozeEpochs, ClozeSettings
+    from recserve.train.batches import WindowEpochs, ClozeSettings
     from recserve.train.evaluate import history_counts
     from recserve.train.losses import CatalogueLoss, LossSettings
 
     settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
-    batches = ClozeEpochs(train_seqs, settings, train_kw["batch_size"], train_kw["samples_per_user"], seed, device)
+    batches = WindowEpochs(train_seqs, settings, train_kw["batch_size"], train_kw["samples_per_user"], seed, device)
     loss = CatalogueLoss(LossSettings("full", exclude_seen=train_kw["loss_exclude_seen"]),
                          history_counts(train_seqs, cfg.vocab_size), cfg.mask_index, device)
     return batches, loss
 
 
 def _epoch(model, batches, opt, schedule, loss) -> None:
-    from recserve.train.cloze import cloze_loss
+    from recserve.train.objectives import cloze_loss
 
     model.train()
     for batch in batches:

@@ -1,6 +1,6 @@
 """Training and evaluation speed at catalogue scale, through `recserve train` itself.
 
-For each setting a Zipf-like log is generated (prepare_large.py's generator), prepared with `recserve data`,
+For each setting a Zipf-like log is generated (popularity ~ rank^-0.8, Poisson history lengths), prepared with `recserve data`,
 and trained for ``--epochs`` epochs (early stopping off). The last epoch is measured: training windows/s
 and seconds (validation excluded), the GPU's busy share sampled through NVML (or nvidia-smi) every 100 ms
 while it trains, and peak GPU memory. Then the test split is ranked under every protocol (`recserve
@@ -9,7 +9,9 @@ evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one obje
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/h200.json --device cuda
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/cpu-2core.json --device cpu \\
         --sizes 10000:10000,100000:10000,1000000:10000 --batch-size 128
-    python benchmarks/train_scale.py --out video.json --device cuda --video ../shared/data/video.txt
+    recserve data ../shared/data/video.txt --out runs/video --min-user-interactions 3
+    python benchmarks/train_scale.py --out benchmarks/results/train-scale/h200-video.json --device cuda \
+        --data runs/video --batch-size 128
 
 A setting is ITEMS:USERS (ITEMS:USERS:LOSS to name a loss; else --loss).
 """
@@ -31,12 +33,28 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_large import generate  # noqa: E402
-
-from recserve.data.datasets import PrepareOptions, load_prepared, prepare  # noqa: E402
+from recserve.data.datasets import load_prepared, prepare  # noqa: E402
 from recserve.train.evaluate import evaluate_run  # noqa: E402
+from recserve.train.heldout import evaluate_heldout_run  # noqa: E402
 from recserve.train.trainer import TrainConfig, train  # noqa: E402
+
+
+ZIPF_EXPONENT = 0.8  # item popularity ~ 1 / rank^0.8: a long tail in which nearly every item still occurs
+
+
+def generate(path: Path, users: int, items: int, per_user: int, seed: int = 0) -> None:
+    """A log of ``users`` x ``per_user`` (Poisson) interactions, items drawn by a Zipf-like popularity."""
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.poisson(per_user, users).clip(5)
+    a = 1 - ZIPF_EXPONENT  # inverse CDF of a density proportional to rank^-0.8 on [1, items + 1)
+    ranks = ((((items + 1) ** a - 1) * rng.random(lengths.sum()) + 1) ** (1 / a)).astype(np.int64) - 1
+    pl.DataFrame({
+        "user_id": np.repeat(np.arange(users), lengths),
+        "item_id": rng.permutation(items)[np.minimum(ranks, items - 1)],
+        "timestamp": rng.integers(1_600_000_000, 1_700_000_000, lengths.sum()),
+    }).write_parquet(path)
 
 
 class BusySampler:
@@ -104,19 +122,29 @@ class EpochMeter(Callback):
         self.epochs[-1]["val_s"] = time.perf_counter() - self.val_started
 
 
-def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict) -> dict:
+def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str) -> dict:
     meter = EpochMeter()
-    summary = train(data_dir, run_dir, model_overrides, cfg, callbacks=[meter], overwrite=True)
+    summary = train(data_dir, run_dir, model_overrides, cfg, model=model, callbacks=[meter], overwrite=True)
     data = load_prepared(data_dir)
-    windows = int((data.train.lengths > 0).sum()) * cfg.samples_per_user
+    device = "cuda" if cfg.accelerator == "gpu" else "cpu"
     last = meter.epochs[-1]
-    evaluated = evaluate_run(run_dir, data_dir, device="cuda" if cfg.accelerator == "gpu" else "cpu")
+    if model == "multvae":  # a window is a training user's bag of items
+        evaluated = evaluate_heldout_run(run_dir, data_dir, device=device)
+        windows, quality = evaluated["split"]["train_users"], {
+            "test_ndcg@100": evaluated["test"]["heldout"]["ndcg@100"],
+            "popularity_ndcg@100": evaluated["popularity"]["heldout"]["ndcg@100"]}
+    else:
+        evaluated = evaluate_run(run_dir, data_dir, device=device)
+        windows = int((data.train.lengths > 0).sum()) * cfg.samples_per_user
+        quality = {"test_full_ndcg@10": evaluated["test"]["full"]["ndcg@10"],
+                   "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"]}
     return {
+        "model": model,
         "items": int(data.vocab.num_items),
         "users": int(data.sequences.num_users),
         "interactions": int(len(data.sequences.items)),
-        "loss": summary["loss"]["name"],
-        "loss_settings": summary["loss"],
+        "loss": summary.get("loss", {}).get("name", "multinomial (full softmax)"),
+        "loss_settings": summary.get("loss"),
         "batch_size": cfg.batch_size,
         "precision": cfg.lightning_precision,
         "compile": cfg.compile,
@@ -126,12 +154,12 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
         "val_s": round(last.get("val_s", float("nan")), 3),
         "eval_s": evaluated["eval"]["seconds"],
         "eval_protocols": evaluated["eval"]["protocols"],
+        "generator": f"popularity ~ rank^-{ZIPF_EXPONENT}, Poisson lengths",
         "peak_gpu_mem_gb": None if last["peak_gpu_mem_gb"] is None else round(last["peak_gpu_mem_gb"], 2),
         "gpu_busy_pct": None if last["gpu_busy_pct"] is None else round(last["gpu_busy_pct"], 1),
         "epochs_measured": "the last of %d" % len(meter.epochs),
         "every_epoch": meter.epochs,
-        "test_full_ndcg@10": evaluated["test"]["full"]["ndcg@10"],
-        "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"],
+        **quality,
     }
 
 
@@ -141,8 +169,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000:100000,100000:200000,1000000:200000",
                         help="ITEMS:USERS[:LOSS] settings, comma-separated")
     parser.add_argument("--interactions-per-user", type=int, default=50)
-    parser.add_argument("--video", help="time and rank video.txt (or another `user item` file) instead")
+    parser.add_argument("--data", help="a prepared folder (`recserve data`) to time instead of generated logs")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model", default="bert4rec", choices=["bert4rec", "multvae"])
     parser.add_argument("--epochs", type=int, default=2, help="the last one is measured")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--loss", default="auto")
@@ -153,27 +182,26 @@ def main() -> None:
     args = parser.parse_args()
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     results = []
-    settings = [("video", args.video, args.loss)] if args.video else [
+    settings = [(Path(args.data).name, args.data, args.loss)] if args.data else [
         (f"{s.split(':')[0]}:{s.split(':')[1]}", s, s.split(":")[2] if s.count(":") == 2 else args.loss)
         for s in args.sizes.split(",")]
     for name, spec, loss in settings:
-        data_dir = work / f"data-{name.replace(':', '-')}"
-        if args.video:
-            prepare(spec, data_dir, PrepareOptions(min_user_interactions=3))
-        else:
+        data_dir = Path(spec) if args.data else work / f"data-{name.replace(':', '-')}"
+        if not args.data:
             items, users = (int(x) for x in spec.split(":")[:2])
             log = work / "log.parquet"
-            generate(log, users * args.interactions_per_user, users, items)
+            generate(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
         cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.epochs + 1, device=args.device,
-                          loss=loss, compile=args.compile, resume=False)
+                          loss=loss, compile=args.compile, resume=False, weight_decay=0.0 if args.model == "multvae" else 0.01)
+        overrides = {"window": args.window, "hidden": args.hidden} if args.model == "bert4rec" else {}
         started = time.perf_counter()
-        result = run_setting(data_dir, work / f"run-{name.replace(':', '-')}", cfg,
-                             {"window": args.window, "hidden": args.hidden})
+        result = run_setting(data_dir, work / f"run-{name.replace(':', '-')}", cfg, overrides, args.model)
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         results.append(result)
-        print(f"{name}: {result['items']:,} items, {result['users']:,} users, loss {result['loss']}: "
+        print(f"{name} {args.model}: {result['items']:,} items, {result['users']:,} users, loss {result['loss']}: "
               f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
               f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

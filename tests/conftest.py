@@ -18,11 +18,12 @@ def ml100k_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _train_tiny(data_dir: Path, out: Path, **overrides) -> Path:
+def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides) -> Path:
     from recserve.train.trainer import TrainConfig, train, write_metrics
 
-    model = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
-    summary = train(data_dir, out, model, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False))
+    settings = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
+    summary = train(data_dir, out, settings, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False),
+                    model=model)
     write_metrics(out, summary)
     return out
 
@@ -31,6 +32,12 @@ def _train_tiny(data_dir: Path, out: Path, **overrides) -> Path:
 def tiny_run(ml100k_dir, tmp_path_factory) -> Path:
     """A small BERT4Rec trained for two epochs on ML-100K (integer IDs)."""
     return _train_tiny(ml100k_dir, tmp_path_factory.mktemp("tiny") / "run")
+
+
+@pytest.fixture(scope="session")
+def sasrec_run(ml100k_dir, tmp_path_factory) -> Path:
+    """A small SASRec trained for two epochs on ML-100K (integer IDs)."""
+    return _train_tiny(ml100k_dir, tmp_path_factory.mktemp("sasrec") / "run", model="sasrec")
 
 
 @pytest.fixture(scope="session")

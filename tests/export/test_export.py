@@ -161,3 +161,15 @@ def test_multvae_exports_match_eager_and_exclude_the_input_items(vae_run, tmp_pa
     assert len(answer.item_ids) == 20 and not set(history.tolist()) & set(answer.item_ids.tolist())
     [reordered] = predictor.predict([history[::-1]], k=20)  # a bag of items: order does not matter
     np.testing.assert_array_equal(reordered.item_ids, answer.item_ids)
+
+
+@pytest.mark.parametrize("backend", ["eager", "torchscript", "onnx", "aoti"])
+def test_sasrec_exports_match_eager_on_untraced_shapes(sasrec_run, tmp_path, backend):
+    manifest = exporter.export_run(sasrec_run, backend, "fp32", tmp_path / "out")
+    assert manifest["model"] == "sasrec"
+    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL and manifest["validation"]["top10_overlap"] == 1.0
+    spec = load_spec(sasrec_run, graph_searches=backend != "onnx")
+    inputs = [t.numpy() for t in example_inputs(spec, 11, 5, seed=42)]
+    reference = torch_runner(build_graph(sasrec_run, spec, 100), "cpu")(*inputs)
+    got = load_runner(tmp_path / "out", manifest)(*inputs)
+    np.testing.assert_array_equal(got[0][:, :10], reference[0][:, :10])

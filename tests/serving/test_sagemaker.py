@@ -51,12 +51,14 @@ def test_the_four_functions_answer_a_json_request(bert_model, tiny_run):
     assert output_fn({"item_id": [1]}, "application/json; charset=utf-8")[1] == JSON
 
 
-def test_multvae_runs_through_the_same_handler(vae_run, tmp_path):
-    model = model_fn(str(unpack(package(vae_run, "pytorch", tmp_path / "m.tar.gz")["package"], tmp_path / "u")))
-    history = np.load(vae_run / "item_ids.npy")[[1, 10, 100]].tolist()
+@pytest.mark.parametrize(("run", "name"), [("vae_run", "multvae"), ("sasrec_run", "sasrec")])
+def test_multvae_and_sasrec_run_through_the_same_handler(run, name, request, tmp_path):
+    run = request.getfixturevalue(run)
+    model = model_fn(str(unpack(package(run, "pytorch", tmp_path / "m.tar.gz")["package"], tmp_path / "u")))
+    history = np.load(run / "item_ids.npy")[[1, 10, 100]].tolist()
     answer = handle(model, json.dumps({"item_id": history, "k": 20}))
     assert len(answer["item_id"]) == 20 and not set(history) & set(answer["item_id"])
-    assert model.manifest["model"] == "multvae"
+    assert model.manifest["model"] == name
 
 
 @pytest.mark.parametrize(

@@ -192,3 +192,20 @@ def test_multvae_is_served_by_the_fused_layout(vae_run, tmp_path):
     expected = Predictor.load(repo / "recommender" / "1" / "export").predict([history], k=10)[0]
     np.testing.assert_array_equal(answer.item_ids, expected.item_ids)
     assert not set(history.tolist()) & set(answer.item_ids.tolist())
+
+
+def test_sasrec_is_served_by_the_fused_and_seed_layouts(sasrec_run, tmp_path):
+    from recserve.serving.predictor import Predictor
+
+    repo = tmp_path / "repo"
+    write_repository(sasrec_run, repo, ("fused", "seed"), backend="onnx")
+    history = np.load(sasrec_run / "item_ids.npy")[[3, 30, 300]]
+    poc_history = np.arange(1, 40, dtype=np.int64)  # the PoC client's request: 39 IDs in `inputs`
+    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
+        answer = client.recommend(history.tolist(), k=10)
+        fused = client.recommend(poc_history, k=10, exclude_seen=False)
+        seed = _infer(server.http_url, "bert4rec_ensemble", inputs=poc_history)
+    expected = Predictor.load(repo / "recommender" / "1" / "export").predict([history], k=10)[0]
+    np.testing.assert_array_equal(answer.item_ids, expected.item_ids)
+    assert not set(history.tolist()) & set(answer.item_ids.tolist())
+    np.testing.assert_array_equal(seed.as_numpy("output__0"), fused.item_ids)  # the PoC's path, the same model

@@ -7,10 +7,10 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.train.batches import (
-    ClozeEpochs,
     ClozeSettings,
+    NextItemSettings,
+    WindowEpochs,
     SequenceTensors,
-    cloze_batch,
     masked_capacity,
     row_contains,
 )
@@ -26,8 +26,7 @@ def _seq(lengths, num_items=50, seed=0):
 
 def _batch(seq, settings, users, seed=0, capacity=None, rank=0, world=1):
     tensors = SequenceTensors.from_sequences(seq)
-    return cloze_batch(tensors, torch.as_tensor(users), settings, torch.Generator().manual_seed(seed), capacity,
-                       rank, world)
+    return settings.batch(tensors, torch.as_tensor(users), torch.Generator().manual_seed(seed), capacity, rank, world)
 
 
 def test_windows_match_the_host_sequences():
@@ -72,7 +71,7 @@ def test_capacity_leaves_room_for_every_masked_position_of_typical_batches():
     settings = ClozeSettings(window=100, mask_index=MASK, mask_prob=0.4, last_item_rate=0.15)
     seq = _seq(list(lengths))
     capacity = masked_capacity(lengths, settings, rows=128)
-    epochs = ClozeEpochs(seq, settings, batch_size=128, samples_per_user=2, seed=0)
+    epochs = WindowEpochs(seq, settings, batch_size=128, samples_per_user=2, seed=0)
     batches = list(epochs)
     assert len(batches) == len(epochs) == -(-4000 // 128)
     masked = [int((b.tokens == MASK).sum()) for b in batches]
@@ -104,7 +103,7 @@ def test_ranks_see_disjoint_samples_that_together_are_the_single_process_batch()
 def test_epochs_are_reproducible_and_differ_from_each_other():
     settings = ClozeSettings(window=12, mask_index=MASK, mask_prob=0.3, last_item_rate=0.1)
     seq = _seq([5, 9, 12, 30, 2, 8, 14] * 5)
-    a, b = ClozeEpochs(seq, settings, 16, 2, seed=3), ClozeEpochs(seq, settings, 16, 2, seed=3)
+    a, b = WindowEpochs(seq, settings, 16, 2, seed=3), WindowEpochs(seq, settings, 16, 2, seed=3)
     first = [x.tokens for x in a]
     assert all(torch.equal(x, y.tokens) for x, y in zip(first, b))
     a.set_epoch(1)
@@ -115,7 +114,7 @@ def test_epochs_are_reproducible_and_differ_from_each_other():
 
 def test_users_without_history_are_never_drawn():
     settings = ClozeSettings(window=8, mask_index=MASK, mask_prob=0.3, last_item_rate=0.1)
-    epochs = ClozeEpochs(_seq([0, 4, 0, 6]), settings, batch_size=3, samples_per_user=3, seed=0)
+    epochs = WindowEpochs(_seq([0, 4, 0, 6]), settings, batch_size=3, samples_per_user=3, seed=0)
     assert sorted(epochs.users.tolist()) == [1, 1, 1, 3, 3, 3]
 
 
@@ -123,3 +122,22 @@ def test_row_contains_answers_per_row_and_for_a_shared_pool():
     items = torch.tensor([[0, 4, 2, 9], [7, 7, 1, 0]])
     assert row_contains(items, torch.tensor([[2, 3], [7, 9]])).tolist() == [[True, False], [True, False]]
     assert row_contains(items, torch.tensor([9, 1, 5])).tolist() == [[True, False, False], [False, True, False]]
+
+
+def test_next_item_samples_predict_the_following_item_at_every_real_position():
+    seq = Sequences(items=np.arange(1, 21), offsets=np.array([0, 3, 20]))  # users of 3 and 17 items
+    batch = _batch(seq, NextItemSettings(window=8), np.array([0, 1]))
+    assert batch.tokens.shape == (2, 7)
+    kept = batch.kept
+    rows, cols, targets = batch.rows[kept], batch.cols[kept], batch.targets[kept]
+    assert torch.equal(targets, batch.items[rows, cols + 1])  # the next item of the window
+    assert (batch.tokens[rows, cols] != PAD_INDEX).all()  # never from an empty prefix
+    assert int((rows == 0).sum()) == 2 and int((rows == 1).sum()) == 7  # 3 items: 2 steps; a full window: 7
+    assert batch.weight == pytest.approx(1 / 9)
+
+
+def test_next_item_capacity_is_exact_for_equal_lengths():
+    from recserve.train.batches import next_item_capacity
+
+    lengths = np.full(100, 50)
+    assert next_item_capacity(lengths, NextItemSettings(window=20), rows=16) == 16 * 19  # every position, no more

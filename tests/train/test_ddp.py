@@ -19,13 +19,13 @@ PROBE = textwrap.dedent('''
 
     data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
     seen = []
-    step = tasks.Bert4RecModule.training_step
+    step = tasks.SequenceModule.training_step
 
     def recording_step(self, batch, index):
         seen.append(batch.tokens.tolist())
         return step(self, batch, index)
 
-    tasks.Bert4RecModule.training_step = recording_step
+    tasks.SequenceModule.training_step = recording_step
     cfg = TrainConfig(epochs=1, batch_size=16, samples_per_user=2, device="cpu", devices=devices)
     train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg)
     rank = os.environ.get("LOCAL_RANK", "0")

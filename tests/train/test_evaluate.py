@@ -82,6 +82,7 @@ def test_negatives_are_never_seen_items_the_target_or_special_tokens():
 def test_batches_hold_a_bounded_number_of_scores():
     assert eval_batch_size(1_684) == 4096
     assert eval_batch_size(1_000_002) == 33  # 33 users x 1M items x 4 bytes: 132 MB
+    assert eval_batch_size(1_000_002, "cuda") == 134  # a GPU takes 512 MB a batch
     assert eval_batch_size(100_000_000) == 1
     inputs, targets, popularity = _data(users=50)
     widths = []

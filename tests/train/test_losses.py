@@ -9,8 +9,8 @@ from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import ConfigError
 from recserve.models import Bert4Rec, Bert4RecConfig
-from recserve.train.batches import ClozeEpochs, ClozeSettings
-from recserve.train.cloze import cloze_loss
+from recserve.train.batches import WindowEpochs, ClozeSettings
+from recserve.train.objectives import cloze_loss
 from recserve.train.losses import FULL_SOFTMAX_MAX_ITEMS, CatalogueLoss, LossSettings
 
 N = 40
@@ -40,28 +40,38 @@ def _reference(query, table, bias, targets, rows, items, exclude_seen):
     return torch.stack(losses)
 
 
+def _call(loss, problem, exclude_seen, per_position=False, generator=None):
+    query, table, bias, targets, rows, items = problem
+    if not exclude_seen:
+        return loss(query, table, bias, targets, generator=generator)
+    if per_position:
+        return loss(query, table, bias, targets, items[rows], generator=generator)
+    return loss(query, table, bias, targets, items, rows, generator=generator)
+
+
 @pytest.mark.parametrize("exclude_seen", [True, False])
-def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(exclude_seen):
+@pytest.mark.parametrize("per_position", [True, False])
+def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(exclude_seen, per_position):
     problem = _problem()
-    loss = CatalogueLoss(LossSettings("full", exclude_seen=exclude_seen), np.ones(N + 2), MASK)
-    torch.testing.assert_close(loss(*problem), _reference(*problem, exclude_seen))
+    loss = CatalogueLoss(LossSettings("full"), np.ones(N + 2), MASK)
+    torch.testing.assert_close(_call(loss, problem, exclude_seen, per_position), _reference(*problem, exclude_seen))
 
 
 def test_unused_slots_cost_nothing():
     query, table, bias, targets, rows, items = _problem()
     targets[3:] = PAD_INDEX
     for name in ("full", "sampled-uniform"):
-        per = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)(query, table, bias, targets, rows, items)
+        per = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)(query, table, bias, targets, items, rows)
         assert (per[3:] == 0).all() and (per[:3] > 0).all()
 
 
 @pytest.mark.parametrize("name", ["sampled-uniform", "sampled-popularity"])
-@pytest.mark.parametrize("exclude_seen", [True, False])
-def test_sampled_loss_with_log_q_correction_estimates_the_full_loss(name, exclude_seen):
+@pytest.mark.parametrize(("exclude_seen", "per_position"), [(True, False), (True, True), (False, False)])
+def test_sampled_loss_with_log_q_correction_estimates_the_full_loss(name, exclude_seen, per_position):
     problem = _problem()
     popularity = np.random.default_rng(0).zipf(1.5, N + 2).astype(float)
-    sampled = CatalogueLoss(LossSettings(name, negatives=200_000, exclude_seen=exclude_seen), popularity, MASK)
-    estimate = sampled(*problem, generator=torch.Generator().manual_seed(0))
+    sampled = CatalogueLoss(LossSettings(name, negatives=200_000), popularity, MASK)
+    estimate = _call(sampled, problem, exclude_seen, per_position, torch.Generator().manual_seed(0))
     torch.testing.assert_close(estimate, _reference(*problem, exclude_seen), rtol=0.03, atol=0.03)
 
 
@@ -70,7 +80,7 @@ def test_without_log_q_correction_the_sampled_loss_would_be_far_off():
     problem = _problem()
     sampled = CatalogueLoss(LossSettings("sampled-uniform", negatives=200_000), np.ones(N + 2), MASK)
     sampled.p_draw = sampled.p_popular = torch.full((N + 2,), 1 / 200_000)  # log Q = 0: no correction
-    estimate = sampled(*problem, generator=torch.Generator().manual_seed(0))
+    estimate = _call(sampled, problem, True, generator=torch.Generator().manual_seed(0))
     assert (estimate - _reference(*problem, True)).abs().min() > 1.0
 
 
@@ -92,7 +102,7 @@ def test_a_few_cloze_steps_lower_the_loss(name):
     lengths = [16] * 32
     seq = Sequences(items=np.random.default_rng(0).integers(1, 51, sum(lengths)),
                     offsets=np.concatenate([[0], np.cumsum(lengths)]))
-    batch = next(iter(ClozeEpochs(seq, ClozeSettings(16, 51, 0.2, 0.1), 32, 1, seed=0)))
+    batch = next(iter(WindowEpochs(seq, ClozeSettings(16, 51, 0.2, 0.1), 32, 1, seed=0)))
     loss = CatalogueLoss(LossSettings(name, negatives=256), np.ones(52), 51)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
@@ -109,10 +119,31 @@ def test_cloze_loss_is_the_mean_over_masked_positions():
     torch.manual_seed(0)
     model = Bert4Rec(Bert4RecConfig(num_items=50, window=8, hidden=16, dropout=0.0)).eval()
     seq = Sequences(items=np.arange(1, 25), offsets=np.array([0, 8, 16, 24]))
-    batch = next(iter(ClozeEpochs(seq, ClozeSettings(8, 51, 0.3, 0.0), 3, 1, seed=1)))
+    batch = next(iter(WindowEpochs(seq, ClozeSettings(8, 51, 0.3, 0.0), 3, 1, seed=1)))
     loss = CatalogueLoss(LossSettings("full", exclude_seen=False), np.ones(52), 51)
     masked = batch.tokens == 51
     logits = model.logits(model.encode(batch.tokens))[masked]
     logits[:, [PAD_INDEX, 51]] = -float("inf")
     expected = F.cross_entropy(logits, batch.items[masked])
     torch.testing.assert_close(cloze_loss(model, batch, loss), expected)
+
+
+def test_next_item_loss_leaves_out_only_the_items_up_to_each_position():
+    from recserve.models import SASRec, SASRecConfig
+    from recserve.train.batches import NextItemSettings
+    from recserve.train.objectives import next_item_loss
+
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(num_items=50, window=6, hidden=16, dropout=0.0)).eval()
+    seq = Sequences(items=np.array([4, 9, 4, 17, 30, 2]), offsets=np.array([0, 6]))
+    batch = next(iter(WindowEpochs(seq, NextItemSettings(6), 1, 1, seed=0)))
+    loss = CatalogueLoss(LossSettings("full"), np.ones(52), 51)
+    logits = model.logits(model.encode(batch.tokens))[0]  # (L, V)
+    expected = []
+    for col, target in zip(batch.cols.tolist(), batch.targets.tolist()):
+        row = logits[col].clone()
+        before = set(batch.tokens[0, : col + 1].tolist()) - {target}
+        row[[PAD_INDEX, 51, *before]] = -float("inf")  # seen so far: left out, except a repeated target
+        expected.append(-torch.log_softmax(row, 0)[target])
+    assert batch.targets.tolist() == [9, 4, 17, 30, 2]  # 4 comes back: it stays rankable where it is the target
+    torch.testing.assert_close(next_item_loss(model, batch, loss), torch.stack(expected).mean())

@@ -27,6 +27,15 @@ def test_training_learns_a_planted_sequence_and_beats_popularity(string_data_dir
     assert summary["valid"]["ndcg@10"] > 0.5
 
 
+def test_sasrec_learns_the_planted_sequence_too(string_data_dir, tmp_path):
+    cfg = TrainConfig(epochs=25, samples_per_user=4, batch_size=64, lr=3e-3, patience=25, device="cpu", resume=False)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg, model="sasrec")
+    result = evaluate_run(tmp_path / "run", string_data_dir)
+    assert result["test"]["full"]["hr@1"] > 0.5
+    assert result["test"]["full"]["ndcg@10"] > 3 * result["popularity"]["full"]["ndcg@10"]
+    assert summary["model"] == "sasrec" and summary["loss"]["name"] == "full"
+
+
 def test_same_seed_gives_the_same_weights(string_data_dir, tmp_path):
     cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu", resume=False)
     for name in ("a", "b"):
@@ -98,6 +107,6 @@ def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_
 
 def test_refit_is_refused_for_multvae(ml100k_implicit_dir, tmp_path):
     cfg = TrainConfig(epochs=1, device="cpu", resume=False, refit=True)
-    with pytest.raises(ConfigError, match="only BERT4Rec can be refitted"):
+    with pytest.raises(ConfigError, match="only BERT4Rec and SASRec can be refitted"):
         train(ml100k_implicit_dir, tmp_path / "run", {}, cfg, model="multvae")
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -40,8 +40,8 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     if model == "multvae":
         console.print("heldout: every item ranked for each test user, the fed items excluded (the Mult-VAE paper's protocol)")
     else:
-        console.print("full: every item ranked, seen items excluded (what serving does); "
-                      "sampled: against 100 popularity-drawn negatives")
+        console.print("full: every item ranked, seen items excluded (what serving does); sampled: against 100 "
+                      "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items")
     return result
 
 
@@ -52,5 +52,6 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the sampled protocol's negatives.")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
 ) -> None:
-    """HR@1/5/10/20, NDCG@5/10/20 and MRR on the test split, beside a popularity baseline; into metrics.json."""
+    """HR@1/5/10/20, NDCG@5/10/20 and MRR on the test split under every protocol, beside a popularity
+    baseline; into metrics.json."""
     show_and_save(run, data, seed, device)

@@ -1,4 +1,4 @@
-"""``recserve train``: BERT4Rec or Mult-VAE on a prepared data folder."""
+"""``recserve train``: BERT4Rec, SASRec or Mult-VAE on a prepared data folder."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from recserve.cli.console import console, handle_errors
 
 # Where the models' usual settings differ; an option given on the command line wins.
 MODEL_DEFAULTS = {
-    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8),
-    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20),
+    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
+    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=1),
+    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
 }
 
 
@@ -20,33 +21,38 @@ MODEL_DEFAULTS = {
 def train(
     data: Annotated[Path, typer.Option("--data", "-d", help="Folder written by `recserve data`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (a second run on it resumes).")],
-    model: Annotated[str, typer.Option(help="bert4rec (next item from a sequence) or multvae (items from a bag).")] = "bert4rec",
-    window: Annotated[Optional[int], typer.Option(help="BERT4Rec: longest input, mask token included [100]. "
-                                                  "Mult-VAE: most history items served [1024].")] = None,
-    hidden: Annotated[Optional[int], typer.Option(help="BERT4Rec: model width [64]. Mult-VAE: hidden layer [600].")] = None,
-    layers: Annotated[int, typer.Option(help="BERT4Rec: transformer blocks.")] = 1,
-    heads: Annotated[int, typer.Option(help="BERT4Rec: attention heads.")] = 2,
-    dropout: Annotated[Optional[float], typer.Option(help="Dropout rate [BERT4Rec 0.2, Mult-VAE 0.5 on the input].")] = None,
+    model: Annotated[str, typer.Option(help="bert4rec (bidirectional, Cloze task), sasrec (causal, next item at "
+                                       "every position) or multvae (items from a bag).")] = "bert4rec",
+    window: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: longest input, mask (reserved) token "
+                                                  "included [100]. Mult-VAE: most history items served [1024].")] = None,
+    hidden: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: model width [64]. Mult-VAE: hidden "
+                                                  "layer [600].")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: transformer blocks [1, 2].")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: attention heads [2, 1].")] = None,
+    dropout: Annotated[Optional[float], typer.Option(help="Dropout rate [BERT4Rec and SASRec 0.2, Mult-VAE 0.5 "
+                                                     "on the input].")] = None,
     mask_prob: Annotated[float, typer.Option(help="BERT4Rec: Cloze masking probability.")] = 0.4,
-    loss_exclude_seen: Annotated[bool, typer.Option(help="BERT4Rec: leave a sample's other items out of its "
-                                                    "softmax, as serving leaves seen items out.")] = True,
-    samples_per_user: Annotated[int, typer.Option(help="BERT4Rec: windows drawn per user per epoch.")] = 4,
-    loss: Annotated[str, typer.Option(help="BERT4Rec: full (exact softmax over the catalogue), sampled-uniform or "
+    loss_exclude_seen: Annotated[bool, typer.Option(help="BERT4Rec: leave a sample's other items out of each "
+                                                    "softmax; SASRec: the items up to each position; as serving "
+                                                    "leaves seen items out.")] = True,
+    samples_per_user: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: windows drawn per user per "
+                                                            "epoch [4, 1]: SASRec's one window holds a prediction at every position.")] = None,
+    loss: Annotated[str, typer.Option(help="BERT4Rec, SASRec: full (exact softmax over the catalogue), sampled-uniform or "
                                       "sampled-popularity (in-batch plus drawn negatives, log-Q corrected); auto: "
-                                      "full up to 100,000 items, else sampled-uniform.")] = "auto",
-    negatives: Annotated[int, typer.Option(help="BERT4Rec, sampled losses: negatives drawn per batch, beside as "
+                                      "full up to 50,000 items, else sampled-uniform.")] = "auto",
+    negatives: Annotated[int, typer.Option(help="Sampled losses: negatives drawn per batch, beside as "
                                            "many in-batch targets.")] = 8192,
     latent: Annotated[int, typer.Option(help="Mult-VAE: latent dimensions.")] = 200,
     anneal_cap: Annotated[float, typer.Option(help="Mult-VAE: the largest KL weight.")] = 0.2,
     anneal_steps: Annotated[int, typer.Option(help="Mult-VAE: optimizer steps for the KL weight to reach 1 (it stops at the cap).")] = 2000,
     heldout_share: Annotated[float, typer.Option(help="Mult-VAE: share of users held out for validation, and for test.")] = 0.1,
-    epochs: Annotated[Optional[int], typer.Option(help="Most epochs; early stopping may end sooner [60, 200].")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Most epochs; early stopping may end sooner [60, 100, 200].")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Samples per step [128, 100].")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Learning rate [1e-3].")] = None,
     lr_schedule: Annotated[str, typer.Option(help="constant, or cosine (5% warm-up, then down to 0 at --epochs).")] = "constant",
     weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay [0.01, 0].")] = None,
     patience: Annotated[Optional[int], typer.Option(help="Epochs without a better validation metric before stopping [8, 20].")] = None,
-    refit: Annotated[bool, typer.Option(help="BERT4Rec: then train again on every item but the test one, for "
+    refit: Annotated[bool, typer.Option(help="BERT4Rec, SASRec: then train again on every item but the test one, for "
                                         "the epoch count validation chose, and keep that model.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -60,25 +66,32 @@ def train(
 ) -> None:
     """Train a model with validation each epoch, early stopping, checkpoints and curves.
 
-    BERT4Rec trains on the Cloze task and validates NDCG@10 on each user's second-to-last item; Mult-VAE
+    BERT4Rec trains on the Cloze task, SASRec on the next item at every position; both validate NDCG@10 on
+    each user's second-to-last item; Mult-VAE
     trains on held-out-user splits and validates NDCG@100 (the paper's protocol). Values in brackets are
-    the defaults of BERT4Rec and Mult-VAE.
+    the defaults of the models named (BERT4Rec first), where they differ.
     """
     from recserve.train.trainer import TrainConfig, write_metrics
     from recserve.train.trainer import train as run_training
 
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")
-    given = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, epochs=epochs, patience=patience)
+    given = dict(batch_size=batch_size, lr=lr, weight_decay=weight_decay, epochs=epochs, patience=patience,
+                 samples_per_user=samples_per_user)
     settings = MODEL_DEFAULTS[model] | {k: v for k, v in given.items() if v is not None}
-    cfg = TrainConfig(samples_per_user=samples_per_user, heldout_share=heldout_share, seed=seed, device=device,
+    cfg = TrainConfig(heldout_share=heldout_share, seed=seed, device=device,
                       devices=devices, lr_schedule=lr_schedule, loss_exclude_seen=loss_exclude_seen, refit=refit,
                       loss=loss, negatives=negatives, precision=precision, compile=compile, **settings)
     if model == "bert4rec":
-        overrides = dict(layers=layers, heads=heads, mask_prob=mask_prob)
-    else:
+        overrides = dict(mask_prob=mask_prob)
+    elif model == "multvae":
         overrides = dict(latent=latent, anneal_cap=anneal_cap, anneal_steps=anneal_steps)
-    overrides |= {k: v for k, v in dict(window=window, hidden=hidden, dropout=dropout).items() if v is not None}
+    else:
+        overrides = {}
+    given = dict(window=window, hidden=hidden, dropout=dropout)
+    if model != "multvae":
+        given |= dict(layers=layers, heads=heads)
+    overrides |= {k: v for k, v in given.items() if v is not None}
     summary = run_training(data, out, overrides, cfg, model=model, overwrite=overwrite)
     if not summary:
         return  # a DDP worker other than rank 0

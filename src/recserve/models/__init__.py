@@ -2,5 +2,6 @@
 
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
+from recserve.models.sasrec import SASRec, SASRecConfig
 
-__all__ = ["Bert4Rec", "Bert4RecConfig", "MultVAE", "MultVAEConfig"]
+__all__ = ["Bert4Rec", "Bert4RecConfig", "MultVAE", "MultVAEConfig", "SASRec", "SASRecConfig"]

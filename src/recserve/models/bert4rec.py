@@ -1,9 +1,8 @@
 """BERT4Rec: a bidirectional transformer over item sequences, trained with the Cloze task.
 
 Sun et al., "BERT4Rec: Sequential Recommendation with Bidirectional Encoder Representations from
-Transformer", CIKM 2019. Index 0 is padding, items are 1..N, N + 1 is the mask token. Sequences are
-left-padded and positions are counted from the right, so the last token always has position
-``window - 1`` and a shorter input needs no padding up to the window.
+Transformer", CIKM 2019. Index 0 is padding, items are 1..N, N + 1 is the mask token. The transformer
+itself is ``models.transformer``, shared with SASRec.
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
 from recserve.models.config import ModelConfig
+from recserve.models.transformer import ItemTransformer, transformer_problems
 
 
 @dataclass(frozen=True)
@@ -33,160 +31,21 @@ class Bert4RecConfig(ModelConfig):
     mask_prob: float = 0.4  # Cloze masking probability in training (the paper: 0.2 on MovieLens, 0.4 on Steam)
 
     def validate(self) -> None:
-        problems = []
-        if self.num_items < 1:
-            problems.append(f"num_items={self.num_items}: must be at least 1")
-        if self.window < 2:
-            problems.append(f"window={self.window}: must be at least 2 (one item and the mask token)")
-        if self.hidden < 1 or self.heads < 1 or self.hidden % self.heads:
-            problems.append(f"hidden={self.hidden}, heads={self.heads}: hidden must be a multiple of heads")
-        if self.layers < 1:
-            problems.append(f"layers={self.layers}: must be at least 1")
-        if not 0 <= self.dropout < 1:
-            problems.append(f"dropout={self.dropout}: must be in [0, 1)")
+        problems = transformer_problems(self)
         if not 0 < self.mask_prob < 1:
             problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
         if problems:
             raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
 
 
-SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
+class Bert4Rec(ItemTransformer):
+    """Bidirectional attention; BERT's prediction head (dense, GELU, layer norm) before the tied output layer
+    with a bias, as in the original."""
 
     def __init__(self, cfg: Bert4RecConfig):
-        super().__init__()
-        self.heads = cfg.heads
-        self.dropout = cfg.dropout
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.ffn = nn.Sequential(
-            nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
-        )
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
-        return t.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, nh, L, hd)
-
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, H); keep: (B, 1, 1, L) True where a key may be attended. Returns (B, L, H)."""
-        q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B, nh, L, hd)
-        x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
-        return x + self.drop(self.ffn(self.ln2(x)))
-
-    def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """The inference fast path: the block's output at the last position only.
-
-        With one query, attention needs no keys or values per token. For head h with query
-        q = Wq x + bq: q . (Wk t + bk) = (Wk^T Wq x + Wk^T bq) . t + q . bk for each normalised token t, and
-        the constant q . bk cancels in the softmax; and Wo (Wv sum_l p_l t_l + bv) + bo, the projected
-        output, is (Wo Wv) applied to the weighted sum of the tokens plus a constant, since the weights p
-        sum to one. So two layers made of products of the weights (the query side and the output side)
-        and two products with the tokens replace the 3 H x H projection of every token. The same
-        function, to float rounding; exports fold the weight products into constants.
-
-        x: (B, L, H); keep: (B, 1, 1, L). Returns the last position's output (B, 1, H).
-        """
-        h = self.ln1(x)  # (B, L, H)
-        if not isinstance(self.qkv, nn.Linear):  # a quantized layer: its weights are not plain tensors
-            return self._forward_last_projected(x, h, keep)
-        frozen = [getattr(self, name, None) for name in SINGLE_QUERY_WEIGHTS]
-        query_w, query_b, out_w, out_b = self._single_query_weights() if frozen[0] is None else frozen
-        query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
-        scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
-        mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
-        x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
-        return x + self.ffn(self.ln2(x))
-
-    def freeze_single_query(self) -> None:
-        """Computes the one-query weights once, for a model whose weights no longer change (serving)."""
-        with torch.no_grad():
-            for name, value in zip(SINGLE_QUERY_WEIGHTS, self._single_query_weights()):
-                self.register_buffer(name, value.detach().clone(), persistent=False)
-
-    def _single_query_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The query side (nh H x H, with the attention scale) and the output side (H x nh H) of one query."""
-        width = self.qkv.in_features
-        w_q, w_k, w_v = (w.unflatten(0, (self.heads, -1)) for w in self.qkv.weight.chunk(3, 0))  # (nh, hd, H)
-        b_q, _, b_v = self.qkv.bias.chunk(3)
-        scale = (width // self.heads) ** -0.5
-        query_w = (w_k.transpose(1, 2) @ w_q).flatten(0, 1) * scale  # (nh H, H): Wk_h^T Wq_h per head
-        query_b = (w_k.transpose(1, 2) @ b_q.unflatten(0, (self.heads, -1))[..., None]).flatten() * scale
-        w_o = self.proj.weight.unflatten(1, (self.heads, -1)).transpose(0, 1)  # (nh, H, hd): Wo's columns per head
-        out_w = (w_o @ w_v).transpose(0, 1).flatten(1)  # (H, nh H): Wo_h Wv_h side by side
-        out_b = self.proj.weight @ b_v + self.proj.bias
-        return query_w, query_b, out_w, out_b
-
-    def _forward_last_projected(self, x: torch.Tensor, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """``forward_last`` through the qkv layer itself, for layers that quantization swapped."""
-        q, k, v = self.qkv(h).chunk(3, -1)
-        q, k, v = self._heads(q[:, -1:]), self._heads(k), self._heads(v)  # (B, nh, 1 | L, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B, nh, 1, hd)
-        x = x[:, -1:] + self.proj(y.transpose(1, 2).flatten(2))
-        return x + self.ffn(self.ln2(x))
-
-
-class Bert4Rec(nn.Module):
-    """The encoder and its output layer, tied to the item embeddings with a bias, as in the original."""
-
-    def __init__(self, cfg: Bert4RecConfig):
-        super().__init__()
-        cfg.validate()
-        self.cfg = cfg
-        self.item_emb = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=PAD_INDEX)
-        self.pos_emb = nn.Embedding(cfg.window, cfg.hidden)
-        self.emb_norm = nn.LayerNorm(cfg.hidden)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.final_norm = nn.LayerNorm(cfg.hidden)
-        # BERT's prediction head: a dense layer, GELU and layer norm before the tied projection
-        self.head = nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden))
-        self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        length = tokens.shape[1]
-        positions = torch.arange(self.cfg.window - length, self.cfg.window, device=tokens.device)  # (L,)
-        x = self.drop(self.emb_norm(self.item_emb(tokens) + self.pos_emb(positions)))
-        return x, (tokens != PAD_INDEX)[:, None, None, :]  # (B, L, H), keep (B, 1, 1, L)
-
-    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
-        x, keep = self._embed(tokens)
-        for block in self.blocks:
-            x = block(x, keep)
-        return self.final_norm(x)
-
-    def encode_last(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L). Returns the last position's hidden state (B, H), computing no other output."""
-        x, keep = self._embed(tokens)
-        for block in self.blocks[:-1]:
-            x = block(x, keep)
-        return self.final_norm(self.blocks[-1].forward_last(x, keep)[:, 0])
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
-        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
-
-    def prepare_inference(self) -> None:
-        """Precomputes what serving reuses on every call; the weights must not change afterwards."""
-        if isinstance(self.blocks[-1].qkv, nn.Linear):
-            self.blocks[-1].freeze_single_query()
+        super().__init__(cfg, nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden)))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L). Returns the scores of the last position (B, N + 2): the inference fast path."""
+        """tokens: (B, L) with the mask token last. Returns the scores of the mask position (B, N + 2): the
+        inference fast path."""
         return self.logits(self.encode_last(tokens))

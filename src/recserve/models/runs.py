@@ -11,12 +11,13 @@ from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
+from recserve.models.sasrec import SASRec, SASRecConfig
 
-MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "multvae": (MultVAEConfig, MultVAE)}
+MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec), "multvae": (MultVAEConfig, MultVAE)}
 
 
 def model_name(run_dir: Path) -> str:
-    """The model of a run folder (``bert4rec`` or ``multvae``)."""
+    """The model of a run folder (``bert4rec``, ``sasrec`` or ``multvae``)."""
     path = Path(run_dir) / MODEL_CONFIG_FILE
     if not path.is_file():
         raise DataError(f"{run_dir}: not a training run, missing {MODEL_CONFIG_FILE}; run `recserve train` first")
@@ -26,11 +27,11 @@ def model_name(run_dir: Path) -> str:
     return name
 
 
-def load_config(run_dir: Path) -> Bert4RecConfig | MultVAEConfig:
+def load_config(run_dir: Path) -> Bert4RecConfig | SASRecConfig | MultVAEConfig:
     return MODELS[model_name(run_dir)][0].load(Path(run_dir) / MODEL_CONFIG_FILE)
 
 
-def load_run(run_dir: Path) -> Bert4Rec | MultVAE:
+def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
     """The trained model of a run folder (``model_config.json`` and ``model.pt``), in eval mode on the CPU."""
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)

@@ -1,5 +1,5 @@
-"""Training batches built on the training device: histories as two flat tensors, windows and Cloze masks
-sliced from them with tensor operations, an epoch a permutation of users. No per-sample Python, and no
+"""Training batches built on the training device: histories as two flat tensors, windows, Cloze masks and
+next-item targets sliced from them with tensor operations, an epoch a permutation of users. No per-sample Python, and no
 host-device synchronisation per step (the count of masked positions is bounded, not read back).
 """
 
@@ -14,7 +14,7 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 
-LOSS_CAPACITY_SIGMAS = 4.0  # masked positions a GPU batch keeps: the mean plus this many standard deviations
+LOSS_CAPACITY_SIGMAS = 4.0  # scored positions a GPU batch keeps: the mean plus this many standard deviations
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,43 @@ class SequenceTensors:
 
 @dataclass(frozen=True)
 class ClozeSettings:
+    """BERT4Rec's samples: windows with random items masked, the masked ones to predict."""
+
     window: int  # tokens per sample
     mask_index: int  # the mask token
     mask_prob: float  # each real item is masked with this probability
     last_item_rate: float  # share of samples that mask only the last item, as at serving time
 
+    def batch(self, seq: SequenceTensors, users: torch.Tensor, generator: torch.Generator,
+              capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+        return cloze_batch(seq, users, self, generator, capacity, rank, world)
+
+    def capacity(self, lengths: np.ndarray, rows: int) -> int:
+        return masked_capacity(lengths, self, rows)
+
+
+@dataclass(frozen=True)
+class NextItemSettings:
+    """SASRec's samples: windows whose every position predicts the item after it."""
+
+    window: int  # items per sample: window - 1 inputs, each with its next item
+
+    def batch(self, seq: SequenceTensors, users: torch.Tensor, generator: torch.Generator,
+              capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+        return next_item_batch(seq, users, self, generator, capacity, rank, world)
+
+    def capacity(self, lengths: np.ndarray, rows: int) -> int:
+        return next_item_capacity(lengths, self, rows)
+
 
 @dataclass
-class ClozeBatch:
-    """One batch of Cloze samples and the positions whose loss counts.
+class PositionBatch:
+    """One batch of samples and the positions whose loss counts (Cloze: the masked ones; next item: every
+    position with a real input and a real next item).
 
     Attributes:
-        tokens: (B, L) inputs, masked positions set to the mask token.
-        items: (B, L) the window's original items (what ``exclude_seen`` leaves out of each softmax).
+        tokens: (B, L) inputs (Cloze: masked positions set to the mask token).
+        items: (B, W) the sample's window of original items.
         rows: (C,) the sample row of each kept masked position (C = the batch's capacity).
         cols: (C,) its position in the row.
         targets: (C,) the original item there; padding (0) in capacity slots left unused.
@@ -123,7 +147,7 @@ def select_positions(masked: torch.Tensor, capacity: int | None) -> tuple[torch.
 
 
 def cloze_batch(seq: SequenceTensors, users: torch.Tensor, s: ClozeSettings, generator: torch.Generator,
-                capacity: int | None = None, rank: int = 0, world: int = 1) -> ClozeBatch:
+                capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
     """Masked windows of ``users`` (the whole batch over all ranks); this rank keeps rows ``rank::world``.
 
     Every rank draws the same batch from the same generator state and keeps its share, so the ranks see
@@ -137,54 +161,84 @@ def cloze_batch(seq: SequenceTensors, users: torch.Tensor, s: ClozeSettings, gen
     rows, cols = select_positions(masked, capacity)
     targets = torch.where(masked[rows, cols], items[rows, cols], PAD_INDEX)
     tokens = torch.where(masked, s.mask_index, items)
-    return ClozeBatch(tokens, items, rows, cols, targets, world / total.clamp(min=1).float())
+    return PositionBatch(tokens, items, rows, cols, targets, world / total.clamp(min=1).float())
+
+
+def capacity_for(per_user_mean: np.ndarray, per_user_second: np.ndarray, rows: int, width: int) -> int:
+    """How many scored positions a batch of ``rows`` samples keeps room for.
+
+    The batch's mean plus ``LOSS_CAPACITY_SIGMAS`` standard deviations, from each user's expected count of
+    scored positions and its second moment (every user equally likely in a batch): a batch rarely has more,
+    and the few extra positions of one that does are left out of that step's loss (the step's mean still
+    counts them in its denominator).
+    """
+    mean = per_user_mean.mean() if per_user_mean.size else 1.0
+    variance = max(per_user_second.mean() - mean**2, 1.0) if per_user_second.size else 1.0
+    capacity = rows * mean + LOSS_CAPACITY_SIGMAS * math.sqrt(rows * variance) + 8
+    return int(min(rows * width, math.ceil(capacity)))
 
 
 def masked_capacity(lengths: np.ndarray, s: ClozeSettings, rows: int) -> int:
-    """How many masked positions a batch of ``rows`` samples keeps room for.
-
-    A sample masks Binomial(real, mask_prob) positions (at least one), or only its last item with
-    probability ``last_item_rate``, where real = min(length, window) over the training users. The room is
-    the mean of a batch plus ``LOSS_CAPACITY_SIGMAS`` standard deviations: a batch rarely has more, and the
-    few extra positions of one that does are left out of that step's loss (the step's mean still counts
-    them in its denominator).
-    """
+    """``capacity_for`` Cloze samples: Binomial(real, mask_prob) masked positions (at least one), or only the
+    last item with probability ``last_item_rate``, where real = min(length, window)."""
     real = np.minimum(lengths[lengths > 0], s.window).astype(np.float64)
     p, r = s.mask_prob, s.last_item_rate
-    mean = (1 - r) * p * real + r  # per user
+    mean = (1 - r) * p * real + r
     second = (1 - r) * (real * p * (1 - p) + (real * p) ** 2) + r
-    per_row_mean, per_row_var = mean.mean() + 1.0, max(second.mean() - mean.mean() ** 2, 1.0)
-    capacity = rows * per_row_mean + LOSS_CAPACITY_SIGMAS * math.sqrt(rows * per_row_var) + 8
-    return int(min(rows * s.window, math.ceil(capacity)))
+    return capacity_for(mean, second, rows, s.window)
 
 
-class ClozeEpochs(torch.utils.data.IterableDataset):
+def next_item_batch(seq: SequenceTensors, users: torch.Tensor, s: NextItemSettings, generator: torch.Generator,
+                    capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+    """Windows of ``window`` items: the first ``window - 1`` are the inputs, each position's target is the
+    item after it; positions with a real input and a real target count. Ranks split rows as ``cloze_batch``."""
+    ends = random_ends(seq.lengths[users], s.window, generator)
+    items = seq.windows(users, ends, s.window)  # (B, W) left-padded
+    inputs, following = items[:, :-1], items[:, 1:]
+    scored = (inputs != PAD_INDEX) & (following != PAD_INDEX)
+    total = scored.sum()
+    items, inputs, following, scored = (t[rank::world] for t in (items, inputs, following, scored))
+    rows, cols = select_positions(scored, capacity)
+    targets = torch.where(scored[rows, cols], following[rows, cols], PAD_INDEX)
+    return PositionBatch(inputs, items, rows, cols, targets, world / total.clamp(min=1).float())
+
+
+def next_item_capacity(lengths: np.ndarray, s: NextItemSettings, rows: int) -> int:
+    """``capacity_for`` next-item samples: min(length, window) - 1 scored positions each."""
+    scored = np.minimum(lengths[lengths > 0], s.window).astype(np.float64) - 1
+    return capacity_for(scored, scored**2, rows, s.window - 1)
+
+
+class WindowEpochs(torch.utils.data.IterableDataset):
     """An epoch is every user with a history ``samples_per_user`` times, shuffled, in batches of
-    ``batch_size`` samples over all ranks; each rank builds the same batches and keeps its rows."""
+    ``batch_size`` samples over all ranks; each rank builds the same batches and keeps its rows.
 
-    def __init__(self, seq: Sequences, settings: ClozeSettings, batch_size: int, samples_per_user: int,
-                 seed: int, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
+    ``settings`` decides the samples: ``ClozeSettings`` (BERT4Rec) or ``NextItemSettings`` (SASRec).
+    """
+
+    def __init__(self, seq: Sequences, settings: ClozeSettings | NextItemSettings, batch_size: int,
+                 samples_per_user: int, seed: int, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
         self.tensors = SequenceTensors.from_sequences(seq, device)
         self.users = torch.as_tensor(np.flatnonzero(seq.lengths > 0), device=device).repeat(samples_per_user)
         self.settings, self.batch_size, self.seed = settings, batch_size, seed
         self.rank, self.world, self.epoch = rank, world, 0
         self.device = torch.device(device)
         rows = -(-batch_size // world)
-        self.capacity = masked_capacity(seq.lengths, settings, rows) if self.device.type == "cuda" else None
+        self.capacity = settings.capacity(seq.lengths, rows) if self.device.type == "cuda" else None
 
     def __len__(self) -> int:
         return -(-self.users.numel() // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Each epoch draws its own order and masks, from the seed and the epoch alone (resuming repeats none)."""
+        """Each epoch draws its own order and samples, from the seed and the epoch alone (resuming repeats none)."""
         self.epoch = epoch
 
     def __iter__(self):
         generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.epoch)
         order = self.users[torch.randperm(self.users.numel(), generator=generator, device=self.device)]
         for start in range(0, order.numel(), self.batch_size):
-            yield cloze_batch(self.tensors, order[start : start + self.batch_size], self.settings, generator,
-                              self.capacity, self.rank, self.world)
+            yield self.settings.batch(self.tensors, order[start : start + self.batch_size], generator,
+                                      self.capacity, self.rank, self.world)
 
 
 def row_contains(items: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

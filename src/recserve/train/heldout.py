@@ -113,7 +113,7 @@ def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str 
     top = min(max(*RECALL_KS, *NDCG_KS), vocab_size)
     fed, targets = SequenceTensors.from_sequences(fold.fed, device), SequenceTensors.from_sequences(fold.targets, device)
     specials = torch.tensor([PAD_INDEX, vocab_size - 1], device=device)  # padding and the reserved N + 1
-    hits, step = [], eval_batch_size(vocab_size)
+    hits, step = [], eval_batch_size(vocab_size, device)
     for start in range(0, fold.fed.num_users, step):
         users = torch.arange(start, min(start + step, fold.fed.num_users), device=device)
         tokens = fed.windows(users, fed.lengths[users], _widest(fold.fed.lengths, start, step))
@@ -169,11 +169,15 @@ class BagEpochs(IterableDataset):
 
 
 def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
-    """Test metrics of a Mult-VAE run and of popularity, on the test users of the run's own split."""
+    """Test metrics of a Mult-VAE run and of popularity, on the test users of the run's own split.
+
+    The split is drawn again from the share and seed the run recorded (``run.json``).
+    """
     import json
+    import time
     from pathlib import Path
 
-    from recserve.constants import METRICS_FILE
+    from recserve.constants import RUN_FILE
     from recserve.data.datasets import load_prepared
     from recserve.models.runs import load_run
 
@@ -182,14 +186,18 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
     if model.cfg.num_items != data.vocab.num_items:
         raise DataError(f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on "
                         f"{model.cfg.num_items}; evaluate on the data folder it was trained on")
-    metrics_path = Path(run_dir) / METRICS_FILE
-    protocol = json.loads(metrics_path.read_text())["valid"] if metrics_path.exists() else {}
-    split = split_heldout(data.sequences, protocol.get("heldout_share", 0.1), seed=protocol.get("seed", 0))
+    record = Path(run_dir) / RUN_FILE
+    settings = json.loads(record.read_text())["train"] if record.is_file() else {}
+    split = split_heldout(data.sequences, settings.get("heldout_share", 0.1), seed=settings.get("seed", 0))
     vocab_size = model.cfg.vocab_size
+    started = time.perf_counter()
+    test = evaluate_fold(model, split.test, vocab_size, device=device)
+    elapsed_s = time.perf_counter() - started
     return {
-        "test": {"heldout": evaluate_fold(model, split.test, vocab_size, device=device)},
+        "test": {"heldout": test},
         "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size, device), split.test, vocab_size,
                                                 device=device)},
         "split": {"train_users": split.train.num_users, "valid_users": split.valid.fed.num_users,
                   "test_users": split.test.fed.num_users, "fed_share": FED_SHARE},
+        "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": ["heldout"]},
     }

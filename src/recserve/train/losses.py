@@ -23,14 +23,14 @@ from recserve.errors import ConfigError
 from recserve.train.batches import row_contains
 
 LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
-FULL_SOFTMAX_MAX_ITEMS = 100_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
+FULL_SOFTMAX_MAX_ITEMS = 50_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
 class LossSettings:
     name: str = "auto"  # one of LOSSES; auto picks full or sampled-uniform by catalogue size
     negatives: int = 8192  # sampled: items drawn per batch, beside as many in-batch targets
-    exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving does
+    exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving leaves seen items
 
     def validate(self) -> list[str]:
         problems = []
@@ -70,41 +70,45 @@ class CatalogueLoss:
         self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
 
     def __call__(self, query: torch.Tensor, table: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
-                 rows: torch.Tensor, items: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+                 exclude: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         """Per-position losses, 0 where the target is padding (an unused slot).
 
         Args:
             query: (C, H) output-side vectors at the positions; table: (V, H) item vectors; bias: (V,).
-            targets: (C,) item to predict; rows: (C,) each position's sample row.
-            items: (B, R) each sample's items (padding allowed): what exclusion leaves out.
+            targets: (C,) item to predict.
+            exclude: items left out of each position's softmax (the target stays; padding allowed): (B, R)
+                per sample with ``rows``, the (C,) sample row of each position, or (C, R) per position
+                without; None leaves nothing out.
 
         Returns:
             (C,) float32 cross-entropy.
         """
+        if exclude is not None and rows is not None:
+            exclude = exclude[rows] if self.settings.name == "full" else exclude
         if self.settings.name == "full":
-            return self._full(query, table, bias, targets, rows, items)
-        return self._sampled(query, table, bias, targets, rows, items, generator)
+            return self._full(query, table, bias, targets, exclude)
+        return self._sampled(query, table, bias, targets, exclude, rows, generator)
 
-    def _full(self, query, table, bias, targets, rows, items) -> torch.Tensor:
+    def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
         logits = torch.addmm(bias, query, table.T).float()  # (C, V), a fresh tensor: changed in place below
         logits.index_fill_(1, torch.tensor([PAD_INDEX, self.mask_index], device=logits.device), -math.inf)
-        if self.settings.exclude_seen:  # the sample's items but the target (padding is out already)
-            window = items[rows]  # (C, R)
-            logits.scatter_(1, window.masked_fill(window == targets[:, None], PAD_INDEX), -math.inf)
+        if exclude is not None:  # (C, R): every listed item but the target (padding is out already)
+            logits.scatter_(1, exclude.masked_fill(exclude == targets[:, None], PAD_INDEX), -math.inf)
         return F.cross_entropy(logits, targets, ignore_index=PAD_INDEX, reduction="none")
 
-    def _sampled(self, query, table, bias, targets, rows, items, generator) -> torch.Tensor:
+    def _sampled(self, query, table, bias, targets, exclude, rows, generator) -> torch.Tensor:
         drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
         in_batch = targets[: self.settings.negatives]
         pool = torch.cat([in_batch, drawn])  # (S,)
         expected = in_batch.numel() * self.p_popular + self.settings.negatives * self.p_draw  # (V,) per-item count
-        log_q = expected.clamp(min=1e-30).log()
-        positive = ((query * table[targets]).sum(-1) + bias[targets]).float()  # (C,)
-        negative = (query @ table[pool].T + bias[pool]).float() - log_q[pool]  # (C, S)
-        drop = (pool[None, :] == targets[:, None]) | (pool == PAD_INDEX) | (pool == self.mask_index)
-        if self.settings.exclude_seen:
-            drop = drop | row_contains(items, pool)[rows]
-        negative = negative.masked_fill(drop, -math.inf)
-        loss = torch.logsumexp(torch.cat([positive[:, None], negative], 1), 1) - positive
+        special = (pool == PAD_INDEX) | (pool == self.mask_index)
+        pool_bias = (bias[pool].float() - expected[pool].clamp(min=1e-30).log()).masked_fill(special, -math.inf)
+        positive = ((query * F.embedding(targets, table)).sum(-1) + bias[targets]).float()  # (C,)
+        negative = torch.addmm(pool_bias.to(query.dtype), query, F.embedding(pool, table).T)  # (C, S)
+        drop = pool[None, :] == targets[:, None]  # (C, S) accidental hits: the positive is scored once
+        if exclude is not None:  # per sample, then spread to its positions; or per position
+            drop |= row_contains(exclude, pool)[rows] if rows is not None else row_contains(exclude, pool)
+        others = torch.logsumexp(negative.masked_fill(drop, -math.inf).float(), 1)
+        loss = torch.logaddexp(positive, others) - positive
         return torch.where(targets != PAD_INDEX, loss, 0.0)
-

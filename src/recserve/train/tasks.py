@@ -18,15 +18,17 @@ from recserve.data.sequences import Sequences
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
-from recserve.train.batches import ClozeEpochs, ClozeSettings
-from recserve.train.cloze import cloze_loss
+from recserve.models.sasrec import SASRec, SASRecConfig
+from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
+from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.evaluate import Ranker, history_counts
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
 from recserve.train.losses import CatalogueLoss
 from recserve.train.metrics import ranking_metrics
 from recserve.train.schedule import cosine_with_warmup
 
-MODELS = ("bert4rec", "multvae")
+MODELS = ("bert4rec", "sasrec", "multvae")
+SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec)}
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,17 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
 
     Args:
         cfg: the trainer's ``TrainConfig``.
-        refit: BERT4Rec only (``train`` refuses it for other models before it starts): train on every item
+        refit: BERT4Rec and SASRec (``train`` refuses it for Mult-VAE before it starts): train on every item
             but the test one (the validation item included).
     """
-    if model == "bert4rec":
+    if model in SEQUENCE_MODELS:
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:
             raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
-        model_cfg = Bert4RecConfig(num_items=data.vocab.num_items, **overrides)
+        model_cfg = SEQUENCE_MODELS[model][0](num_items=data.vocab.num_items, **overrides)
         model_cfg.validate()
         protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
-        return Task(model_cfg, Bert4RecModule(model_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
+        return Task(model_cfg, SequenceModule(model, model_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
     if model == "multvae":
         model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
         model_cfg.validate()
@@ -73,7 +75,7 @@ def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
 class _DeviceBatchesModule(L.LightningModule):
     """Batches that are already on the device: Lightning's transfer is skipped, each epoch reseeds them."""
 
-    batches: ClozeEpochs | BagEpochs
+    batches: WindowEpochs | BagEpochs
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch
@@ -86,15 +88,18 @@ class _DeviceBatchesModule(L.LightningModule):
         return torch.utils.data.DataLoader(batches, batch_size=None)
 
 
-class Bert4RecModule(_DeviceBatchesModule):
-    """BERT4Rec on the Cloze task; validation ranks every user's second-to-last item."""
+class SequenceModule(_DeviceBatchesModule):
+    """BERT4Rec on the Cloze task or SASRec on the next item; validation ranks every user's second-to-last
+    item."""
 
-    def __init__(self, model_cfg: Bert4RecConfig, data: PreparedData, train_seq: Sequences, cfg):
+    def __init__(self, name: str, model_cfg: Bert4RecConfig | SASRecConfig, data: PreparedData,
+                 train_seq: Sequences, cfg):
         super().__init__()
-        self.model = Bert4Rec(model_cfg)
+        self.model = SEQUENCE_MODELS[name][1](model_cfg)
         self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
         self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
-        self.step_loss = torch.compile(cloze_loss) if cfg.compile else cloze_loss
+        objective = cloze_loss if name == "bert4rec" else next_item_loss
+        self.step_loss = torch.compile(objective) if cfg.compile else objective
 
     def setup(self, stage: str) -> None:
         counts = history_counts(self.train_seq, self.model_cfg.vocab_size)
@@ -106,9 +111,12 @@ class Bert4RecModule(_DeviceBatchesModule):
 
     def train_dataloader(self):
         c = self.model_cfg
-        settings = ClozeSettings(c.window, c.mask_index, c.mask_prob, self.cfg.last_item_rate)
-        return self._loader(ClozeEpochs(self.train_seq, settings, self.cfg.batch_size, self.cfg.samples_per_user,
-                                        self.cfg.seed, self.device, self.global_rank, self.trainer.world_size))
+        if isinstance(c, Bert4RecConfig):
+            settings = ClozeSettings(c.window, c.mask_index, c.mask_prob, self.cfg.last_item_rate)
+        else:
+            settings = NextItemSettings(c.window)
+        return self._loader(WindowEpochs(self.train_seq, settings, self.cfg.batch_size, self.cfg.samples_per_user,
+                                         self.cfg.seed, self.device, self.global_rank, self.trainer.world_size))
 
     def val_dataloader(self):
         return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user

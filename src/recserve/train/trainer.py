@@ -38,10 +38,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
-    loss: str = "auto"  # BERT4Rec: full, sampled-uniform or sampled-popularity; auto: full up to 100k items
+    loss: str = "auto"  # BERT4Rec: full, sampled-uniform or sampled-popularity; auto: full up to 50k items
     negatives: int = 8192  # BERT4Rec, sampled losses: items drawn per batch, beside the in-batch targets
     loss_exclude_seen: bool = True  # BERT4Rec: leave a sample's other items out of its softmax, as serving does
-    refit: bool = False  # BERT4Rec: then train again on items[:-1] for the best epoch count; that model is kept
+    refit: bool = False  # BERT4Rec, SASRec: then train again on items[:-1] for the best epoch count; that model is kept
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
     patience: int = 8  # epochs without a better validation metric before stopping
@@ -96,7 +96,7 @@ class TrainConfig:
 
 def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig(),
           model: str = "bert4rec", overwrite: bool = False, callbacks: list | None = None) -> dict:
-    """Trains ``model`` (bert4rec or multvae) on a prepared folder and writes the run folder.
+    """Trains ``model`` (bert4rec, sasrec or multvae) on a prepared folder and writes the run folder.
 
     The run holds ``run.json`` (what trained it), ``model.pt`` (the best weights), ``model_config.json``,
     ``checkpoints/`` (Lightning's best and last checkpoints; a second run on the same folder with the same
@@ -112,8 +112,8 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     from recserve.train.tasks import build_task
 
     cfg.validate()
-    if cfg.refit and model != "bert4rec":
-        raise ConfigError("refit: only BERT4Rec can be refitted; Mult-VAE's held-out users are its validation")
+    if cfg.refit and model == "multvae":
+        raise ConfigError("refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation")
     _quiet_lightning()
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
@@ -152,7 +152,7 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
         "train": asdict(cfg) | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
     }
-    if model == "bert4rec":
+    if model != "multvae":
         summary["loss"] = task.module.loss_settings.describe()
     if cfg.refit:
         epochs = (best_epoch or 0) + 1

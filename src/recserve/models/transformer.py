@@ -1,0 +1,188 @@
+"""The transformer that BERT4Rec and SASRec share: item and position embeddings, pre-norm blocks, the
+output layer tied to the item embeddings, and the one-query fast path that serving uses.
+
+Sequences are left-padded and positions are counted from the right, so the last token always has position
+``window - 1`` and a shorter input needs no padding up to the window. Attention is bidirectional
+(BERT4Rec) or causal (SASRec); the last position attends to every real token either way, so the serving
+fast path is the same for both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recserve.constants import PAD_INDEX
+
+
+SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.heads = cfg.heads
+        self.dropout = cfg.dropout
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
+        return t.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, nh, L, hd)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, H); keep: (B, 1, 1 | L, L) True where a key may be attended. Returns (B, L, H)."""
+        q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B, nh, L, hd)
+        x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
+        return x + self.drop(self.ffn(self.ln2(x)))
+
+    def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The inference fast path: the block's output at the last position only.
+
+        With one query, attention needs no keys or values per token. For head h with query
+        q = Wq x + bq: q . (Wk t + bk) = (Wk^T Wq x + Wk^T bq) . t + q . bk for each normalised token t, and
+        the constant q . bk cancels in the softmax; and Wo (Wv sum_l p_l t_l + bv) + bo, the projected
+        output, is (Wo Wv) applied to the weighted sum of the tokens plus a constant, since the weights p
+        sum to one. So two layers made of products of the weights (the query side and the output side)
+        and two products with the tokens replace the 3 H x H projection of every token. The same
+        function, to float rounding; exports fold the weight products into constants.
+
+        x: (B, L, H); keep: (B, 1, 1, L). Returns the last position's output (B, 1, H).
+        """
+        h = self.ln1(x)  # (B, L, H)
+        if not isinstance(self.qkv, nn.Linear):  # a quantized layer: its weights are not plain tensors
+            return self._forward_last_projected(x, h, keep)
+        frozen = [getattr(self, name, None) for name in SINGLE_QUERY_WEIGHTS]
+        query_w, query_b, out_w, out_b = self._single_query_weights() if frozen[0] is None else frozen
+        query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
+        scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
+        mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
+        x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
+        return x + self.ffn(self.ln2(x))
+
+    def freeze_single_query(self) -> None:
+        """Computes the one-query weights once, for a model whose weights no longer change (serving)."""
+        with torch.no_grad():
+            for name, value in zip(SINGLE_QUERY_WEIGHTS, self._single_query_weights()):
+                self.register_buffer(name, value.detach().clone(), persistent=False)
+
+    def _single_query_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query side (nh H x H, with the attention scale) and the output side (H x nh H) of one query."""
+        width = self.qkv.in_features
+        w_q, w_k, w_v = (w.unflatten(0, (self.heads, -1)) for w in self.qkv.weight.chunk(3, 0))  # (nh, hd, H)
+        b_q, _, b_v = self.qkv.bias.chunk(3)
+        scale = (width // self.heads) ** -0.5
+        query_w = (w_k.transpose(1, 2) @ w_q).flatten(0, 1) * scale  # (nh H, H): Wk_h^T Wq_h per head
+        query_b = (w_k.transpose(1, 2) @ b_q.unflatten(0, (self.heads, -1))[..., None]).flatten() * scale
+        w_o = self.proj.weight.unflatten(1, (self.heads, -1)).transpose(0, 1)  # (nh, H, hd): Wo's columns per head
+        out_w = (w_o @ w_v).transpose(0, 1).flatten(1)  # (H, nh H): Wo_h Wv_h side by side
+        out_b = self.proj.weight @ b_v + self.proj.bias
+        return query_w, query_b, out_w, out_b
+
+    def _forward_last_projected(self, x: torch.Tensor, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """``forward_last`` through the qkv layer itself, for layers that quantization swapped."""
+        q, k, v = self.qkv(h).chunk(3, -1)
+        q, k, v = self._heads(q[:, -1:]), self._heads(k), self._heads(v)  # (B, nh, 1 | L, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B, nh, 1, hd)
+        x = x[:, -1:] + self.proj(y.transpose(1, 2).flatten(2))
+        return x + self.ffn(self.ln2(x))
+
+
+def transformer_problems(cfg) -> list[str]:
+    """What is wrong with the settings every transformer config has (empty when nothing is)."""
+    problems = []
+    if cfg.num_items < 1:
+        problems.append(f"num_items={cfg.num_items}: must be at least 1")
+    if cfg.window < 2:
+        problems.append(f"window={cfg.window}: must be at least 2 (one item and the mask or reserved token)")
+    if cfg.hidden < 1 or cfg.heads < 1 or cfg.hidden % cfg.heads:
+        problems.append(f"hidden={cfg.hidden}, heads={cfg.heads}: hidden must be a multiple of heads")
+    if cfg.layers < 1:
+        problems.append(f"layers={cfg.layers}: must be at least 1")
+    if not 0 <= cfg.dropout < 1:
+        problems.append(f"dropout={cfg.dropout}: must be in [0, 1)")
+    return problems
+
+
+class ItemTransformer(nn.Module):
+    """Embeddings, blocks and the tied output layer; subclasses choose the attention and the head.
+
+    The config needs ``num_items``, ``window``, ``hidden``, ``layers``, ``heads`` and ``dropout``.
+    """
+
+    causal = False  # SASRec: each position attends to itself and the positions before it
+
+    def __init__(self, cfg, head: nn.Module):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.item_emb = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=PAD_INDEX)
+        self.pos_emb = nn.Embedding(cfg.window, cfg.hidden)
+        self.emb_norm = nn.LayerNorm(cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden)
+        self.head = head  # applied before the tied projection
+        self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the embedded tokens (B, L, H) and which keys the last position attends, (B, 1, 1, L)."""
+        length = tokens.shape[1]
+        positions = torch.arange(self.cfg.window - length, self.cfg.window, device=tokens.device)  # (L,)
+        x = self.drop(self.emb_norm(self.item_emb(tokens) + self.pos_emb(positions)))
+        keep = tokens != PAD_INDEX
+        keep = keep | (torch.arange(length, device=tokens.device) == length - 1)  # the last always attends itself
+        return x, keep[:, None, None, :]
+
+    def _attention_mask(self, keep: torch.Tensor) -> torch.Tensor:
+        """keep: (B, 1, 1, L). Returns the mask every position uses: (B, 1, 1, L), or (B, 1, L, L) if causal."""
+        if not self.causal:
+            return keep
+        length = keep.shape[-1]
+        order = torch.arange(length, device=keep.device)
+        earlier = order[None, :] <= order[:, None]  # (L, L): key position <= query position
+        return (keep & earlier) | (order[None, :] == order[:, None])  # padding queries attend themselves
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
+        x, keep = self._embed(tokens)
+        mask = self._attention_mask(keep)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.final_norm(x)
+
+    def encode_last(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L). Returns the last position's hidden state (B, H), computing no other output."""
+        x, keep = self._embed(tokens)
+        mask = self._attention_mask(keep)
+        for block in self.blocks[:-1]:
+            x = block(x, mask)
+        return self.final_norm(self.blocks[-1].forward_last(x, keep)[:, 0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
+        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
+
+    def prepare_inference(self) -> None:
+        """Precomputes what serving reuses on every call; the weights must not change afterwards."""
+        if isinstance(self.blocks[-1].qkv, nn.Linear):
+            self.blocks[-1].freeze_single_query()

@@ -1,0 +1,42 @@
+"""The training objectives over a batch of positions: BERT4Rec's Cloze task (the masked positions) and
+SASRec's next item (every position). Both score only the positions that count, never the whole (B, L)."""
+
+from __future__ import annotations
+
+import torch
+
+from recserve.constants import PAD_INDEX
+from recserve.models.transformer import ItemTransformer
+from recserve.train.batches import PositionBatch
+from recserve.train.losses import CatalogueLoss
+
+
+def cloze_loss(model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """The batch's mean cross-entropy over masked positions (scaled by ``batch.weight`` for DDP).
+
+    With ``exclude_seen``, each position's softmax leaves out the sample's other items, masked or not.
+    """
+    exclude = batch.items if loss.settings.exclude_seen else None
+    return _positions_loss(model, batch, loss, exclude, batch.rows, generator)
+
+
+def next_item_loss(model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """The batch's mean cross-entropy of the next item at every scored position (causal attention).
+
+    With ``exclude_seen``, each position's softmax leaves out the items up to and including that position
+    (what the user has seen by then), never a later one.
+    """
+    exclude = None
+    if loss.settings.exclude_seen:
+        before = torch.arange(batch.tokens.shape[1], device=batch.tokens.device) <= batch.cols[:, None]  # (C, L)
+        exclude = torch.where(before, batch.tokens[batch.rows], PAD_INDEX)
+    return _positions_loss(model, batch, loss, exclude, None, generator)
+
+
+def _positions_loss(model, batch, loss, exclude, rows, generator) -> torch.Tensor:
+    hidden = model.encode(batch.tokens)  # (B, L, H)
+    query = model.head(hidden[batch.rows, batch.cols])  # (C, H): the scored positions only
+    per_position = loss(query, model.item_emb.weight, model.out_bias, batch.targets, exclude, rows, generator)
+    return per_position.sum() * batch.weight

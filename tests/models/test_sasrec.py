@@ -1,0 +1,59 @@
+"""SASRec: causal attention, the next item at every position, and the serving fast path."""
+
+import pytest
+import torch
+
+from recserve.errors import ConfigError
+from recserve.models import SASRec, SASRecConfig
+
+N = 50
+RESERVED = N + 1
+
+
+def _model(**overrides) -> SASRec:
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(num_items=N, window=12, hidden=16, **overrides)).eval()
+    with torch.no_grad():  # weights far from their initial values, so every term matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def test_scores_follow_the_history_before_the_reserved_token():
+    model = _model()
+    tokens = torch.tensor([[0, 0, 3, 4, 5, RESERVED], [7, 8, 9, 10, 11, RESERVED]])
+    scores = model(tokens)
+    assert scores.shape == (2, N + 2)
+    expected = model.logits(model.encode(torch.tensor([[0, 0, 0, 3, 4, 5], [0, 7, 8, 9, 10, 11]]))[:, -1])
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)  # the last item's state scores the next
+
+
+def test_a_position_never_sees_the_items_after_it():
+    model = _model(layers=2, heads=2)
+    a = model.encode(torch.tensor([[0, 3, 4, 5, 6, 7]]))
+    b = model.encode(torch.tensor([[0, 3, 4, 5, 9, 1]]))  # the last two items differ
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_the_last_position_fast_path_equals_the_full_encoder(heads):
+    model = _model(layers=2, heads=heads)
+    history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [0, 0, 0, 0, 0, 40]])
+    torch.testing.assert_close(model.encode_last(history), model.encode(history)[:, -1], atol=1e-5, rtol=1e-5)
+    model.prepare_inference()
+    torch.testing.assert_close(model.encode_last(history), model.encode(history)[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_and_an_empty_history_are_harmless():
+    model = _model()
+    short = model(torch.tensor([[5, 6, RESERVED]]))
+    padded = model(torch.tensor([[0, 0, 0, 5, 6, RESERVED]]))
+    torch.testing.assert_close(short, padded, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(model(torch.tensor([[RESERVED]]))).all()  # the serving graph falls back to popularity
+
+
+@pytest.mark.parametrize("bad", [{"window": 1}, {"hidden": 30, "heads": 4}, {"dropout": 1.0}, {"layers": 0}])
+def test_bad_config_is_refused_with_the_field(bad):
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        SASRec(SASRecConfig(num_items=10, **bad))
