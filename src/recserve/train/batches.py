@@ -1,6 +1,7 @@
 """Training batches built on the training device: histories as two flat tensors, windows, Cloze masks and
-next-item targets sliced from them with tensor operations, an epoch a permutation of users. No per-sample Python, and no
-host-device synchronisation per step (the count of masked positions is bounded, not read back).
+next-item targets sliced from them with tensor operations, an epoch a permutation of users. No per-sample
+Python, and on a GPU no host-device synchronisation a step (the count of scored positions is bounded, not
+read back).
 """
 
 from __future__ import annotations
@@ -93,10 +94,10 @@ class PositionBatch:
     Attributes:
         tokens: (B, L) inputs (Cloze: masked positions set to the mask token).
         items: (B, W) the sample's window of original items.
-        rows: (C,) the sample row of each kept masked position (C = the batch's capacity).
+        rows: (C,) the sample row of each scored position (C: the batch's capacity, or the count on a CPU).
         cols: (C,) its position in the row.
-        targets: (C,) the original item there; padding (0) in capacity slots left unused.
-        weight: () 1 / the masked positions of the whole batch over every rank, times the rank count, so
+        targets: (C,) the item to predict there; padding (0) in capacity slots left unused.
+        weight: () 1 / the scored positions of the whole batch over every rank, times the rank count, so
             that the sum of the per-position losses times ``weight``, averaged over ranks by DDP, is the
             single-process mean.
     """
@@ -110,7 +111,7 @@ class PositionBatch:
 
     @property
     def kept(self) -> torch.Tensor:
-        """(C,) True at slots that hold a masked position."""
+        """(C,) True at slots that hold a scored position."""
         return self.targets != PAD_INDEX
 
 

@@ -84,11 +84,11 @@ class CatalogueLoss:
         Returns:
             (C,) float32 cross-entropy.
         """
+        if self.settings.name != "full":
+            return self._sampled(query, table, bias, targets, exclude, rows, generator)
         if exclude is not None and rows is not None:
-            exclude = exclude[rows] if self.settings.name == "full" else exclude
-        if self.settings.name == "full":
-            return self._full(query, table, bias, targets, exclude)
-        return self._sampled(query, table, bias, targets, exclude, rows, generator)
+            exclude = exclude[rows]  # (C, R): the scatter below needs it per position
+        return self._full(query, table, bias, targets, exclude)
 
     def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
         logits = torch.addmm(bias, query, table.T).float()  # (C, V), a fresh tensor: changed in place below
