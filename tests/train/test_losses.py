@@ -147,3 +147,21 @@ def test_next_item_loss_leaves_out_only_the_items_up_to_each_position():
         expected.append(-torch.log_softmax(row, 0)[target])
     assert batch.targets.tolist() == [9, 4, 17, 30, 2]  # 4 comes back: it stays rankable where it is the target
     torch.testing.assert_close(next_item_loss(model, batch, loss), torch.stack(expected).mean())
+
+
+def test_a_compiled_training_step_computes_the_same_loss_and_gradients():
+    torch.manual_seed(0)
+    model = Bert4Rec(Bert4RecConfig(num_items=50, window=16, hidden=16, dropout=0.0))
+    lengths = [16] * 8
+    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, sum(lengths)),
+                    offsets=np.concatenate([[0], np.cumsum(lengths)]))
+    batch = next(iter(WindowEpochs(seq, ClozeSettings(16, 51, 0.3, 0.1), 8, 1, seed=0)))
+    loss = CatalogueLoss(LossSettings("full"), np.ones(52), 51)
+    eager = cloze_loss(model, batch, loss)
+    eager.backward()
+    expected = model.item_emb.weight.grad.clone()
+    model.zero_grad()
+    compiled = torch.compile(cloze_loss)(model, batch, loss)  # what --compile runs
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.item_emb.weight.grad, expected, rtol=1e-4, atol=1e-6)
