@@ -1,8 +1,8 @@
 """Training and evaluation speed at catalogue scale, through `recserve train` itself.
 
-For each setting a Zipf-like log is generated (popularity ~ rank^-0.8, Poisson history lengths), prepared with `recserve data`,
-and trained for ``--epochs`` epochs (early stopping off). The last epoch is measured: training windows/s
-and seconds (validation excluded), the GPU's busy share sampled through NVML (or nvidia-smi) every 100 ms
+For each setting a Zipf-like log is generated (popularity ~ rank^-0.8, Poisson history lengths), prepared
+with `recserve data`, and trained for ``--epochs`` epochs (early stopping off). The last epoch is measured:
+training windows/s and seconds (validation excluded), the GPU's busy share sampled through NVML (or nvidia-smi) every 100 ms
 while it trains, and peak GPU memory. Then the test split is ranked under every protocol (`recserve
 evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one object per setting]}.
 
@@ -180,7 +180,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--work", help="folder for data and runs (a temporary one by default)")
     args = parser.parse_args()
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
+    cpu_name = f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_name
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
@@ -195,7 +196,8 @@ def main() -> None:
             generate(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
         cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.epochs + 1, device=args.device,
-                          loss=loss, compile=args.compile, resume=False, weight_decay=0.0 if args.model == "multvae" else 0.01)
+                          loss=loss, compile=args.compile, resume=False,
+                          weight_decay=0.0 if args.model == "multvae" else 0.01)
         overrides = {"window": args.window, "hidden": args.hidden} if args.model == "bert4rec" else {}
         started = time.perf_counter()
         result = run_setting(data_dir, work / f"run-{name.replace(':', '-')}", cfg, overrides, args.model)

@@ -61,7 +61,8 @@ def summarize(rows: list[dict]) -> str:
             return f"{np.mean(values):.4f} ± {np.std(values):.4f}" if values else "-"
         lines.append(f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
                      f"{stat('full', 'hr@10')} | {stat('sampled', 'ndcg@10')} | {stat('sampled_uniform', 'ndcg@10')} | "
-                     f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | {np.mean([r['wall_s'] for r in group]):.0f} |")
+                     f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | "
+                     f"{np.mean([r['wall_s'] for r in group]):.0f} |")
     return "\n".join(lines)
 
 

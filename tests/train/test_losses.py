@@ -61,7 +61,8 @@ def test_unused_slots_cost_nothing():
     query, table, bias, targets, rows, items = _problem()
     targets[3:] = PAD_INDEX
     for name in ("full", "sampled-uniform"):
-        per = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)(query, table, bias, targets, items, rows)
+        loss = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)
+        per = loss(query, table, bias, targets, items, rows)
         assert (per[3:] == 0).all() and (per[:3] > 0).all()
 
 
@@ -92,7 +93,8 @@ def test_auto_picks_the_exact_softmax_up_to_the_threshold():
         "name": "sampled-uniform", "exclude_seen": True, "negatives": 512, "in_batch": True, "log_q_correction": True}
     with pytest.raises(ConfigError, match="resolved"):
         CatalogueLoss(LossSettings(), np.ones(N + 2), MASK)
-    assert LossSettings("softmax").validate() == ["loss='softmax': expected one of auto, full, sampled-uniform, sampled-popularity"]
+    expected = "loss='softmax': expected one of auto, full, sampled-uniform, sampled-popularity"
+    assert LossSettings("softmax").validate() == [expected]
 
 
 @pytest.mark.parametrize("name", ["full", "sampled-uniform"])

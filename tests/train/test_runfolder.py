@@ -33,7 +33,8 @@ def test_the_run_records_its_settings_and_data(two_epoch_run):
 def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, string_data_dir):
     before = (two_epoch_run / WEIGHTS_FILE).read_bytes()
     with pytest.raises(ConfigError, match=r"model_config.hidden: 16 in the run, 32 now.*--overwrite"):
-        train(string_data_dir, two_epoch_run, SMALL | {"hidden": 32}, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+        train(string_data_dir, two_epoch_run, SMALL | {"hidden": 32},
+              TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
     assert (two_epoch_run / WEIGHTS_FILE).read_bytes() == before  # nothing was touched
 
 
@@ -56,8 +57,8 @@ def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
 
 def test_overwrite_starts_afresh_and_records_the_new_settings(string_data_dir, tmp_path):
     train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
-    train(string_data_dir, tmp_path / "run", SMALL | {"hidden": 32}, TrainConfig(epochs=1, samples_per_user=1, device="cpu"),
-          overwrite=True)
+    train(string_data_dir, tmp_path / "run", SMALL | {"hidden": 32},
+          TrainConfig(epochs=1, samples_per_user=1, device="cpu"), overwrite=True)
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["model_config"]["hidden"] == 32
     assert trained_epochs(tmp_path / "run") == 1
 

@@ -36,10 +36,11 @@ def train(
                                                     "softmax; SASRec: the items up to each position; as serving "
                                                     "leaves seen items out.")] = True,
     samples_per_user: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: windows drawn per user per "
-                                                            "epoch [4, 1]: SASRec's one window holds a prediction at every position.")] = None,
-    loss: Annotated[str, typer.Option(help="BERT4Rec, SASRec: full (exact softmax over the catalogue), sampled-uniform or "
-                                      "sampled-popularity (in-batch plus drawn negatives, log-Q corrected); auto: "
-                                      "full up to 50,000 items, else sampled-uniform.")] = "auto",
+                                                            "epoch [4, 1]; a SASRec window predicts at every "
+                                                            "position.")] = None,
+    loss: Annotated[str, typer.Option(help="BERT4Rec, SASRec: full (exact softmax over the catalogue), "
+                                      "sampled-uniform or sampled-popularity (in-batch plus drawn negatives, "
+                                      "log-Q corrected); auto: full up to 50,000 items, else sampled-uniform.")] = "auto",
     negatives: Annotated[int, typer.Option(help="Sampled losses: negatives drawn per batch, beside as "
                                            "many in-batch targets.")] = 8192,
     latent: Annotated[int, typer.Option(help="Mult-VAE: latent dimensions.")] = 200,

@@ -242,6 +242,11 @@ class WindowEpochs(torch.utils.data.IterableDataset):
                                       self.capacity, self.rank, self.world)
 
 
+def widest(lengths: np.ndarray, start: int, stop: int) -> int:
+    """The longest of ``lengths[start:stop]`` (at least 1): the window that holds a batch's whole histories."""
+    return max(int(lengths[start:stop].max(initial=0)), 1)
+
+
 def row_contains(items: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     """(B, Q) True where ``queries[b, q]`` is among ``items[b]`` (B, R), by a sorted search per row.
 

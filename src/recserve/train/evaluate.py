@@ -18,7 +18,7 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError
-from recserve.train.batches import SequenceTensors
+from recserve.train.batches import SequenceTensors, widest
 from recserve.train.metrics import ranking_metrics
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,8 @@ class Ranker:
         out = {}
         if "full_no_exclusion" in protocols:
             out["full_no_exclusion"] = ((scores > target_score) & ~excluded).sum(1)
-        widest = max(int(self.lengths[start:stop].max(initial=0)), 1)
-        excluded.scatter_(1, self.history.windows(users, lengths, widest), True)  # the whole history
+        whole_history = self.history.windows(users, lengths, widest(self.lengths, start, stop))
+        excluded.scatter_(1, whole_history, True)
         excluded[rows, target] = False  # a repeated target stays rankable
         if "full" in protocols:
             out["full"] = ((scores > target_score) & ~excluded).sum(1)

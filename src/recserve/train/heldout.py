@@ -19,9 +19,9 @@ from torch.utils.data import IterableDataset
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError
-from recserve.train.batches import SequenceTensors, row_contains
-from recserve.train.evaluate import eval_batch_size
 from recserve.models.multvae import Bag
+from recserve.train.batches import SequenceTensors, row_contains, widest
+from recserve.train.evaluate import eval_batch_size
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) item indices -> (B, V) scores
 FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
@@ -111,24 +111,22 @@ def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str 
     On ``device``, a batch of users at a time (memory bounded by a batch of users x catalogue scores).
     """
     top = min(max(*RECALL_KS, *NDCG_KS), vocab_size)
-    fed, targets = SequenceTensors.from_sequences(fold.fed, device), SequenceTensors.from_sequences(fold.targets, device)
+    fed = SequenceTensors.from_sequences(fold.fed, device)
+    targets = SequenceTensors.from_sequences(fold.targets, device)
     specials = torch.tensor([PAD_INDEX, vocab_size - 1], device=device)  # padding and the reserved N + 1
     hits, step = [], eval_batch_size(vocab_size, device)
     for start in range(0, fold.fed.num_users, step):
         users = torch.arange(start, min(start + step, fold.fed.num_users), device=device)
-        tokens = fed.windows(users, fed.lengths[users], _widest(fold.fed.lengths, start, step))
+        stop = start + len(users)
+        tokens = fed.windows(users, fed.lengths[users], widest(fold.fed.lengths, start, stop))
         scores = score_fn(tokens).float()  # (B, V)
         scores = scores.scatter(1, tokens, -torch.inf).index_fill(1, specials, -torch.inf)
         ranked = scores.topk(top, dim=1).indices  # (B, top)
-        wanted = targets.windows(users, targets.lengths[users], _widest(fold.targets.lengths, start, step))
+        wanted = targets.windows(users, targets.lengths[users], widest(fold.targets.lengths, start, stop))
         hits.append(row_contains(wanted, ranked) & (ranked != PAD_INDEX))
     if not hits:
         return heldout_metrics(torch.zeros(0, top), torch.zeros(0, dtype=torch.int64))
     return heldout_metrics(torch.cat(hits).cpu(), torch.as_tensor(fold.targets.lengths))
-
-
-def _widest(lengths: np.ndarray, start: int, step: int) -> int:
-    return max(int(lengths[start : start + step].max(initial=0)), 1)
 
 
 def popularity_fn(train: Sequences, vocab_size: int, device: str | torch.device = "cpu") -> ScoreFn:
@@ -138,8 +136,9 @@ def popularity_fn(train: Sequences, vocab_size: int, device: str | torch.device 
 
 
 class BagEpochs(IterableDataset):
-    """An epoch is every training user once, shuffled, as bags of item indices built on ``device`` (no
-    (users x catalogue) array anywhere); the ranks share one order and each takes its share of a batch."""
+    """An epoch is every training user once, shuffled, as sparse bags of item indices (no (users x catalogue)
+    array anywhere): a batch's positions are computed on the host with numpy, its items gathered on
+    ``device``. The ranks share one order and each takes its share of a batch."""
 
     def __init__(self, train: Sequences, batch_size: int, seed: int, device: str | torch.device = "cpu",
                  rank: int = 0, world: int = 1):

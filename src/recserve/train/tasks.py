@@ -20,11 +20,11 @@ from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
 from recserve.models.sasrec import SASRec, SASRecConfig
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
-from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.evaluate import Ranker, history_counts
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
 from recserve.train.losses import CatalogueLoss
 from recserve.train.metrics import ranking_metrics
+from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.schedule import cosine_with_warmup
 
 MODELS = ("bert4rec", "sasrec", "multvae")
@@ -33,7 +33,7 @@ SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConf
 
 @dataclass(frozen=True)
 class Task:
-    model_cfg: Any  # Bert4RecConfig or MultVAEConfig
+    model_cfg: Any  # Bert4RecConfig, SASRecConfig or MultVAEConfig
     module: L.LightningModule
     monitor: str  # the validation metric that picks the best checkpoint and stops early
     protocol: dict  # how validation (and later test) is measured, for metrics.json

@@ -113,7 +113,8 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
 
     cfg.validate()
     if cfg.refit and model == "multvae":
-        raise ConfigError("refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation")
+        raise ConfigError("refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its "
+                          "validation")
     _quiet_lightning()
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
@@ -150,7 +151,8 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         "data": str(data_dir),
         "best_epoch": best_epoch,
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
-        "train": asdict(cfg) | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
+        "train": asdict(cfg) | {"precision_used": cfg.lightning_precision,
+                                "seconds": round(time.perf_counter() - started, 1)},
     }
     if model != "multvae":
         summary["loss"] = task.module.loss_settings.describe()
