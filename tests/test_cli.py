@@ -42,3 +42,9 @@ def test_serve_on_a_machine_without_a_gpu_says_so(tmp_path):
 def test_serve_on_a_missing_repository_exits_with_the_path(tmp_path):
     result = runner.invoke(app, ["serve", "--repo", str(tmp_path / "nope")])
     assert result.exit_code == 1 and "no such model repository" in result.output
+
+
+def test_repo_with_gpu_ids_that_are_not_numbers_names_the_option(tmp_path):
+    result = runner.invoke(app, ["repo", "--run", str(tmp_path), "--out", str(tmp_path / "r"), "--device", "gpu",
+                                 "--gpus", "0,one"])
+    assert result.exit_code == 2 and "--gpus" in result.output and "expected GPU ids" in result.output

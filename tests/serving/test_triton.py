@@ -47,6 +47,15 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
 
 
+def test_instances_on_named_gpus_are_written_for_each_gpu(tiny_run, tmp_path):
+    settings = ServingSettings(device="gpu", gpus=(0, 1), instance_count=2)
+    write_repository(tiny_run, tmp_path, ("echo",), settings)
+    [group] = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).instance_group
+    assert group.kind == pb.ModelInstanceGroup.KIND_GPU and list(group.gpus) == [0, 1] and group.count == 2
+    with pytest.raises(ServingError, match="GPU ids"):
+        write_repository(tiny_run, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+
+
 def test_fused_answers_match_the_predictor_and_count_unknown_ids(int_server, tiny_run):
     with RecommenderClient(int_server.grpc_url) as client:
         answer = client.recommend([1, 2, 3, 999_999], k=5)

@@ -28,7 +28,9 @@ def repo(
     max_queue_size: Annotated[int, typer.Option(help="Queued requests beyond this are rejected (503); 0: "
         "unbounded. Any queue policy costs ~500 ms stalls on Triton 2.51 (see docs/benchmarks.md).")] = 0,
     queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected; 0: no timeout.")] = 0,
-    instances: Annotated[int, typer.Option(help="Model instances.")] = 1,
+    instances: Annotated[int, typer.Option(help="Model instances (on each GPU that --gpus names).")] = 1,
+    gpus: Annotated[str, typer.Option(help="With --device gpu: comma-separated GPU ids, e.g. 0,1, each "
+                                      "given --instances instances; empty: Triton places them.")] = "",
     max_k: Annotated[int, typer.Option(help="Largest k a request may ask for.")] = DEFAULT_MAX_K,
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
     response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
@@ -40,9 +42,16 @@ def repo(
         max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
         max_queue_size=max_queue_size, queue_timeout_microseconds=queue_timeout_ms * 1000,
         instance_count=instances, device=device, max_k=max_k, response_cache=response_cache,
-        versions_served=versions_served,
+        versions_served=versions_served, gpus=_gpu_ids(gpus),
     )
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     with console.status(f"writing {', '.join(layouts)} into {out}"):
         summary = write_repository(run, out, layouts, settings, backend, precision, version)
     console.print(f"{out}: " + ", ".join(m["name"] for m in summary["models"]) + f" (version {version})")
+
+
+def _gpu_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        raise typer.BadParameter(f"{text!r}: expected GPU ids such as 0,1", param_hint="--gpus") from err

@@ -69,8 +69,9 @@ class ServingSettings:
     # drops from ~6,900 to ~1,000 requests/s, p99 from 4 ms to 503 ms). Turn it on for overload protection.
     max_queue_size: int = 0  # 0: unbounded
     queue_timeout_microseconds: int = 0  # 0: no timeout
-    instance_count: int = 1
+    instance_count: int = 1  # per GPU where ``gpus`` names them
     device: str = "cpu"  # cpu or gpu: where model instances run
+    gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
     max_k: int = DEFAULT_MAX_K
     response_cache: bool = False
     versions_served: int = 1  # the newest N versions are served
@@ -83,8 +84,9 @@ class ServingSettings:
 
 
 def _instances(settings: ServingSettings) -> tuple[InstanceGroup, ...]:
-    kind = "KIND_GPU" if settings.device == "gpu" else "KIND_CPU"
-    return (InstanceGroup(count=settings.instance_count, kind=kind),)
+    if settings.device == "gpu":
+        return (InstanceGroup(count=settings.instance_count, kind="KIND_GPU", gpus=settings.gpus),)
+    return (InstanceGroup(count=settings.instance_count, kind="KIND_CPU"),)
 
 
 def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -208,6 +210,8 @@ def write_repository(run_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fus
         raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUTS)}")
     if settings.device not in ("cpu", "gpu"):
         raise ServingError(f"device {settings.device!r}: expected cpu or gpu")
+    if settings.gpus and (settings.device != "gpu" or min(settings.gpus) < 0):
+        raise ServingError(f"gpus {list(settings.gpus)}: GPU ids (0, 1, ...) go with device gpu")
     if version < 1:
         raise ServingError(f"version {version}: must be at least 1")
     for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE, ITEM_TABLE_FILE, POPULARITY_FILE):
