@@ -12,7 +12,7 @@ from recserve.cli.console import console, handle_errors
 # Where the models' usual settings differ; an option given on the command line wins.
 MODEL_DEFAULTS = {
     "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
-    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=1),
+    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=2),
     "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
 }
 
@@ -36,7 +36,7 @@ def train(
                                                     "softmax; SASRec: the items up to each position; as serving "
                                                     "leaves seen items out.")] = True,
     samples_per_user: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: windows drawn per user per "
-                                                            "epoch [4, 1]; a SASRec window predicts at every "
+                                                            "epoch [4, 2]; a SASRec window predicts at every "
                                                             "position.")] = None,
     loss: Annotated[str, typer.Option(help="BERT4Rec, SASRec: full (exact softmax over the catalogue), "
                                       "sampled-uniform or sampled-popularity (in-batch plus drawn negatives, "
