@@ -38,9 +38,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
-    loss: str = "auto"  # BERT4Rec: full, sampled-uniform or sampled-popularity; auto: full up to 50k items
-    negatives: int = 8192  # BERT4Rec, sampled losses: items drawn per batch, beside the in-batch targets
-    loss_exclude_seen: bool = True  # BERT4Rec: leave a sample's other items out of its softmax, as serving does
+    loss: str = "auto"  # BERT4Rec, SASRec: full, sampled-uniform or sampled-popularity; auto: full up to 50k items
+    negatives: int = 8192  # sampled losses: items drawn per batch, beside the in-batch targets
+    loss_exclude_seen: bool = True  # BERT4Rec: the sample's other items out of each softmax; SASRec: those up to it
     refit: bool = False  # BERT4Rec, SASRec: then train again on items[:-1] for the best epoch count; that model is kept
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
@@ -191,7 +191,7 @@ def _quiet_lightning() -> None:
     import warnings
 
     for message in (".*IterableDataset.*__len__.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
-                    ".*does not have many workers.*", ".*transfer_batch_to_device.*"):
+                    ".*does not have many workers.*"):
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 
