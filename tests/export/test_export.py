@@ -15,16 +15,18 @@ from recserve.export.runner import torch_runner
 from recserve.export.validate import FP32_SCORE_TOL
 
 
+@pytest.mark.parametrize("run", ["tiny_run", "sasrec_run"])  # BERT4Rec and SASRec
 @pytest.mark.parametrize("backend", ["eager", "torchscript", "onnx"])
-def test_fp32_exports_match_eager_on_untraced_shapes(tiny_run, tmp_path, backend):
-    manifest = exporter.export_run(tiny_run, backend, "fp32", tmp_path / "out")
+def test_fp32_exports_match_eager_on_untraced_shapes(run, request, tmp_path, backend):
+    run = request.getfixturevalue(run)
+    manifest = exporter.export_run(run, backend, "fp32", tmp_path / "out")
     validation = manifest["validation"]
     assert validation["max_score_diff"] <= FP32_SCORE_TOL and validation["top10_overlap"] == 1.0
     assert {(c["batch"], c["length"]) for c in validation["cases"]} >= {(1, 7), (3, 19), (64, 19)}
     # and again, independently, on a shape no case used
-    spec = load_spec(tiny_run, graph_searches=backend != "onnx")
+    spec = load_spec(run, graph_searches=backend != "onnx")
     inputs = [t.numpy() for t in example_inputs(spec, 11, 5, seed=42)]
-    reference = torch_runner(build_graph(tiny_run, spec, 100), "cpu")(*inputs)
+    reference = torch_runner(build_graph(run, spec, 100), "cpu")(*inputs)
     got = load_runner(tmp_path / "out", manifest)(*inputs)
     np.testing.assert_array_equal(got[0][:, :10], reference[0][:, :10])
     np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)
@@ -163,19 +165,7 @@ def test_multvae_exports_match_eager_and_exclude_the_input_items(vae_run, tmp_pa
     np.testing.assert_array_equal(reordered.item_ids, answer.item_ids)
 
 
-@pytest.mark.parametrize("backend", ["eager", "torchscript", "onnx", "aoti"])
-def test_sasrec_exports_pass_the_parity_check(sasrec_run, tmp_path, backend):
-    manifest = exporter.export_run(sasrec_run, backend, "fp32", tmp_path / "out")
-    assert manifest["model"] == "sasrec"
+def test_sasrec_aot_inductor_package_passes_the_parity_check(sasrec_run, tmp_path):
+    manifest = exporter.export_run(sasrec_run, "aoti", "fp32", tmp_path / "out")
+    assert manifest["model"] == "sasrec" and manifest["fixed_length"] == 19
     assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL and manifest["validation"]["top10_overlap"] == 1.0
-
-
-@pytest.mark.parametrize("backend", ["torchscript", "onnx"])
-def test_sasrec_exports_match_eager_on_untraced_shapes(sasrec_run, tmp_path, backend):
-    manifest = exporter.export_run(sasrec_run, backend, "fp32", tmp_path / "out")
-    spec = load_spec(sasrec_run, graph_searches=backend != "onnx")
-    inputs = [t.numpy() for t in example_inputs(spec, 11, 5, seed=42)]
-    reference = torch_runner(build_graph(sasrec_run, spec, 100), "cpu")(*inputs)
-    got = load_runner(tmp_path / "out", manifest)(*inputs)
-    np.testing.assert_array_equal(got[0][:, :10], reference[0][:, :10])
-    np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)

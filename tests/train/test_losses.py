@@ -97,14 +97,18 @@ def test_auto_picks_the_exact_softmax_up_to_the_threshold():
     assert LossSettings("softmax").validate() == [expected]
 
 
+def _cloze_batch(users: int, mask_prob: float):
+    """One Cloze batch of ``users`` random 16-item histories over 50 items (mask token 51)."""
+    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, 16 * users),
+                    offsets=np.arange(0, 16 * users + 1, 16))
+    return next(iter(WindowEpochs(seq, ClozeSettings(16, 51, mask_prob, 0.1), users, 1, seed=0)))
+
+
 @pytest.mark.parametrize("name", ["full", "sampled-uniform"])
 def test_a_few_cloze_steps_lower_the_loss(name):
     torch.manual_seed(0)
     model = Bert4Rec(Bert4RecConfig(num_items=50, window=16, hidden=32, dropout=0.0))
-    lengths = [16] * 32
-    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, sum(lengths)),
-                    offsets=np.concatenate([[0], np.cumsum(lengths)]))
-    batch = next(iter(WindowEpochs(seq, ClozeSettings(16, 51, 0.2, 0.1), 32, 1, seed=0)))
+    batch = _cloze_batch(32, 0.2)
     loss = CatalogueLoss(LossSettings(name, negatives=256), np.ones(52), 51)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
@@ -154,10 +158,7 @@ def test_next_item_loss_leaves_out_only_the_items_up_to_each_position():
 def test_a_compiled_training_step_computes_the_same_loss_and_gradients():
     torch.manual_seed(0)
     model = Bert4Rec(Bert4RecConfig(num_items=50, window=16, hidden=16, dropout=0.0))
-    lengths = [16] * 8
-    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, sum(lengths)),
-                    offsets=np.concatenate([[0], np.cumsum(lengths)]))
-    batch = next(iter(WindowEpochs(seq, ClozeSettings(16, 51, 0.3, 0.1), 8, 1, seed=0)))
+    batch = _cloze_batch(8, 0.3)
     loss = CatalogueLoss(LossSettings("full"), np.ones(52), 51)
     eager = cloze_loss(model, batch, loss)
     eager.backward()
