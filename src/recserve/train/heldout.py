@@ -9,7 +9,6 @@ over min(k, targets)) and NDCG@100.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,9 +20,8 @@ from recserve.data.sequences import Sequences
 from recserve.errors import DataError
 from recserve.models.multvae import Bag
 from recserve.train.batches import SequenceTensors, row_contains, widest
-from recserve.train.evaluate import eval_batch_size
+from recserve.train.evaluate import ScoreFn, eval_batch_size, popularity_score_fn
 
-ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) item indices -> (B, V) scores
 FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
 RECALL_KS = (20, 50)
 NDCG_KS = (100,)
@@ -131,8 +129,7 @@ def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str 
 
 def popularity_fn(train: Sequences, vocab_size: int, device: str | torch.device = "cpu") -> ScoreFn:
     """Scores every user with the training users' item counts: the baseline to beat."""
-    table = torch.as_tensor(np.bincount(train.items, minlength=vocab_size), dtype=torch.float32, device=device)
-    return lambda tokens: table.expand(tokens.shape[0], -1)
+    return popularity_score_fn(np.bincount(train.items, minlength=vocab_size), device)
 
 
 class BagEpochs(IterableDataset):

@@ -101,9 +101,10 @@ class CatalogueLoss:
         drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
         in_batch = targets[: self.settings.negatives]
         pool = torch.cat([in_batch, drawn])  # (S,)
-        expected = in_batch.numel() * self.p_popular + self.settings.negatives * self.p_draw  # (V,) per-item count
+        # each pool item's expected count in the pool, gathered for the pool alone (not for the catalogue)
+        expected = in_batch.numel() * self.p_popular[pool] + self.settings.negatives * self.p_draw[pool]  # (S,)
         special = (pool == PAD_INDEX) | (pool == self.mask_index)
-        pool_bias = (bias[pool].float() - expected[pool].clamp(min=1e-30).log()).masked_fill(special, -math.inf)
+        pool_bias = (bias[pool].float() - expected.clamp(min=1e-30).log()).masked_fill(special, -math.inf)
         positive = ((query * F.embedding(targets, table)).sum(-1) + bias[targets]).float()  # (C,)
         negative = torch.addmm(pool_bias.to(query.dtype), query, F.embedding(pool, table).T)  # (C, S)
         drop = pool[None, :] == targets[:, None]  # (C, S) accidental hits: the positive is scored once
