@@ -13,7 +13,10 @@ evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one obje
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/h200-video.json --device cuda \
         --data runs/video --batch-size 128
 
-A setting is ITEMS:USERS (ITEMS:USERS:LOSS to name a loss; else --loss).
+A setting is ITEMS:USERS (ITEMS:USERS:LOSS to name a loss; else --loss). With ``--devices 2`` the run is
+Lightning's DDP (one process a GPU, the batch split between them); only rank 0 evaluates and writes, and
+``--data`` should name a prepared folder (each process runs this script, so a generated log would be
+written twice). Windows per epoch are the model's default ``samples_per_user`` per training user.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from recserve.cli.train import MODEL_DEFAULTS  # noqa: E402
 from recserve.data.datasets import load_prepared, prepare  # noqa: E402
 from recserve.train.evaluate import evaluate_run  # noqa: E402
 from recserve.train.heldout import evaluate_heldout_run  # noqa: E402
@@ -122,9 +126,12 @@ class EpochMeter(Callback):
         self.epochs[-1]["val_s"] = time.perf_counter() - self.val_started
 
 
-def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str) -> dict:
+def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str,
+                test: bool = True) -> dict | None:
     meter = EpochMeter()
     summary = train(data_dir, run_dir, model_overrides, cfg, model=model, callbacks=[meter], overwrite=True)
+    if not summary:
+        return None  # a DDP process other than rank 0
     data = load_prepared(data_dir)
     device = "cuda" if cfg.accelerator == "gpu" else "cpu"
     last = meter.epochs[-1]
@@ -134,10 +141,10 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
             "test_ndcg@100": evaluated["test"]["heldout"]["ndcg@100"],
             "popularity_ndcg@100": evaluated["popularity"]["heldout"]["ndcg@100"]}
     else:
-        evaluated = evaluate_run(run_dir, data_dir, device=device)
         windows = int((data.train.lengths > 0).sum()) * cfg.samples_per_user
+        evaluated = evaluate_run(run_dir, data_dir, device=device) if test else {"eval": {}}
         quality = {"test_full_ndcg@10": evaluated["test"]["full"]["ndcg@10"],
-                   "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"]}
+                   "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"]} if test else {}
     return {
         "model": model,
         "items": int(data.vocab.num_items),
@@ -146,14 +153,17 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
         "loss": summary.get("loss", {}).get("name", "multinomial (full softmax)"),
         "loss_settings": summary.get("loss"),
         "batch_size": cfg.batch_size,
+        "devices": cfg.devices,
+        "ddp_compress": cfg.ddp_compress if cfg.devices > 1 else None,
+        "samples_per_user": cfg.samples_per_user,
         "precision": cfg.lightning_precision,
         "compile": cfg.compile,
         "windows": windows,
         "windows_per_s": round(windows / last["train_s"]),
         "epoch_s": round(last["train_s"], 2),
         "val_s": round(last.get("val_s", float("nan")), 3),
-        "eval_s": evaluated["eval"]["seconds"],
-        "eval_protocols": evaluated["eval"]["protocols"],
+        "eval_s": evaluated["eval"].get("seconds"),
+        "eval_protocols": evaluated["eval"].get("protocols"),
         "generator": f"popularity ~ rank^-{ZIPF_EXPONENT}, Poisson lengths",
         "peak_gpu_mem_gb": None if last["peak_gpu_mem_gb"] is None else round(last["peak_gpu_mem_gb"], 2),
         "gpu_busy_pct": None if last["gpu_busy_pct"] is None else round(last["gpu_busy_pct"], 1),
@@ -171,7 +181,10 @@ def main() -> None:
     parser.add_argument("--interactions-per-user", type=int, default=50)
     parser.add_argument("--data", help="a prepared folder (`recserve data`) to time instead of generated logs")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--model", default="bert4rec", choices=["bert4rec", "multvae"])
+    parser.add_argument("--model", default="bert4rec", choices=["bert4rec", "sasrec", "multvae"])
+    parser.add_argument("--devices", type=int, default=1, help="GPUs; DDP when more than one (give --data)")
+    parser.add_argument("--no-test", action="store_true", help="skip the test split's evaluation")
+    parser.add_argument("--no-ddp-compress", action="store_true", help="all-reduce float32 gradients, not bf16")
     parser.add_argument("--epochs", type=int, default=2, help="the last one is measured")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--loss", default="auto")
@@ -180,6 +193,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--work", help="folder for data and runs (a temporary one by default)")
     args = parser.parse_args()
+    if args.devices > 1 and not (args.data and args.work):
+        parser.error("--devices above 1 needs --data and --work: every DDP process runs this script")
     cpu_name = f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_name
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
@@ -195,15 +210,19 @@ def main() -> None:
             log = work / "log.parquet"
             generate(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
+        defaults = MODEL_DEFAULTS[args.model]
         cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.epochs + 1, device=args.device,
-                          loss=loss, compile=args.compile, resume=False,
-                          weight_decay=0.0 if args.model == "multvae" else 0.01)
-        overrides = {"window": args.window, "hidden": args.hidden} if args.model == "bert4rec" else {}
+                          devices=args.devices, ddp_compress=not args.no_ddp_compress, loss=loss, compile=args.compile, resume=False,
+                          weight_decay=defaults["weight_decay"], samples_per_user=defaults["samples_per_user"])
+        overrides = {"window": args.window, "hidden": args.hidden} if args.model != "multvae" else {}
         started = time.perf_counter()
-        result = run_setting(data_dir, work / f"run-{name.replace(':', '-')}", cfg, overrides, args.model)
+        run_name = f"run-{name.replace(':', '-')}-{args.model}-{args.devices}-{args.batch_size}"
+        result = run_setting(data_dir, work / run_name, cfg, overrides, args.model, test=not args.no_test)
+        if result is None:
+            continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         results.append(result)
-        print(f"{name} {args.model}: {result['items']:,} items, {result['users']:,} users, loss {result['loss']}: "
+        print(f"{name} {args.model} x{args.devices}: {result['items']:,} items, {result['users']:,} users, loss {result['loss']}: "
               f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
               f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%", flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

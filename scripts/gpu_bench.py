@@ -8,6 +8,7 @@ window 40) and the trained ML-100K model when its folder is given.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -30,7 +31,12 @@ log = logging.getLogger("gpu_bench")
 def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
     batched = ServingSettings(device=device, instance_count=instances, max_queue_delay_microseconds=delay_us,
                               max_batch_size=512, max_queue_size=8192)
-    return {
+    on_gpus = {  # ``instances`` model instances on each GPU named
+        f"fused-eager-bf16-gpus{''.join(map(str, gpus))}": {
+            "layout": "fused", "backend": "eager", "precision": "bf16",
+            "settings": dataclasses.replace(batched, gpus=gpus)}
+        for gpus in ((0,), (0, 1))}
+    return on_gpus | {
         "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
         "echo": {"layout": "echo", "settings": batched},
         "fused-eager-fp32": {"layout": "fused", "backend": "eager", "precision": "fp32", "settings": batched},
@@ -114,11 +120,12 @@ def main() -> None:
     result = {
         "gpu": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["scripts/gpu_bench.sh", *sys.argv[1:]]),
-        "model": "BERT4Rec, 100,000 items, hidden 256, 2 layers, 4 heads, window 40, random weights",
+        "model": f"BERT4Rec, {args.items:,} items, hidden 256, 2 layers, 4 heads, window 40, random weights",
         "settings": {"instances": args.instances, "max_queue_delay_microseconds": args.delay_us,
                      "measurement_ms": args.measurement_ms, "protocol": "grpc",
                      "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}",
-                     "layouts": sorted({r["variant"] for r in rows}), "requests_from": "synthetic Zipf histories",
+                     "layouts": sorted({r["variant"] for r in rows}),
+                     "requests_from": "synthetic Zipf histories" + (", and ML-100K's test histories" if args.ml100k else ""),
                      "slo_p99_ms": 10.0},
         "results": rows, "ratios": per_variant, "notes": notes,
     }

@@ -57,3 +57,17 @@ def test_padding_and_an_empty_history_are_harmless():
 def test_bad_config_is_refused_with_the_field(bad):
     with pytest.raises(ConfigError, match=next(iter(bad))):
         SASRec(SASRecConfig(num_items=10, **bad))
+
+
+def test_dropout_follows_the_data_unless_given(ml100k_dir, string_data_dir):
+    """0.5 on sparse data (median training history under 20 items), 0.2 on dense; --dropout wins."""
+    from recserve.data.datasets import load_prepared
+    from recserve.train.tasks import build_task
+    from recserve.train.trainer import TrainConfig
+
+    cfg = TrainConfig(device="cpu")
+    dense, sparse = load_prepared(ml100k_dir), load_prepared(string_data_dir)  # medians 63 and 10 items
+    assert build_task("sasrec", dense, {}, cfg).model_cfg.dropout == 0.2
+    assert build_task("sasrec", sparse, {}, cfg).model_cfg.dropout == 0.5
+    assert build_task("sasrec", sparse, {"dropout": 0.1}, cfg).model_cfg.dropout == 0.1
+    assert build_task("bert4rec", sparse, {}, cfg).model_cfg.dropout == 0.2  # BERT4Rec keeps its one default

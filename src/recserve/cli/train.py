@@ -29,7 +29,8 @@ def train(
                                                   "layer [600].")] = None,
     layers: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: transformer blocks [1, 2].")] = None,
     heads: Annotated[Optional[int], typer.Option(help="BERT4Rec, SASRec: attention heads [2, 1].")] = None,
-    dropout: Annotated[Optional[float], typer.Option(help="Dropout rate [BERT4Rec and SASRec 0.2, Mult-VAE 0.5 "
+    dropout: Annotated[Optional[float], typer.Option(help="Dropout rate [BERT4Rec 0.2; SASRec 0.5 where the median "
+                                                     "training history is under 20 items, else 0.2; Mult-VAE 0.5 "
                                                      "on the input].")] = None,
     mask_prob: Annotated[float, typer.Option(help="BERT4Rec: Cloze masking probability.")] = 0.4,
     loss_exclude_seen: Annotated[bool, typer.Option(help="BERT4Rec: leave a sample's other items out of each "

@@ -17,7 +17,7 @@ from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError
 
 # Training settings a rerun may change: it continues the same run.
-RESUMABLE = ("epochs", "patience", "device", "devices", "precision", "compile", "resume")
+RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"
 

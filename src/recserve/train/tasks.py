@@ -18,7 +18,7 @@ from recserve.data.sequences import Sequences
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
-from recserve.models.sasrec import SASRec, SASRecConfig
+from recserve.models.sasrec import SASRec, SASRecConfig, dropout_for
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
 from recserve.train.evaluate import Ranker, history_counts
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
@@ -51,6 +51,8 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:
             raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
+        if model == "sasrec" and "dropout" not in overrides:
+            overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
         model_cfg = SEQUENCE_MODELS[model][0](num_items=data.vocab.num_items, **overrides)
         model_cfg.validate()
         protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}

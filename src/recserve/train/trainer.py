@@ -48,6 +48,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto, cpu or cuda
     devices: int = 1  # GPUs (DDP when more than one)
+    ddp_compress: bool = True  # DDP on GPUs with bf16 autocast: gradients travel between GPUs as bf16
     precision: str = "auto"  # auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32
     compile: bool = False  # torch.compile the training step
     resume: bool = True  # continue from the run's last checkpoint when there is one
@@ -86,6 +87,21 @@ class TrainConfig:
         """Lightning's name for the precision: bf16 autocast on CUDA unless asked otherwise."""
         bf16 = self.precision == "bf16" or (self.precision == "auto" and self.accelerator == "gpu")
         return "bf16-mixed" if bf16 else "32-true"
+
+    def strategy(self):
+        """Lightning's strategy: DDP for more than one device, sending bf16 gradients where training is bf16.
+
+        The catalogue's embedding table is most of the gradient (1M items x 64 floats: 256 MB a step), so
+        halving the bytes all-reduced each step is what lets a second GPU pay off at catalogue scale.
+        """
+        if self.devices == 1:
+            return "auto"
+        from lightning.pytorch.strategies import DDPStrategy
+
+        hook = None
+        if self.ddp_compress and self.accelerator == "gpu" and self.lightning_precision == "bf16-mixed":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook as hook
+        return DDPStrategy(ddp_comm_hook=hook)
 
     @property
     def accelerator(self) -> str:
@@ -129,7 +145,7 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         max_epochs=cfg.epochs,
         accelerator=cfg.accelerator,
         devices=cfg.devices,
-        strategy="ddp" if cfg.devices > 1 else "auto",
+        strategy=cfg.strategy(),
         precision=cfg.lightning_precision,
         callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience), *(callbacks or [])],
         logger=CSVLogger(out_dir, name="logs", version=0),
@@ -191,7 +207,9 @@ def _quiet_lightning() -> None:
     import warnings
 
     for message in (".*IterableDataset.*__len__.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
-                    ".*does not have many workers.*"):
+                    ".*does not have many workers.*",
+                    ".*sync_dist=True.*",  # every rank ranks all validation users: the values already agree
+                    ".*AccumulateGrad node's stream does not match.*"):  # DDP keeps the graph's nodes alive
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 
