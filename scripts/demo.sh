@@ -10,7 +10,10 @@ mkdir -p "$out"
 $rs data ml-100k --out "$out/data"
 $rs train --data "$out/data" --out "$out/run" --epochs "${DEMO_EPOCHS:-60}"
 $rs export --run "$out/run" --out "$out/export-onnx" --backend onnx
-$rs repo --run "$out/run" --out "$out/repo" --layout fused,seed,echo
+$rs export --run "$out/run" --out "$out/export-eager" --backend eager
+# the repository serves the exports just validated: onnx behind the fused model, eager behind the seed layout
+$rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,echo
+$rs repo --export "$out/export-eager" --out "$out/repo" --layout seed
 
 # A real shopper: user 1's 20 most recent movies before the one held out for testing.
 history=$($bin/python - "$out/data" <<'PY'
@@ -45,7 +48,7 @@ $rs train --data "$out/data-implicit" --out "$out/multvae" --model multvae
 
 # The SageMaker path: the BERT4Rec run as a model.tar.gz, served locally by the SageMaker PyTorch
 # toolkit over TorchServe, asked for user 1's recommendations
-$rs sagemaker package --run "$out/run" --runtime pytorch --out "$out/model.tar.gz"
+$rs sagemaker package --export "$out/export-eager" --runtime pytorch --out "$out/model.tar.gz"
 $rs sagemaker serve --model "$out/model.tar.gz" --port 18080 &
 endpoint=$!
 trap 'kill -TERM $endpoint 2>/dev/null; wait $endpoint 2>/dev/null || true' EXIT

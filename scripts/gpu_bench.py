@@ -23,7 +23,8 @@ from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
 from recserve.bench.report import ratios, write_report
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
-from recserve.serving.triton.repository import ServingSettings, write_repository
+from recserve.pipeline import repository_from_run
+from recserve.serving.triton.repository import ServingSettings
 
 log = logging.getLogger("gpu_bench")
 
@@ -90,7 +91,7 @@ def main() -> None:
         repo = args.work / f"repo-{name}"
         started = time.time()
         try:
-            write_repository(run, repo, (spec["layout"],), spec["settings"], spec.get("backend", "eager"),
+            repository_from_run(run, repo, (spec["layout"],), spec["settings"], spec.get("backend", "eager"),
                              spec.get("precision", "fp32"))
             summary = sweep([spec["layout"]], levels, args.out / name, histories, repo=repo,
                             measurement_ms=args.measurement_ms, slo_p99_ms=10.0, client_threads=args.client_threads)
@@ -107,7 +108,7 @@ def main() -> None:
         real = np.split(bundle["items"], bundle["offsets"][1:-1])
         repo = args.work / "repo-ml100k"
         settings = table["echo"]["settings"]
-        write_repository(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
+        repository_from_run(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
         summary = sweep(["fused", "seed"], [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
                         args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms,
                         client_threads=args.client_threads)

@@ -8,7 +8,8 @@ import pytest
 
 from recserve.data.datasets import prepare
 from recserve.serving.triton.launcher import ServerSettings, TritonServer, free_ports
-from recserve.serving.triton.repository import ServingSettings, write_repository
+from recserve.pipeline import repository_from_run
+from recserve.serving.triton.repository import ServingSettings
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,16 @@ def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides)
 def tiny_run(ml100k_dir, tmp_path_factory) -> Path:
     """A small BERT4Rec trained for two epochs on ML-100K (integer IDs)."""
     return _train_tiny(ml100k_dir, tmp_path_factory.mktemp("tiny") / "run")
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_run, tmp_path_factory) -> Path:
+    """``tiny_run`` exported (eager, fp32, validated): what repositories and packages are written from."""
+    from recserve.export.exporter import export_run
+
+    out = tmp_path_factory.mktemp("tiny-export") / "eager"
+    export_run(tiny_run, "eager", "fp32", out)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +83,8 @@ def server_settings(**overrides) -> ServerSettings:
 @pytest.fixture(scope="session")
 def int_repo(tiny_run, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo-int") / "repo"
-    write_repository(tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000))
+    repository_from_run(tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000),
+                        backend="eager")
     return repo
 
 
@@ -85,7 +97,7 @@ def int_server(int_repo):
 @pytest.fixture(scope="session")
 def string_server(string_run, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo-str") / "repo"
-    write_repository(string_run, repo, ("fused", "seed", "echo"), backend="onnx")
+    repository_from_run(string_run, repo, ("fused", "seed", "echo"), backend="onnx")
     with TritonServer(repo, server_settings()) as server:
         yield server
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
@@ -48,3 +49,12 @@ def test_repo_with_gpu_ids_that_are_not_numbers_names_the_option(tmp_path):
     result = runner.invoke(app, ["repo", "--run", str(tmp_path), "--out", str(tmp_path / "r"), "--device", "gpu",
                                  "--gpus", "0,one"])
     assert result.exit_code == 2 and "--gpus" in result.output and "expected GPU ids" in result.output
+
+
+@pytest.mark.parametrize("command", [["repo", "--out", "r"], ["sagemaker", "package"]])
+def test_serving_commands_take_exactly_one_source(command, tmp_path):
+    """--export (a validated export) or --run (exported first): neither, or both, is a usage error."""
+    neither = runner.invoke(app, command)
+    both = runner.invoke(app, [*command, "--export", str(tmp_path), "--run", str(tmp_path)])
+    for result in (neither, both):
+        assert result.exit_code == 2 and "give exactly one of --export" in result.output

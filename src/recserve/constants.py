@@ -19,6 +19,9 @@ RUN_FILE = "run.json"  # what trained the run: model, settings, data (a rerun mu
 # Export folder (recserve export): what the serving core loads
 EXPORT_MANIFEST = "export.json"
 
+# Model repository (recserve repo): Triton's folders plus recserve's record of what it serves
+REPOSITORY_FILE = "recserve.json"
+
 # Served model `recommender` (fused layout)
 FUSED_MODEL = "recommender"
 INPUT_ITEM_IDS = "item_ids"

@@ -20,7 +20,7 @@ from recserve.export.validate import FP32_SCORE_TOL
 def test_fp32_exports_match_eager_on_untraced_shapes(run, request, tmp_path, backend):
     run = request.getfixturevalue(run)
     manifest = exporter.export_run(run, backend, "fp32", tmp_path / "out")
-    validation = manifest["validation"]
+    validation = manifest.validation
     assert validation["max_score_diff"] <= FP32_SCORE_TOL and validation["top10_overlap"] == 1.0
     assert {(c["batch"], c["length"]) for c in validation["cases"]} >= {(1, 7), (3, 19), (64, 19)}
     # and again, independently, on a shape no case used
@@ -34,27 +34,27 @@ def test_fp32_exports_match_eager_on_untraced_shapes(run, request, tmp_path, bac
 
 def test_torch_compile_matches_eager(tiny_run, tmp_path):
     manifest = exporter.export_run(tiny_run, "compile", "fp32", tmp_path / "out")
-    assert manifest["validation"]["top10_overlap"] == 1.0
-    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL
+    assert manifest.validation["top10_overlap"] == 1.0
+    assert manifest.validation["max_score_diff"] <= FP32_SCORE_TOL
 
 
 def test_aot_inductor_package_matches_eager(tiny_run, tmp_path):
     manifest = exporter.export_run(tiny_run, "aoti", "fp32", tmp_path / "out")
-    assert (tmp_path / "out" / "model.pt2").exists() and manifest["fixed_length"] == 19
-    assert manifest["validation"]["top10_overlap"] == 1.0
+    assert (tmp_path / "out" / "model.pt2").exists() and manifest.fixed_length == 19
+    assert manifest.validation["top10_overlap"] == 1.0
 
 
 @pytest.mark.parametrize(("backend", "precision"), [("onnx", "int8"), ("eager", "int8"), ("eager", "bf16")])
 def test_reduced_precision_reports_overlap_and_ndcg_change(tiny_run, ml100k_dir, tmp_path, backend, precision):
     manifest = exporter.export_run(tiny_run, backend, precision, tmp_path / "out", data_dir=ml100k_dir)
-    validation = manifest["validation"]
+    validation = manifest.validation
     assert 0.5 < validation["top10_overlap"] <= 1.0
     assert abs(validation["ndcg10_delta"]) < 0.05 and validation["ndcg10_reference"] > 0
 
 
 def test_string_ids_are_mapped_by_the_predictor_for_every_backend(string_run, tmp_path):
     manifest = exporter.export_run(string_run, "onnx", "fp32", tmp_path / "out")
-    assert manifest["id_mapping"] == "predictor" and manifest["item_id_type"] == "string"
+    assert manifest.id_mapping == "predictor" and manifest.item_id_type == "string"
 
 
 def test_failed_parity_is_an_error_with_the_difference_and_nothing_is_written(tiny_run, tmp_path, monkeypatch):
@@ -104,7 +104,7 @@ def test_graph_takes_int64_ids_and_any_batch(tiny_run, tmp_path):
     assert item_ids.type.tensor_type.elem_type == onnx.TensorProto.INT64
     dims = item_ids.type.tensor_type.shape.dim
     assert dims[0].dim_param and dims[1].dim_param  # symbolic batch and length
-    runner = load_runner(tmp_path / "out", json.loads((tmp_path / "out" / EXPORT_MANIFEST).read_text()))
+    runner = load_runner(tmp_path / "out")
     for batch in (1, 2, 257):
         ids, scores = runner(np.ones((batch, 3), np.int64), np.full(batch, 3, np.int64), np.ones(batch, bool))
         assert ids.shape == (batch, 100) and scores.dtype == np.float32
@@ -154,9 +154,9 @@ def test_multvae_exports_match_eager_and_exclude_the_input_items(vae_run, tmp_pa
     from recserve.serving.predictor import Predictor
 
     manifest = exporter.export_run(vae_run, backend, "fp32", tmp_path / "out")
-    assert manifest["model"] == "multvae"
-    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL
-    assert manifest["validation"]["top10_overlap"] == 1.0
+    assert manifest.model == "multvae"
+    assert manifest.validation["max_score_diff"] <= FP32_SCORE_TOL
+    assert manifest.validation["top10_overlap"] == 1.0
     predictor = Predictor.load(tmp_path / "out")
     history = predictor.vocab_ids[[0, 5, 9, 40]]
     [answer] = predictor.predict([history], k=20)
@@ -167,5 +167,30 @@ def test_multvae_exports_match_eager_and_exclude_the_input_items(vae_run, tmp_pa
 
 def test_sasrec_aot_inductor_package_passes_the_parity_check(sasrec_run, tmp_path):
     manifest = exporter.export_run(sasrec_run, "aoti", "fp32", tmp_path / "out")
-    assert manifest["model"] == "sasrec" and manifest["fixed_length"] == 19
-    assert manifest["validation"]["max_score_diff"] <= FP32_SCORE_TOL and manifest["validation"]["top10_overlap"] == 1.0
+    assert manifest.model == "sasrec" and manifest.fixed_length == 19
+    assert manifest.validation["max_score_diff"] <= FP32_SCORE_TOL and manifest.validation["top10_overlap"] == 1.0
+
+
+def test_the_manifest_reads_back_what_was_written_and_refuses_other_files(tiny_export, tmp_path):
+    import dataclasses
+    import json
+    import shutil
+
+    from recserve.export.manifest import ExportManifest
+
+    manifest = ExportManifest.read(tiny_export)
+    assert manifest.backend == "eager" and manifest.window == 20 and manifest.validation["top10_overlap"] == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        manifest.backend = "onnx"  # type: ignore[misc]
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export, folder)
+    written = json.loads((folder / "export.json").read_text())
+    for change, message in [({"format_version": 99}, "format version 99, this recserve reads 1"),
+                            ({"window": None}, "missing window")]:
+        data = {k: v for k, v in (written | change).items() if v is not None}
+        (folder / "export.json").write_text(json.dumps(data))
+        with pytest.raises(ExportError, match=message):
+            ExportManifest.read(folder)
+    (folder / "export.json").write_text("{not json")
+    with pytest.raises(ExportError, match="unreadable"):
+        ExportManifest.read(folder)

@@ -10,7 +10,8 @@ import time
 import urllib.request
 
 from recserve.serving.triton.launcher import free_ports
-from recserve.serving.triton.repository import ServingSettings, write_repository
+from recserve.pipeline import repository_from_run
+from recserve.serving.triton.repository import ServingSettings
 from tests.reliability.test_shutdown import _wait_ready
 
 
@@ -24,7 +25,7 @@ def _infer(port: int) -> str:
 
 def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tmp_path):
     repo = tmp_path / "repo"
-    write_repository(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=1)
+    repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=1)
     http, grpc, metrics = free_ports(3)
     serve = subprocess.Popen(
         [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(repo), "--http-port", str(http),
@@ -46,7 +47,7 @@ def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tm
         for t in threads:
             t.start()
         time.sleep(1)
-        write_repository(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=2)
+        repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=2)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (not versions or versions[-1] != "2"):
             time.sleep(0.5)

@@ -21,6 +21,7 @@ from recserve.errors import ServingError
 from recserve.serving.sagemaker import inference
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
 from recserve.serving.sagemaker.inference import HandlerError, input_fn, model_fn, output_fn, predict_fn
+from recserve.pipeline import package_from_run
 from recserve.serving.sagemaker.package import package, unpack
 from recserve.serving.triton.launcher import TritonServer, free_ports
 from tests.conftest import server_settings
@@ -29,8 +30,8 @@ JSON = "application/json"
 
 
 @pytest.fixture(scope="module")
-def bert_package(tiny_run, tmp_path_factory):
-    return package(tiny_run, "pytorch", tmp_path_factory.mktemp("pkg") / "model.tar.gz")["package"]
+def bert_package(tiny_export, tmp_path_factory):
+    return package(tiny_export, "pytorch", tmp_path_factory.mktemp("pkg") / "model.tar.gz")["package"]
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +55,11 @@ def test_the_four_functions_answer_a_json_request(bert_model, tiny_run):
 @pytest.mark.parametrize(("run", "name"), [("vae_run", "multvae"), ("sasrec_run", "sasrec")])
 def test_multvae_and_sasrec_run_through_the_same_handler(run, name, request, tmp_path):
     run = request.getfixturevalue(run)
-    model = model_fn(str(unpack(package(run, "pytorch", tmp_path / "m.tar.gz")["package"], tmp_path / "u")))
+    model = model_fn(str(unpack(package_from_run(run, "pytorch", tmp_path / "m.tar.gz")["package"], tmp_path / "u")))
     history = np.load(run / "item_ids.npy")[[1, 10, 100]].tolist()
     answer = handle(model, json.dumps({"item_id": history, "k": 20}))
     assert len(answer["item_id"]) == 20 and not set(history) & set(answer["item_id"])
-    assert model.manifest["model"] == name
+    assert model.manifest.model == name
 
 
 @pytest.mark.parametrize(
@@ -130,7 +131,8 @@ def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
 
 
 def test_triton_package_is_a_repository_that_a_real_triton_serves(tiny_run, tmp_path):
-    summary = package(tiny_run, "triton", tmp_path / "model.tar.gz")
+    summary = package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")  # through an onnx export
+    assert summary["backend"] == "onnx"
     assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender"}
     repo = unpack(tmp_path / "model.tar.gz", tmp_path / "repo")
     assert sorted(p.name for p in repo.iterdir()) == ["recommender"]  # model folders only, none at the top
@@ -143,10 +145,24 @@ def test_triton_package_is_a_repository_that_a_real_triton_serves(tiny_run, tmp_
 
 @pytest.mark.parametrize(("runtime", "out", "message"), [("tensorflow", "m.tar.gz", "runtime 'tensorflow'"),
                                                         ("pytorch", "m.zip", "must be a .tar.gz")])
-def test_bad_package_requests_are_refused(tiny_run, tmp_path, runtime, out, message):
+def test_bad_package_requests_are_refused(tiny_export, tiny_run, tmp_path, runtime, out, message):
     with pytest.raises(ServingError, match=message):
-        package(tiny_run, runtime, tmp_path / out)
+        package(tiny_export, runtime, tmp_path / out)
+    with pytest.raises(ServingError, match=message):  # refused before the run is exported
+        package_from_run(tiny_run, runtime, tmp_path / out)
     assert not (tmp_path / out).exists()
+
+
+def test_a_package_takes_only_exports_its_container_can_run(tiny_run, tmp_path):
+    from recserve.errors import ExportError
+    from recserve.export.exporter import export_run
+
+    export_run(tiny_run, "onnx", "fp32", tmp_path / "onnx")
+    with pytest.raises(ServingError, match="the pytorch runtime serves eager exports, not onnx; export with --backend eager"):
+        package(tmp_path / "onnx", "pytorch", tmp_path / "m.tar.gz")
+    with pytest.raises(ExportError, match="no export.json"):
+        package(tiny_run, "pytorch", tmp_path / "m.tar.gz")
+    assert not (tmp_path / "m.tar.gz").exists()
 
 
 def test_a_broken_package_is_refused_clearly(tmp_path):

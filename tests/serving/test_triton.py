@@ -15,6 +15,7 @@ from recserve.client import AsyncRecommenderClient, RecommenderClient, Recommend
 from recserve.errors import ServingError
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
+from recserve.pipeline import repository_from_run
 from recserve.serving.triton.repository import ServingSettings, write_repository
 from tests.conftest import server_settings
 
@@ -47,13 +48,47 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
 
 
-def test_instances_on_named_gpus_are_written_for_each_gpu(tiny_run, tmp_path):
+def test_instances_on_named_gpus_are_written_for_each_gpu(tiny_export, tiny_run, tmp_path):
     settings = ServingSettings(device="gpu", gpus=(0, 1), instance_count=2)
-    write_repository(tiny_run, tmp_path, ("echo",), settings)
+    write_repository(tiny_export, tmp_path, ("echo",), settings)
     [group] = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).instance_group
     assert group.kind == pb.ModelInstanceGroup.KIND_GPU and list(group.gpus) == [0, 1] and group.count == 2
     with pytest.raises(ServingError, match="GPU ids"):
-        write_repository(tiny_run, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+        write_repository(tiny_export, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+    with pytest.raises(ServingError, match="GPU ids"):  # refused before the run is exported
+        repository_from_run(tiny_run, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+    assert not (tmp_path / "cpu").exists()
+
+
+def test_the_repository_serves_the_export_it_was_given(tiny_export, tmp_path):
+    """The fused model's version folder is a copy of the validated export, manifest and all."""
+    summary = write_repository(tiny_export, tmp_path / "repo", ("fused",))
+    served = tmp_path / "repo" / "recommender" / "1" / "export"
+    assert (served / "export.json").read_text() == (tiny_export / "export.json").read_text()
+    assert (served / "model.pt").read_bytes() == (tiny_export / "model.pt").read_bytes()
+    info = json.loads((tmp_path / "repo" / "recserve.json").read_text())
+    assert info["layouts"]["fused"]["backend"] == "eager" and summary["models"][0]["name"] == "recommender"
+
+
+def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, tiny_run, tmp_path):
+    """Not an export; the seed layout from an export without weights; an export compiled for another device."""
+    from recserve.errors import ExportError
+    from recserve.export.exporter import export_run
+
+    with pytest.raises(ExportError, match="no export.json; pass a folder written by `recserve export`"):
+        write_repository(tiny_run, tmp_path / "a", ("fused",))
+    onnx = tmp_path / "onnx"
+    export_run(tiny_run, "onnx", "fp32", onnx)
+    with pytest.raises(ServingError, match="seed layout rebuilds the model from its weights.*--backend eager"):
+        write_repository(onnx, tmp_path / "b", ("seed",))
+    compiled = tmp_path / "compiled"  # a manifest that says: compiled ahead of time, for the CPU
+    shutil.copytree(tiny_export, compiled)
+    manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti"}
+    (compiled / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ServingError, match="the aoti export was built for cpu and runs there only"):
+        write_repository(compiled, tmp_path / "c", ("fused",), ServingSettings(device="gpu"))
+    with pytest.raises(ServingError, match="layout nope"):
+        write_repository(tiny_export, tmp_path / "d", ("nope",))
 
 
 def test_fused_answers_match_the_predictor_and_count_unknown_ids(int_server, tiny_run):
@@ -160,17 +195,17 @@ def test_recommend_command_prints_json(int_server, tiny_run):
     assert len(reply["item_id"]) == 4 and len(reply["score"]) == 4
 
 
-def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_run, tmp_path):
-    write_repository(tiny_run, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000))
+def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path):
+    write_repository(tiny_export, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000))
     policy = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 8 and policy.default_timeout_microseconds == 5000
     assert policy.timeout_action == pb.ModelQueuePolicy.REJECT and not policy.allow_timeout_override
 
 
-def test_a_new_version_is_added_beside_the_old(tiny_run, int_repo, tmp_path):
+def test_a_new_version_is_added_beside_the_old(tiny_export, int_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(int_repo, repo)
-    write_repository(tiny_run, repo, ("fused",), ServingSettings(), version=2)
+    write_repository(tiny_export, repo, ("fused",), ServingSettings(), version=2)
     assert (repo / "recommender" / "1" / "model.py").exists() and (repo / "recommender" / "2" / "export").is_dir()
 
 
@@ -194,7 +229,7 @@ def test_multvae_is_served_by_the_fused_layout(vae_run, tmp_path):
     from recserve.serving.predictor import Predictor
 
     repo = tmp_path / "repo"
-    write_repository(vae_run, repo, ("fused",), backend="onnx")
+    repository_from_run(vae_run, repo, ("fused",), backend="onnx")
     history = np.load(vae_run / "item_ids.npy")[[3, 30, 300]]
     with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
         answer = client.recommend(history.tolist(), k=10)
@@ -207,7 +242,7 @@ def test_sasrec_is_served_by_the_fused_and_seed_layouts(sasrec_run, tmp_path):
     from recserve.serving.predictor import Predictor
 
     repo = tmp_path / "repo"
-    write_repository(sasrec_run, repo, ("fused", "seed"), backend="onnx")
+    repository_from_run(sasrec_run, repo, ("fused", "seed"), backend="onnx")
     history = np.load(sasrec_run / "item_ids.npy")[[3, 30, 300]]
     poc_history = np.arange(1, 40, dtype=np.int64)  # the PoC client's request: 39 IDs in `inputs`
     with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from recserve.constants import METRICS_FILE
 from recserve.cli.console import console, handle_errors
 
 
@@ -22,10 +23,11 @@ def _numbers(text: Optional[str], name: str) -> list[float]:
 
 def _data_of(repo: Optional[Path]) -> Optional[Path]:
     """The data folder behind a repository (repository -> run -> metrics.json)."""
-    if repo is None or not (repo / "recserve.json").exists():
+    from recserve.serving.triton.repository import read_repository_info
+
+    if repo is None or "run" not in (info := read_repository_info(repo)):
         return None
-    run = Path(json.loads((repo / "recserve.json").read_text())["run"])
-    metrics = run / "metrics.json"
+    metrics = Path(info["run"]) / METRICS_FILE
     return Path(json.loads(metrics.read_text())["data"]) if metrics.exists() else None
 
 

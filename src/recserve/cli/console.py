@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import typer
@@ -51,3 +52,11 @@ def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
         return [int(x) for x in item_ids]
     except ValueError as err:
         raise typer.BadParameter(f"{err}; pass --string-ids for a string-ID model", param_hint="ITEM_IDS") from err
+
+
+def export_or_run(export: Path | None, run: Path | None) -> Path:
+    """The one source a serving command was given: ``--export`` (a validated export) or ``--run``."""
+    if (export is None) == (run is None):
+        raise typer.BadParameter("give exactly one of --export (a folder from `recserve export`) and --run (a run "
+                                 "folder, exported first)", param_hint="--export / --run")
+    return export if export is not None else run  # type: ignore[return-value]

@@ -15,7 +15,8 @@ from recserve.constants import DEFAULT_MAX_K
 def export(
     run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Export folder (or report folder with --report).")],
-    backend: Annotated[str, typer.Option(help="eager, torchscript, onnx, aoti, compile or torch_tensorrt.")] = "eager",
+    backend: Annotated[Optional[str], typer.Option(help="eager, torchscript, onnx, aoti, compile, cudagraph or "
+                                                        "torch_tensorrt [onnx on cpu, eager on cuda].")] = None,
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
@@ -32,11 +33,13 @@ def export(
         console.print((out / "report.md").read_text(), markup=False, highlight=False)
         console.print(f"{len(result['results'])} rows -> {out}/report.json, report.md, report.png")
         return
+    from recserve.export.backends import default_backend
     from recserve.export.exporter import export_run
 
+    backend = backend or default_backend(device)
     with console.status(f"exporting {backend} {precision}"):
         manifest = export_run(run, backend, precision, out, device=device, max_k=max_k, data_dir=data)
-    v = manifest["validation"]
+    v = manifest.validation
     console.print(f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "
                   f"top-10 overlap {v['top10_overlap']:.3f}"
                   + (f", NDCG@10 change {v['ndcg10_delta']:+.4f}" if v.get("ndcg10_delta") is not None else ""))

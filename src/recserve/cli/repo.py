@@ -1,4 +1,4 @@
-"""``recserve repo``: a Triton model repository from a training run."""
+"""``recserve repo``: a Triton model repository from an export (or a training run, exported first)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,23 @@ from typing import Annotated, Optional
 
 import typer
 
-from recserve.cli.console import console, handle_errors
+from recserve.cli.console import console, export_or_run, handle_errors
 from recserve.constants import DEFAULT_MAX_K
 
 
 @handle_errors
 def repo(
-    run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Model repository to write or add to.")],
+    export: Annotated[Optional[Path], typer.Option("--export", "-e", help="Export folder written by `recserve "
+                                                   "export`: served as validated (the seed layout needs an eager "
+                                                   "export).")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", "-r", help="Instead of --export: a run folder, exported "
+                                                "with --backend and --precision (and validated) first.")] = None,
     layout: Annotated[str, typer.Option(help="Comma-separated: fused (model `recommender`), seed (the PoC's "
                                              "ensemble), echo (fixed answer, the server-stack ceiling).")] = "fused",
-    backend: Annotated[str, typer.Option(help="Backend of the fused model's graph (see `recserve export`); "
-                                              "onnx is the fastest on CPUs.")] = "onnx",
-    precision: Annotated[str, typer.Option(help="fp32, fp16, bf16 or int8.")] = "fp32",
+    backend: Annotated[Optional[str], typer.Option(help="With --run: the fused model's export backend (see "
+                                                        "`recserve export`) [onnx on cpu, eager on gpu].")] = None,
+    precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or gpu: where model instances run.")] = "cpu",
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_batch_size: Annotated[int, typer.Option(help="Largest dynamic batch.")] = 256,
@@ -31,22 +35,28 @@ def repo(
     instances: Annotated[int, typer.Option(help="Model instances (on each GPU that --gpus names).")] = 1,
     gpus: Annotated[str, typer.Option(help="With --device gpu: comma-separated GPU ids, e.g. 0,1, each "
                                       "given --instances instances; empty: Triton places them.")] = "",
-    max_k: Annotated[int, typer.Option(help="Largest k a request may ask for.")] = DEFAULT_MAX_K,
+    max_k: Annotated[int, typer.Option(help="With --run: the largest k a request may ask for.")] = DEFAULT_MAX_K,
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
     response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
 ) -> None:
     """Write a Triton model repository: config.pbtxt, python models and the validated export."""
     from recserve.serving.triton.repository import ServingSettings, write_repository
 
+    source = export_or_run(export, run)
     settings = ServingSettings(
         max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
         max_queue_size=max_queue_size, queue_timeout_microseconds=queue_timeout_ms * 1000,
-        instance_count=instances, device=device, max_k=max_k, response_cache=response_cache,
+        instance_count=instances, device=device, response_cache=response_cache,
         versions_served=versions_served, gpus=_gpu_ids(gpus),
     )
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     with console.status(f"writing {', '.join(layouts)} into {out}"):
-        summary = write_repository(run, out, layouts, settings, backend, precision, version)
+        if export is not None:
+            summary = write_repository(source, out, layouts, settings, version)
+        else:
+            from recserve.pipeline import repository_from_run
+
+            summary = repository_from_run(source, out, layouts, settings, backend, precision, version, max_k)
     console.print(f"{out}: " + ", ".join(m["name"] for m in summary["models"]) + f" (version {version})")
 
 

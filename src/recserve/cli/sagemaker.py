@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from recserve.cli.console import console, handle_errors, history_ids
+from recserve.cli.console import console, export_or_run, handle_errors, history_ids
 
 app = typer.Typer(help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
                   no_args_is_help=True)
@@ -19,7 +19,11 @@ app = typer.Typer(help="SageMaker: model.tar.gz, a local endpoint (/ping, /invoc
 @app.command()
 @handle_errors
 def package(
-    run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
+    export: Annotated[Optional[Path], typer.Option("--export", "-e", help="Export folder written by `recserve "
+                                                   "export` (eager for pytorch; onnx or eager for triton).")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", "-r", help="Instead of --export: a run folder, exported "
+                                                "(and validated) first: eager fp32 for pytorch, onnx fp32 for "
+                                                "triton.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="The model.tar.gz to write.")] = Path("model.tar.gz"),
     runtime: Annotated[str, typer.Option(help="pytorch (SageMaker PyTorch container, code/inference.py) or "
                                          "triton (SageMaker Triton container, a model repository).")] = "pytorch",
@@ -30,8 +34,14 @@ def package(
 
     if runtime not in RUNTIMES:
         raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
-    with console.status(f"packaging {run} for the {runtime} container"):
-        summary = write_package(run, runtime, out)
+    source = export_or_run(export, run)
+    with console.status(f"packaging {source} for the {runtime} container"):
+        if export is not None:
+            summary = write_package(export, runtime, out)
+        else:
+            from recserve.pipeline import package_from_run
+
+            summary = package_from_run(source, runtime, out)
     console.print(f"{summary['package']}: {summary['model']} ({summary['backend']}), {summary['bytes'] / 1e6:.1f} MB")
     console.print("endpoint environment: " + ", ".join(f"{k}={v}" for k, v in summary["environment"].items()))
 

@@ -10,16 +10,20 @@ from pathlib import Path
 
 import torch
 
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.runner import torch_runner
 
 FILE = "model.pt2"
 
 
-def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
-    device = manifest["device"]
-    graph = build_graph(run_dir, spec, manifest["max_k"], manifest["precision"]).to(device)
-    manifest["fixed_length"] = spec.window - 1
+PORTABLE = False  # compiled for the export's device
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
+    device = manifest.device
+    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).to(device)
     example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
     batch = torch.export.Dim("batch", min=1, max=65536)
     with torch.inference_mode():
@@ -27,7 +31,8 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
             graph, example, dynamic_shapes={"item_ids": {0: batch}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
         )
         torch._inductor.aoti_compile_and_package(program, package_path=str(out / FILE))
+    return {"fixed_length": spec.window - 1}
 
 
-def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     return torch_runner(torch._inductor.aoti_load_package(str(out / FILE)), device)

@@ -1,17 +1,20 @@
-"""The export backends by name, and loading any export folder as a predictor runner."""
+"""The export backends by name (each a ``recserve.export.protocol.Backend``), and loading an export folder."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.errors import ExportError
 from recserve.export.graph import GraphSpec
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Backend, Runner
 
-# backend -> module under recserve.export that has save() and load()
+# backend -> module under recserve.export that has PORTABLE, save() and load()
 MODULES = {
     "eager": "eager",
     "compile": "eager",
@@ -22,20 +25,29 @@ MODULES = {
     "torch_tensorrt": "tensorrt",
 }
 BACKENDS = tuple(MODULES)
+# What `recserve export` and `recserve repo --run` build when no backend is named: onnx is the fastest on
+# CPUs (docs/benchmarks.md); on GPUs eager runs everywhere (the compiled backends are opt-in).
+DEFAULT_BACKEND = {"cpu": "onnx", "cuda": "eager"}
 
 
-def backend_module(backend: str):
+def default_backend(device: str) -> str:
+    """The default backend for ``device`` (cpu, cuda or gpu)."""
+    return DEFAULT_BACKEND["cpu" if device == "cpu" else "cuda"]
+
+
+def backend_module(backend: str) -> Backend:
     if backend not in MODULES:
         raise ExportError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    return importlib.import_module(f"recserve.export.{MODULES[backend]}")
+    return cast(Backend, importlib.import_module(f"recserve.export.{MODULES[backend]}"))
 
 
-def spec_of(export_dir: Path, manifest: dict) -> GraphSpec:
+def spec_of(export_dir: Path, manifest: ExportManifest) -> GraphSpec:
     ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
     popularity = np.load(Path(export_dir) / POPULARITY_FILE, allow_pickle=False)
-    return GraphSpec(ids, popularity, manifest["window"], manifest.get("model", "bert4rec"), manifest["id_mapping"])
+    return GraphSpec(ids, popularity, manifest.window, manifest.model, manifest.id_mapping)
 
 
-def load_runner(export_dir: Path, manifest: dict, device: str = "cpu"):
-    """The runner of an export folder (see ``recserve.serving.predictor.Runner``)."""
-    return backend_module(manifest["backend"]).load(Path(export_dir), spec_of(export_dir, manifest), manifest, device)
+def load_runner(export_dir: Path, manifest: ExportManifest | None = None, device: str = "cpu") -> Runner:
+    """The runner of an export folder (see ``recserve.export.protocol``); its manifest is read when not given."""
+    manifest = manifest or ExportManifest.read(export_dir)
+    return backend_module(manifest.backend).load(Path(export_dir), spec_of(export_dir, manifest), manifest, device)

@@ -15,18 +15,22 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ExportError
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
-    if not str(manifest["device"]).startswith("cuda"):
+PORTABLE = False  # captured on a GPU
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
+    if not manifest.device.startswith("cuda"):
         raise ExportError("backend cudagraph needs a GPU (--device cuda); on a CPU use onnx")
-    manifest["fixed_length"] = spec.window - 1
-    manifest["batch_buckets"] = list(BUCKETS)
     for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE):
         shutil.copyfile(Path(run_dir) / name, out / name)
+    return {"fixed_length": spec.window - 1, "batch_buckets": BUCKETS}
 
 
 class _Packed(torch.nn.Module):
@@ -103,8 +107,8 @@ class CudaGraphRunner:
         return host_ids.numpy()[:n].copy(), host_scores.numpy()[:n].copy()
 
 
-def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     if not str(device).startswith("cuda"):
         raise ExportError("backend cudagraph runs on a GPU only")
-    module = build_graph(out, spec, manifest["max_k"], manifest["precision"]).to(device)
-    return CudaGraphRunner(module, device, manifest["fixed_length"], tuple(manifest["batch_buckets"]))
+    module = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
+    return CudaGraphRunner(module, device, manifest.fixed_length, manifest.batch_buckets)

@@ -8,20 +8,26 @@ from pathlib import Path
 import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph
 from recserve.export.runner import torch_runner
 
 FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE)
 
 
-def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+PORTABLE = True  # rebuilt from the weights wherever it is loaded
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     for name in FILES:
         shutil.copyfile(Path(run_dir) / name, out / name)
+    return {}
 
 
-def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
-    graph = build_graph(out, spec, manifest["max_k"], manifest["precision"]).to(device)
-    if manifest["backend"] == "compile":
+def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
+    graph = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
+    if manifest.backend == "compile":
         # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch
         mode = "reduce-overhead" if str(device).startswith("cuda") else None
         graph = torch.compile(graph, dynamic=True, mode=mode)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -11,7 +12,6 @@ from pathlib import Path
 
 from recserve.constants import (
     DEFAULT_MAX_K,
-    EXPORT_MANIFEST,
     ITEM_TABLE_FILE,
     ITEMS_FILE,
     METRICS_FILE,
@@ -21,12 +21,13 @@ from recserve.constants import (
 from recserve.errors import ExportError
 from recserve.export.backends import backend_module
 from recserve.export.graph import PRECISIONS, build_graph, load_spec
+from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.export.validate import check_parity, serving_ndcg10
 
 log = logging.getLogger(__name__)
 
-EXPORT_FORMAT_VERSION = 1
+CATALOGUE_FILES = (ITEM_TABLE_FILE, POPULARITY_FILE, MODEL_CONFIG_FILE, ITEMS_FILE)  # copied into every export
 
 
 def _check_request(backend: str, precision: str, device: str) -> None:
@@ -48,7 +49,7 @@ def _check_request(backend: str, precision: str, device: str) -> None:
 def export_run(
     run_dir: Path, backend: str, precision: str, out: Path, device: str = "cpu", max_k: int = DEFAULT_MAX_K,
     data_dir: Path | None = None,
-) -> dict:
+) -> ExportManifest:
     """Exports a training run; returns the manifest written to ``out/export.json``.
 
     Raises:
@@ -57,35 +58,28 @@ def export_run(
     _check_request(backend, precision, device)
     run_dir, out = Path(run_dir), Path(out)
     spec = load_spec(run_dir, graph_searches=backend != "onnx")
-    manifest = {
-        "format_version": EXPORT_FORMAT_VERSION,
-        "model": spec.model,
-        "backend": backend,
-        "precision": precision,
-        "device": device,
-        "max_k": max_k,
-        "window": spec.window,
-        "num_items": len(spec.vocab_ids),
-        "item_id_type": "string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
-        "id_mapping": spec.id_mapping,
-        "run": str(run_dir),
-    }
+    manifest = ExportManifest(
+        model=spec.model, backend=backend, precision=precision, device=device, max_k=max_k, window=spec.window,
+        num_items=len(spec.vocab_ids), item_id_type="string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
+        id_mapping=spec.id_mapping, run=str(run_dir),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        for name in (ITEM_TABLE_FILE, POPULARITY_FILE, MODEL_CONFIG_FILE, ITEMS_FILE):
+        for name in CATALOGUE_FILES:
             if (run_dir / name).exists():
                 shutil.copyfile(run_dir / name, tmp / name)
         module = backend_module(backend)
         started = time.perf_counter()
-        module.save(run_dir, spec, tmp, manifest)
-        manifest["build_s"] = round(time.perf_counter() - started, 2)
+        manifest = manifest.with_backend_fields(module.save(run_dir, spec, tmp, manifest))
+        manifest = dataclasses.replace(manifest, build_s=round(time.perf_counter() - started, 2))
         runner = module.load(tmp, spec, manifest, device)
         reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device)
-        manifest["validation"] = check_parity(reference, runner, spec, precision, manifest.get("fixed_length"))
+        validation = check_parity(reference, runner, spec, precision, manifest.fixed_length)
         if precision != "fp32":
-            manifest["validation"] |= _quality_change(reference, runner, spec, run_dir, data_dir)
-        (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            validation |= _quality_change(reference, runner, spec, run_dir, data_dir)
+        manifest = dataclasses.replace(manifest, validation=validation)
+        manifest.write(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

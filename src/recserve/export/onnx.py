@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from recserve.errors import ExportError
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 
 log = logging.getLogger(__name__)
@@ -22,13 +24,16 @@ OUTPUTS = ("top_item_ids", "top_scores")  # ONNX names must differ from the inpu
 K_INPUT = "k"  # how many items to select: the batch's largest k (see _k_as_input)
 
 
-def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+PORTABLE = True  # onnxruntime picks the CUDA or the CPU provider at load
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     import torch
 
-    precision = manifest["precision"]
+    precision = manifest.precision
     if precision not in ("fp32", "int8"):
         raise ExportError(f"onnx: precision {precision!r} is not offered; use fp32 or int8 (CPU)")
-    graph = build_graph(run_dir, spec, manifest["max_k"], "fp32")
+    graph = build_graph(run_dir, spec, manifest.max_k, "fp32")
     example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9))
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
     target = out / (FILE if precision == "fp32" else "model.fp32.onnx")
@@ -45,6 +50,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
     _k_as_input(out / FILE)
     for extra in out.glob("*.onnx.data"):
         log.debug("external weights in %s", extra)
+    return {}
 
 
 def _k_as_input(path: Path) -> None:
@@ -73,7 +79,7 @@ def _k_as_input(path: Path) -> None:
     onnx.checker.check_model(str(path))
 
 
-def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     import onnxruntime as ort
 
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
@@ -86,7 +92,7 @@ def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
         # idle threads must not spin: they share the cores with the server and the other instances
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(out / FILE), options, providers=providers)
-    top = min(manifest["max_k"], len(spec.vocab_ids))  # the graph never selects more than the catalogue holds
+    top = min(manifest.max_k, len(spec.vocab_ids))  # the graph never selects more than the catalogue holds
 
     def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
         feed = dict(zip(INPUTS, (ids, lengths, np.ascontiguousarray(exclude))))

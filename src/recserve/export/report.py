@@ -64,7 +64,7 @@ def build_report(run_dir: Path, out: Path, device: str = "cpu", data_dir: Path |
             continue
         runner = load_runner(target, manifest, device)
         spec = spec_of(target, manifest)
-        validation = manifest["validation"]
+        validation = manifest.validation
         for batch in BATCH_SIZES:
             inputs = [t.numpy() for t in example_inputs(spec, batch, spec.window - 1, seed=batch)]
             timing = time_runner(runner, inputs, seconds=seconds)
@@ -73,7 +73,7 @@ def build_report(run_dir: Path, out: Path, device: str = "cpu", data_dir: Path |
                 "throughput": batch / (timing["p50_ms"] / 1e3),
                 "top10_overlap": validation["top10_overlap"],
                 "ndcg10_delta": validation.get("ndcg10_delta", 0.0),
-                "build_s": manifest["build_s"],
+                "build_s": manifest.build_s,
             })
     report = {"device": device, "run": str(run_dir), "results": rows, "skipped": skipped,
               "throughput_unit": "recommendations per second at the p50 call latency"}

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from recserve.errors import ExportError
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.runner import torch_runner
 
@@ -28,11 +30,14 @@ def _torch_tensorrt():
     return torch_tensorrt
 
 
-def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
+PORTABLE = False  # TensorRT engines are built for the export's GPU
+
+
+def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     trt = _torch_tensorrt()
-    if not str(manifest["device"]).startswith("cuda"):
+    if not manifest.device.startswith("cuda"):
         raise ExportError("backend torch_tensorrt needs --device cuda")
-    graph = build_graph(run_dir, spec, manifest["max_k"], manifest["precision"]).cuda()
+    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).cuda()
     length = spec.window - 1
     inputs = [
         trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, length), max_shape=(MAX_BATCH, length), dtype=torch.int64),
@@ -40,11 +45,12 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: dict) -> None:
         trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.bool),
     ]
     precisions = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    compiled = trt.compile(graph, ir="dynamo", inputs=inputs, enabled_precisions={precisions[manifest["precision"]]})
+    compiled = trt.compile(graph, ir="dynamo", inputs=inputs, enabled_precisions={precisions[manifest.precision]})
     trt.save(compiled, str(out / FILE), output_format="torchscript",
              inputs=list(example_inputs(spec, OPT_BATCH, length, device="cuda")))
+    return {}
 
 
-def load(out: Path, spec: GraphSpec, manifest: dict, device: str):
+def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     _torch_tensorrt()
     return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device)

@@ -7,23 +7,20 @@ backend's runtime (torch or onnxruntime) is imported when an export is loaded.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from recserve.constants import DEFAULT_K, EXPORT_MANIFEST, ITEM_TABLE_FILE
+from recserve.constants import DEFAULT_K, ITEM_TABLE_FILE
 from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
-from recserve.errors import RequestError, ServingError
+from recserve.errors import RequestError
+from recserve.export.manifest import ExportManifest
+from recserve.export.protocol import Runner
 
 log = logging.getLogger(__name__)
-
-# (ids (B, L) int64, lengths (B,) int64, exclude_seen (B,) bool, k) -> (ids (B, K) int64, scores (B, K) float32);
-# K is at least k where k is given (and the catalogue holds that many), else the export's max_k
-Runner = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,7 @@ class Predictor:
     """Histories of item IDs in, top-k recommendations out, for a batch of requests at once."""
 
     def __init__(self, runner: Runner, vocab_ids: np.ndarray, window: int, max_k: int, map_ids: bool,
-                 manifest: dict | None = None):
+                 manifest: ExportManifest | None = None):
         """
         Args:
             runner: the exported graph.
@@ -82,8 +79,8 @@ class Predictor:
         self.map_ids = map_ids or self.string_ids
         self.history_limit = window - 1  # the graph appends the mask token
         self.max_k = max_k
-        self.manifest = manifest or {}
-        self.fixed_length = self.manifest.get("fixed_length")  # backends compiled for one padded length
+        self.manifest = manifest
+        self.fixed_length = manifest.fixed_length if manifest else None  # backends compiled for one padded length
         # dense integer IDs: membership by one gather (clipped: the table's last entry answers for every ID
         # past it) instead of a search
         self.member = lookup_table(vocab_ids) > 0 if use_lookup_table(vocab_ids) else None
@@ -95,11 +92,11 @@ class Predictor:
         """Loads an export folder written by ``recserve export`` (any backend)."""
         from recserve.export.backends import load_runner
 
-        manifest = read_manifest(export_dir)
+        manifest = ExportManifest.read(export_dir)
         runner = load_runner(Path(export_dir), manifest, device)
         vocab_ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
-        map_ids = manifest["id_mapping"] == "predictor"
-        return cls(runner, vocab_ids, manifest["window"], manifest["max_k"], map_ids, manifest)
+        map_ids = manifest.id_mapping == "predictor"
+        return cls(runner, vocab_ids, manifest.window, manifest.max_k, map_ids, manifest)
 
     def encode(self, histories: Sequence[np.ndarray]) -> Batch:
         """Pads histories on the left after keeping each one's most recent ``window - 1`` items.
@@ -176,9 +173,3 @@ class Predictor:
             out.append(Recommendation(ids[0], scores[0], int(answers.unknown[row])))
         return out
 
-
-def read_manifest(export_dir: Path) -> dict:
-    path = Path(export_dir) / EXPORT_MANIFEST
-    if not path.is_file():
-        raise ServingError(f"{export_dir}: not an export folder, missing {EXPORT_MANIFEST}; run `recserve export` first")
-    return json.loads(path.read_text())

@@ -54,8 +54,9 @@ def model_fn(model_dir: str):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     predictor = Predictor.load(Path(model_dir), device=device)
-    log.info("loaded %s (%s, %s) on %s", predictor.manifest.get("model"), predictor.manifest.get("backend"),
-             predictor.manifest.get("precision"), device)
+    manifest = predictor.manifest
+    assert manifest is not None  # loaded from an export folder
+    log.info("loaded %s (%s, %s) on %s", manifest.model, manifest.backend, manifest.precision, device)
     return predictor
 
 

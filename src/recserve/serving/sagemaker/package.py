@@ -1,29 +1,34 @@
-"""``model.tar.gz`` for SageMaker, in the layout each container expects.
+"""``model.tar.gz`` for SageMaker from an export folder, in the layout each container expects.
 
-- ``pytorch`` (SageMaker's PyTorch inference containers): the export at the top level (eager fp32: rebuilt
-  at load, so it runs on CPU or CUDA), ``code/inference.py`` with the four handler functions,
+- ``pytorch`` (SageMaker's PyTorch inference containers): the export at the top level (an eager export is
+  rebuilt at load, so it runs on CPU or CUDA), ``code/inference.py`` with the four handler functions,
   ``code/requirements.txt`` and a copy of recserve under ``code/``, which the container puts on the path.
 - ``triton`` (SageMaker's Triton containers): a model repository whose top-level folder is the ``recommender``
-  model (the fused layout over the ONNX export, a copy of recserve beside its ``model.py``); the endpoint
-  names it through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``. Its python environment needs numpy < 2 and
-  onnxruntime (listed in ``recommender/1/requirements.txt``).
+  model (the fused layout over the export, a copy of recserve beside its ``model.py``); the endpoint
+  names it through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``. Its python environment needs numpy < 2, and
+  onnxruntime for an ONNX export (listed in ``recommender/1/requirements.txt``).
+
+``RUNTIME_EXPORTS`` names the export each runtime takes by default (``recserve.pipeline.package_from_run``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
-from recserve.constants import FUSED_MODEL
+from recserve.constants import FUSED_MODEL, REPOSITORY_FILE
 from recserve.errors import ServingError
+from recserve.export.manifest import ExportManifest
 
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("pytorch", "triton")
+RUNTIME_EXPORTS = {"pytorch": ("eager", "fp32"), "triton": ("onnx", "fp32")}  # (backend, precision)
+# the backends each container can run with what the package lists; the extra requirement of each
+RUNTIME_BACKENDS = {"pytorch": {"eager": ""}, "triton": {"onnx": "onnxruntime>=1.18\n", "eager": ""}}
 ENTRY_POINT = "inference.py"
 # what each container needs beside the model; the endpoint's environment variables
 ENVIRONMENT = {
@@ -45,17 +50,34 @@ install_short_error_bodies()
 REQUIREMENTS = "numpy>=1.24,<2\n"  # torch comes with the container
 
 
-def package(run_dir: Path, runtime: str, out: Path) -> dict:
-    """Writes ``out`` (a model.tar.gz) for ``runtime``; returns what it holds and the environment to set."""
+def check_runtime(runtime: str, out: Path) -> None:
     if runtime not in RUNTIMES:
         raise ServingError(f"runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
-    out = Path(out)
-    if not out.name.endswith(".tar.gz"):
+    if not Path(out).name.endswith(".tar.gz"):
         raise ServingError(f"{out}: the package must be a .tar.gz file (SageMaker reads model.tar.gz)")
+
+
+def package(export_dir: Path, runtime: str, out: Path) -> dict:
+    """Writes ``out`` (a model.tar.gz) for ``runtime`` from an export folder; returns what it holds and the
+    environment to set.
+
+    Raises:
+        ServingError: an unknown runtime, an output name that is not .tar.gz, or an export whose backend the
+            runtime's container cannot run (``RUNTIME_BACKENDS``).
+    """
+    check_runtime(runtime, out)
+    export_dir, out = Path(export_dir), Path(out)
+    manifest = ExportManifest.read(export_dir)
+    if manifest.backend not in RUNTIME_BACKENDS[runtime]:
+        raise ServingError(f"the {runtime} runtime serves {' or '.join(RUNTIME_BACKENDS[runtime])} exports, not "
+                           f"{manifest.backend}; export with --backend {RUNTIME_EXPORTS[runtime][0]}")
     with tempfile.TemporaryDirectory(prefix="recserve-package-") as tmp:
         root = Path(tmp) / "model"
         root.mkdir()
-        manifest = _write_pytorch(run_dir, root) if runtime == "pytorch" else _write_triton(run_dir, root)
+        if runtime == "pytorch":
+            _write_pytorch(export_dir, root)
+        else:
+            _write_triton(export_dir, manifest, root)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(f".{out.name}.partial")
         with tarfile.open(partial, "w:gz") as tar:
@@ -63,34 +85,27 @@ def package(run_dir: Path, runtime: str, out: Path) -> dict:
                 if "__pycache__" not in path.parts:
                     tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
         partial.rename(out)
-    return {"package": str(out), "runtime": runtime, "model": manifest["model"], "backend": manifest["backend"],
+    return {"package": str(out), "runtime": runtime, "model": manifest.model, "backend": manifest.backend,
             "environment": ENVIRONMENT[runtime], "bytes": out.stat().st_size}
 
 
-def _write_pytorch(run_dir: Path, root: Path) -> dict:
-    from recserve.export.exporter import export_run
-
-    staging = root.parent / "export"
-    manifest = export_run(run_dir, "eager", "fp32", staging)
-    for path in staging.iterdir():
-        path.rename(root / path.name)
+def _write_pytorch(export_dir: Path, root: Path) -> None:
+    shutil.copytree(export_dir, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
     code = root / "code"
     code.mkdir()
     (code / ENTRY_POINT).write_text(HANDLER_SHIM)
     (code / "requirements.txt").write_text(REQUIREMENTS)
     copy_package(code)
-    return manifest
 
 
-def _write_triton(run_dir: Path, root: Path) -> dict:
+def _write_triton(export_dir: Path, manifest: ExportManifest, root: Path) -> None:
     from recserve.serving.triton.repository import write_repository
 
-    write_repository(run_dir, root, ("fused",), backend="onnx")
-    (root / "recserve.json").unlink(missing_ok=True)  # the container expects model folders only
+    write_repository(export_dir, root, ("fused",))
+    (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
     version = root / FUSED_MODEL / "1"
     copy_package(version)
-    (version / "requirements.txt").write_text(REQUIREMENTS + "onnxruntime>=1.18\n")
-    return json.loads((version / "export" / "export.json").read_text())
+    (version / "requirements.txt").write_text(REQUIREMENTS + RUNTIME_BACKENDS["triton"][manifest.backend])
 
 
 def copy_package(target: Path) -> None:

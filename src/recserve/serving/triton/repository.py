@@ -1,4 +1,8 @@
-"""``recserve repo``: writes a Triton model repository (fused, seed and echo layouts) from a training run."""
+"""``recserve repo``: writes a Triton model repository (fused, seed and echo layouts) from an export folder.
+
+The repository serves the export that ``recserve export`` validated: the fused model's version folder holds a
+copy of it. ``recserve.pipeline.repository_from_run`` is the shortcut that exports a run first.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from recserve.constants import (
-    DEFAULT_MAX_K,
     ECHO_MODEL,
     FUSED_MODEL,
     INPUT_EXCLUDE_SEEN,
@@ -24,6 +27,7 @@ from recserve.constants import (
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
     POPULARITY_FILE,
+    REPOSITORY_FILE,
     SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
@@ -36,6 +40,7 @@ from recserve.constants import (
     WEIGHTS_FILE,
 )
 from recserve.errors import ServingError
+from recserve.export.manifest import ExportManifest
 from recserve.serving.triton.model_config import (
     DynamicBatching,
     EnsembleStep,
@@ -50,6 +55,7 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = ("fused", "seed", "echo")
 EXPORT_SUBDIR = "export"
+SEED_MODEL_FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE)  # what the seed layout's model step loads
 GPU_QUEUE_DELAY_US = 300
 
 
@@ -72,7 +78,6 @@ class ServingSettings:
     instance_count: int = 1  # per GPU where ``gpus`` names them
     device: str = "cpu"  # cpu or gpu: where model instances run
     gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
-    max_k: int = DEFAULT_MAX_K
     response_cache: bool = False
     versions_served: int = 1  # the newest N versions are served
 
@@ -127,44 +132,42 @@ def _write_config(model_dir: Path, config: ModelConfig) -> None:
     (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
 
 
-def _id_type(run_dir: Path) -> str:
-    ids = np.load(Path(run_dir) / ITEM_TABLE_FILE, allow_pickle=False)
+def _id_type(export_dir: Path) -> str:
+    ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
     return "BYTES" if ids.dtype.kind in "OUS" else "INT64"
 
 
-def write_fused(repo: Path, run_dir: Path, settings: ServingSettings, backend: str = "eager",
-                precision: str = "fp32", version: int = 1) -> dict:
-    """The ``recommender`` model: the exported graph behind a batched python model."""
-    from recserve.export.exporter import export_run
-
+def write_fused(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
+                version: int = 1) -> None:
+    """The ``recommender`` model: the export (copied whole) behind a batched python model."""
     model_dir = repo / FUSED_MODEL
-    device = "cuda" if settings.device == "gpu" else "cpu"
     # the version folder appears whole (a polling server must never load a half-written one): built
     # under a name Triton ignores, then renamed
     staging = model_dir / f".staging-{version}"
     shutil.rmtree(staging, ignore_errors=True)
-    manifest = export_run(run_dir, backend, precision, staging / EXPORT_SUBDIR, device=device, max_k=settings.max_k)
+    shutil.copytree(export_dir, staging / EXPORT_SUBDIR, ignore=shutil.ignore_patterns(".*"))
     _python_model("fused", staging)
-    config = _batched_config(FUSED_MODEL, _id_type(run_dir), settings, {"export_dir": EXPORT_SUBDIR})
+    config = _batched_config(FUSED_MODEL, _id_type(export_dir), settings, {"export_dir": EXPORT_SUBDIR})
     if not (model_dir / "config.pbtxt").exists() or (model_dir / "config.pbtxt").read_text() != to_pbtxt(config):
         _write_config(model_dir, config)
     shutil.rmtree(model_dir / str(version), ignore_errors=True)
     staging.rename(model_dir / str(version))
-    return manifest
 
 
-def write_echo(repo: Path, run_dir: Path, settings: ServingSettings, version: int = 1) -> None:
+def write_echo(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
+               version: int = 1) -> None:
     """The ``echo`` model: the same contract and batching, a fixed answer, no compute."""
-    id_type = _id_type(run_dir)
-    parameters = {"max_k": str(settings.max_k), "item_id_type": "string" if id_type == "BYTES" else "int64"}
+    id_type = _id_type(export_dir)
+    parameters = {"max_k": str(manifest.max_k), "item_id_type": "string" if id_type == "BYTES" else "int64"}
     _python_model("echo", repo / ECHO_MODEL / str(version))
     _write_config(repo / ECHO_MODEL, _batched_config(ECHO_MODEL, id_type, settings, parameters))
 
 
-def write_seed(repo: Path, run_dir: Path, settings: ServingSettings, version: int = 1) -> None:
+def write_seed(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
+               version: int = 1) -> None:
     """The PoC's layout and names: python pre- and postprocessing around the model at batch size 1."""
-    id_type = _id_type(run_dir)
-    window = json.loads((Path(run_dir) / MODEL_CONFIG_FILE).read_text())["window"]
+    id_type = _id_type(export_dir)
+    window = manifest.window
     instances = _instances(settings)
     # the history keeps its window - 1 most recent items, then the mask token: at most 40 tokens
     pre = ModelConfig(SEED_PREPROCESSING, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
@@ -190,45 +193,89 @@ def write_seed(repo: Path, run_dir: Path, settings: ServingSettings, version: in
     )
     for config, source, files in (
         (pre, "seed_preprocessing", (ITEM_TABLE_FILE,)),
-        (model, "seed_model", (WEIGHTS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE)),
+        (model, "seed_model", SEED_MODEL_FILES),
         (post, "seed_postprocessing", (ITEM_TABLE_FILE,)),
     ):
         _write_config(repo / config.name, config)
         _python_model(source, repo / config.name / str(version))
         for name in files:
-            shutil.copyfile(Path(run_dir) / name, repo / config.name / str(version) / name)
+            shutil.copyfile(Path(export_dir) / name, repo / config.name / str(version) / name)
     (repo / SEED_ENSEMBLE / str(version)).mkdir(parents=True, exist_ok=True)
     _write_config(repo / SEED_ENSEMBLE, ensemble)
 
 
-def write_repository(run_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
-                     settings: ServingSettings = ServingSettings(), backend: str = "eager",
-                     precision: str = "fp32", version: int = 1) -> dict:
-    """Writes (or adds to) a model repository; returns a summary of what it holds."""
+def write_repository(export_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
+                     settings: ServingSettings = ServingSettings(), version: int = 1) -> dict:
+    """Writes (or adds to) a model repository from an export folder; returns a summary of what it holds.
+
+    Raises:
+        ExportError: ``export_dir`` is not an export folder.
+        ServingError: an unknown layout, device or version; an export compiled for another device than
+            ``settings.device``; the seed layout from an export without the model's weights.
+    """
+    check_request(layouts, settings, version)
+    export_dir = Path(export_dir)
+    manifest = ExportManifest.read(export_dir)
+    if "fused" in layouts:
+        _check_device(manifest, settings.device)
+    if "seed" in layouts and not all((export_dir / name).is_file() for name in SEED_MODEL_FILES):
+        raise ServingError(f"{export_dir}: the seed layout rebuilds the model from its weights, which this "
+                           f"{manifest.backend} export does not hold; export with --backend eager for it")
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"repository": str(repo), "version": version, "models": []}
+    if "fused" in layouts:
+        write_fused(repo, export_dir, manifest, settings, version)
+        summary["models"].append({"name": FUSED_MODEL, "backend": manifest.backend, "precision": manifest.precision,
+                                  "validation_max_diff": manifest.validation.get("max_score_diff")})
+    if "seed" in layouts:
+        write_seed(repo, export_dir, manifest, settings, version)
+        summary["models"] += [{"name": n} for n in (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING)]
+    if "echo" in layouts:
+        write_echo(repo, export_dir, manifest, settings, version)
+        summary["models"].append({"name": ECHO_MODEL})
+    _record(repo, layouts, manifest)
+    return summary
+
+
+def check_request(layouts: tuple[str, ...], settings: ServingSettings, version: int) -> None:
+    """Refuses unknown layouts, devices and versions, and GPU ids without device gpu (ServingError)."""
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
-    if unknown:
-        raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUTS)}")
+    if unknown or not layouts:
+        raise ServingError(f"layout {', '.join(unknown) or '(none)'}: expected any of {', '.join(LAYOUTS)}")
     if settings.device not in ("cpu", "gpu"):
         raise ServingError(f"device {settings.device!r}: expected cpu or gpu")
     if settings.gpus and (settings.device != "gpu" or min(settings.gpus) < 0):
         raise ServingError(f"gpus {list(settings.gpus)}: GPU ids (0, 1, ...) go with device gpu")
     if version < 1:
         raise ServingError(f"version {version}: must be at least 1")
-    for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE, ITEM_TABLE_FILE, POPULARITY_FILE):
-        if not (Path(run_dir) / name).is_file():
-            raise ServingError(f"{run_dir}: missing {name}; pass a run folder written by `recserve train`")
-    repo = Path(repo)
-    repo.mkdir(parents=True, exist_ok=True)
-    summary = {"repository": str(repo), "version": version, "models": []}
-    if "fused" in layouts:
-        manifest = write_fused(repo, Path(run_dir), settings, backend, precision, version)
-        summary["models"].append({"name": FUSED_MODEL, "backend": backend, "precision": precision,
-                                  "validation_max_diff": manifest["validation"]["max_score_diff"]})
-    if "seed" in layouts:
-        write_seed(repo, Path(run_dir), settings, version)
-        summary["models"] += [{"name": n} for n in (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING)]
-    if "echo" in layouts:
-        write_echo(repo, Path(run_dir), settings, version)
-        summary["models"].append({"name": ECHO_MODEL})
-    (repo / "recserve.json").write_text(json.dumps({"run": str(run_dir), "layouts": list(layouts)}, indent=2) + "\n")
-    return summary
+
+
+def _check_device(manifest: ExportManifest, device: str) -> None:
+    """An export compiled for one device (aoti, cudagraph, torch_tensorrt) is served on that device only."""
+    from recserve.export.backends import backend_module
+
+    built_on_gpu = manifest.device != "cpu"
+    if not backend_module(manifest.backend).PORTABLE and built_on_gpu != (device == "gpu"):
+        raise ServingError(f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
+                           f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again")
+
+
+def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
+    """Adds the layouts just written, with the export each was built from, to the repository's record."""
+    info = read_repository_info(repo)
+    for layout in layouts:
+        info["layouts"][layout] = {"backend": manifest.backend, "precision": manifest.precision,
+                                   "device": manifest.device}
+    info["run"] = manifest.run
+    (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def read_repository_info(repo: Path) -> dict:
+    """The repository's record (``recserve.json``): the run it serves and each layout's export (backend,
+    precision, device); empty if none."""
+    path = Path(repo) / REPOSITORY_FILE
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(info.get("layouts"), dict):  # written by an older recserve: a list of names
+        info["layouts"] = {}
+    return info

@@ -1,0 +1,53 @@
+"""Stage shortcuts: a training run to a repository or a SageMaker package, through a validated export.
+
+``recserve repo --run`` and ``recserve sagemaker package --run`` use these; each exports the run with the
+export stage's own entry point (``recserve.export.exporter.export_run``, parity-checked) into a temporary
+folder, then hands that export to the serving stage, which never exports anything itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from recserve.constants import DEFAULT_MAX_K
+from recserve.export.backends import default_backend
+from recserve.export.exporter import export_run
+from recserve.serving.triton.repository import ServingSettings, check_request, write_repository
+
+
+def repository_from_run(run_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
+                        settings: ServingSettings = ServingSettings(), backend: str | None = None,
+                        precision: str = "fp32", version: int = 1, max_k: int = DEFAULT_MAX_K) -> dict:
+    """``write_repository`` from a run: the fused and echo layouts from one export of ``backend`` (default:
+    the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the seed layout from an eager fp32 export
+    (its model step rebuilds the model from the weights)."""
+    check_request(layouts, settings, version)  # before the export, which takes a while
+    device = "cuda" if settings.device == "gpu" else "cpu"
+    backend = backend or default_backend(device)
+    summary: dict = {"models": []}
+    with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
+        groups = {(backend, precision): tuple(x for x in layouts if x != "seed")}
+        if "seed" in layouts:
+            groups.setdefault(("eager", "fp32"), ())
+            groups[("eager", "fp32")] += ("seed",)
+        for (group_backend, group_precision), group in groups.items():
+            if not group:
+                continue
+            export_dir = Path(tmp) / f"{group_backend}-{group_precision}"
+            export_run(run_dir, group_backend, group_precision, export_dir, device=device, max_k=max_k)
+            written = write_repository(export_dir, repo, group, settings, version)
+            summary = written | {"models": summary["models"] + written["models"]}
+    return summary
+
+
+def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAULT_MAX_K) -> dict:
+    """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
+    (``RUNTIME_EXPORTS``)."""
+    from recserve.serving.sagemaker.package import RUNTIME_EXPORTS, check_runtime, package
+
+    check_runtime(runtime, out)
+    backend, precision = RUNTIME_EXPORTS[runtime]
+    with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
+        export_run(run_dir, backend, precision, Path(tmp) / "export", device="cpu", max_k=max_k)
+        return package(Path(tmp) / "export", runtime, out)
