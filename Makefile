@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
 
-.PHONY: demo test setup clean
+.PHONY: demo test lint format setup clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff (lint and format check) and mypy, configured in pyproject.toml
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests scripts benchmarks
+	$(VENV)/bin/ruff format src tests scripts benchmarks
 
 clean:
 	rm -rf $(VENV) runs build

@@ -33,9 +33,18 @@ def _worker(rank: int, world: int, items: int, repeats: int) -> None:
         seconds = (time.perf_counter() - started) / repeats
         size = grad.numel() * grad.element_size()
         if rank == 0:  # ring all-reduce: each GPU sends and receives 2 (n - 1) / n of the buffer
-            print(json.dumps({"items": items, "dtype": str(dtype).removeprefix("torch."), "mb": round(size / 2**20),
-                              "ms": round(seconds * 1e3, 2),
-                              "bus_gb_s": round(size * 2 * (world - 1) / world / seconds / 1e9, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "items": items,
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "mb": round(size / 2**20),
+                        "ms": round(seconds * 1e3, 2),
+                        "bus_gb_s": round(size * 2 * (world - 1) / world / seconds / 1e9, 1),
+                    }
+                ),
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -23,30 +23,55 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 BASE_MODEL = dict(window=100, hidden=64, layers=2, heads=2, dropout=0.2, mask_prob=0.2)
-BASE_TRAIN = dict(lr=1e-3, weight_decay=0.01, batch_size=128, samples_per_user=4, last_item_rate=0.15,
-                  epochs=200, patience=20, lr_schedule="constant", loss_exclude_seen=False)
+BASE_TRAIN = dict(
+    lr=1e-3,
+    weight_decay=0.01,
+    batch_size=128,
+    samples_per_user=4,
+    last_item_rate=0.15,
+    epochs=200,
+    patience=20,
+    lr_schedule="constant",
+    loss_exclude_seen=False,
+)
 
 # one change at a time from the base, then a few combinations
 GRID = [
     {},
-    {"last_item_rate": 0.3}, {"last_item_rate": 0.5}, {"last_item_rate": 1.0},
-    {"mask_prob": 0.1}, {"mask_prob": 0.3}, {"mask_prob": 0.4},
-    {"dropout": 0.1}, {"dropout": 0.3}, {"dropout": 0.5},
-    {"hidden": 128, "dropout": 0.3}, {"hidden": 256, "heads": 4, "dropout": 0.5},
-    {"layers": 1}, {"layers": 4},
-    {"lr": 3e-4}, {"lr": 2e-3},
-    {"weight_decay": 0.1}, {"weight_decay": 0.0},
-    {"samples_per_user": 16}, {"batch_size": 256},
-    {"window": 50}, {"window": 200},
-    {"last_item_rate": 0.3, "mask_prob": 0.3}, {"last_item_rate": 0.5, "dropout": 0.3},
+    {"last_item_rate": 0.3},
+    {"last_item_rate": 0.5},
+    {"last_item_rate": 1.0},
+    {"mask_prob": 0.1},
+    {"mask_prob": 0.3},
+    {"mask_prob": 0.4},
+    {"dropout": 0.1},
+    {"dropout": 0.3},
+    {"dropout": 0.5},
+    {"hidden": 128, "dropout": 0.3},
+    {"hidden": 256, "heads": 4, "dropout": 0.5},
+    {"layers": 1},
+    {"layers": 4},
+    {"lr": 3e-4},
+    {"lr": 2e-3},
+    {"weight_decay": 0.1},
+    {"weight_decay": 0.0},
+    {"samples_per_user": 16},
+    {"batch_size": 256},
+    {"window": 50},
+    {"window": 200},
+    {"last_item_rate": 0.3, "mask_prob": 0.3},
+    {"last_item_rate": 0.5, "dropout": 0.3},
     {"hidden": 128, "dropout": 0.3, "last_item_rate": 0.3, "samples_per_user": 8},
 ]
 
 # combinations of the best single changes of the first grid
 COMBINED = [
-    {}, {"layers": 1}, {"hidden": 256, "heads": 4, "dropout": 0.5},
+    {},
+    {"layers": 1},
+    {"hidden": 256, "heads": 4, "dropout": 0.5},
     {"layers": 1, "hidden": 256, "heads": 4, "dropout": 0.5},
-    {"layers": 1, "samples_per_user": 16}, {"layers": 1, "mask_prob": 0.4},
+    {"layers": 1, "samples_per_user": 16},
+    {"layers": 1, "mask_prob": 0.4},
     {"hidden": 256, "heads": 4, "dropout": 0.5, "mask_prob": 0.4},
     {"layers": 1, "hidden": 128, "dropout": 0.3, "mask_prob": 0.3},
 ]
@@ -59,10 +84,19 @@ SCHEDULE = [
 _BIG = {"hidden": 256, "heads": 4, "dropout": 0.5, "mask_prob": 0.4, "loss_exclude_seen": True}
 FINAL = [
     {"layers": 1, "mask_prob": 0.4, "loss_exclude_seen": True},
-    _BIG, _BIG | _COSINE,
+    _BIG,
+    _BIG | _COSINE,
     {"hidden": 128, "dropout": 0.4, "mask_prob": 0.4, "loss_exclude_seen": True},
-    {"layers": 1, "hidden": 128, "dropout": 0.4, "mask_prob": 0.4, "loss_exclude_seen": True,
-     "lr_schedule": "cosine", "epochs": 60, "patience": 60},
+    {
+        "layers": 1,
+        "hidden": 128,
+        "dropout": 0.4,
+        "mask_prob": 0.4,
+        "loss_exclude_seen": True,
+        "lr_schedule": "cosine",
+        "epochs": 60,
+        "patience": 60,
+    },
 ]
 GRIDS = {"one-at-a-time": GRID, "combined": COMBINED, "schedule": SCHEDULE, "final": FINAL}
 
@@ -120,8 +154,11 @@ def train_one(job: dict) -> dict:
         model.eval()
         valid = evaluate_protocols(model, valid_ranker, ("full",))["full"]
         if valid["ndcg@10"] > best["valid_ndcg@10"]:
-            best = {"valid_ndcg@10": valid["ndcg@10"], "epoch": epoch + 1,
-                    "test": evaluate_protocols(model, test_ranker, ("full", "full_no_exclusion"))}
+            best = {
+                "valid_ndcg@10": valid["ndcg@10"],
+                "epoch": epoch + 1,
+                "test": evaluate_protocols(model, test_ranker, ("full", "full_no_exclusion")),
+            }
             stale = 0
         else:
             stale += 1
@@ -130,22 +167,35 @@ def train_one(job: dict) -> dict:
     if job.get("refit") and "epoch" in best:
         best["refit"] = _refit(job, num_items, model_kw, train_kw, seqs, best["epoch"])
     counts = history_counts(test_in, cfg.vocab_size)
-    popularity = evaluate_protocols(popularity_score_fn(counts, device), Ranker(test_in, test_t, counts, cfg.window,
-                                    cfg.mask_index, device=device), ("full", "full_no_exclusion"))
-    return {"config": job["config"], "seed": seed, "epochs_run": epoch + 1, "wall_s": time.perf_counter() - started,
-            **best, "popularity": popularity}
+    popularity = evaluate_protocols(
+        popularity_score_fn(counts, device),
+        Ranker(test_in, test_t, counts, cfg.window, cfg.mask_index, device=device),
+        ("full", "full_no_exclusion"),
+    )
+    return {
+        "config": job["config"],
+        "seed": seed,
+        "epochs_run": epoch + 1,
+        "wall_s": time.perf_counter() - started,
+        **best,
+        "popularity": popularity,
+    }
 
 
 def _batches(train_seqs, cfg, train_kw: dict, seed: int, device: str):
     """recserve's Cloze batches on the device and the exact-softmax loss (the trainer's defaults)."""
-    from recserve.train.batches import WindowEpochs, ClozeSettings
+    from recserve.train.batches import ClozeSettings, WindowEpochs
     from recserve.train.evaluate import history_counts
     from recserve.train.losses import CatalogueLoss, LossSettings
 
     settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
     batches = WindowEpochs(train_seqs, settings, train_kw["batch_size"], train_kw["samples_per_user"], seed, device)
-    loss = CatalogueLoss(LossSettings("full", exclude_seen=train_kw["loss_exclude_seen"]),
-                         history_counts(train_seqs, cfg.vocab_size), cfg.mask_index, device)
+    loss = CatalogueLoss(
+        LossSettings("full", exclude_seen=train_kw["loss_exclude_seen"]),
+        history_counts(train_seqs, cfg.vocab_size),
+        cfg.mask_index,
+        device,
+    )
     return batches, loss
 
 
@@ -190,17 +240,28 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     grid = GRIDS[args.grid][: args.limit] if args.limit else GRIDS[args.grid]
-    jobs = [{"config": c, "seed": s, "seqs": args.seqs, "device": args.device, "max_epochs": args.max_epochs,
-             "refit": args.refit}
-            for c, s in itertools.product(grid, [int(x) for x in args.seeds.split(",")])]
+    jobs = [
+        {
+            "config": c,
+            "seed": s,
+            "seqs": args.seqs,
+            "device": args.device,
+            "max_epochs": args.max_epochs,
+            "refit": args.refit,
+        }
+        for c, s in itertools.product(grid, [int(x) for x in args.seeds.split(",")])
+    ]
     with mp.get_context("spawn").Pool(args.workers) as pool, open(out / "results.jsonl", "a") as log:
         for i, result in enumerate(pool.imap_unordered(train_one, jobs)):
             log.write(json.dumps(result) + "\n")
             log.flush()
             t = result["test"]["full"]
-            print(f"[{i + 1}/{len(jobs)}] {result['config']} seed {result['seed']}: valid {result['valid_ndcg@10']:.4f} "
-                  f"test ndcg@10 {t['ndcg@10']:.4f} hr@10 {t['hr@10']:.4f} (epoch {result['epoch']}, "
-                  f"{result['wall_s']:.0f} s)", flush=True)
+            print(
+                f"[{i + 1}/{len(jobs)}] {result['config']} seed {result['seed']}: valid {result['valid_ndcg@10']:.4f} "
+                f"test ndcg@10 {t['ndcg@10']:.4f} hr@10 {t['hr@10']:.4f} (epoch {result['epoch']}, "
+                f"{result['wall_s']:.0f} s)",
+                flush=True,
+            )
     summarize(out / "results.jsonl")
 
 
@@ -210,22 +271,36 @@ def _refit_mean(group: list[dict], key: str) -> float:
 
 
 def summarize(*paths: Path) -> None:
-    rows = [json.loads(line) for path in paths for line in open(path)]
+    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
     by_config: dict[str, list[dict]] = {}
     for row in rows:
         by_config.setdefault(json.dumps(row["config"], sort_keys=True), []).append(row)
-    print("config | seeds | valid ndcg@10 | test ndcg@10 | test hr@10 | no-excl ndcg@10 | no-excl hr@10 | epoch | "
-          "refit test ndcg@10 / hr@10")
+    print(
+        "config | seeds | valid ndcg@10 | test ndcg@10 | test hr@10 | no-excl ndcg@10 | no-excl hr@10 | epoch | "
+        "refit test ndcg@10 / hr@10"
+    )
     table = []
     for key, group in by_config.items():
-        mean = lambda f: float(np.mean([f(r) for r in group]))  # noqa: E731
-        table.append((mean(lambda r: r["valid_ndcg@10"]), key, len(group), mean(lambda r: r["test"]["full"]["ndcg@10"]),
-                      mean(lambda r: r["test"]["full"]["hr@10"]), mean(lambda r: r["test"]["full_no_exclusion"]["ndcg@10"]),
-                      mean(lambda r: r["test"]["full_no_exclusion"]["hr@10"]), mean(lambda r: r["epoch"]),
-                      _refit_mean(group, "ndcg@10"), _refit_mean(group, "hr@10")))
+        mean = lambda f, group=group: float(np.mean([f(r) for r in group]))  # noqa: E731
+        table.append(
+            (
+                mean(lambda r: r["valid_ndcg@10"]),
+                key,
+                len(group),
+                mean(lambda r: r["test"]["full"]["ndcg@10"]),
+                mean(lambda r: r["test"]["full"]["hr@10"]),
+                mean(lambda r: r["test"]["full_no_exclusion"]["ndcg@10"]),
+                mean(lambda r: r["test"]["full_no_exclusion"]["hr@10"]),
+                mean(lambda r: r["epoch"]),
+                _refit_mean(group, "ndcg@10"),
+                _refit_mean(group, "hr@10"),
+            )
+        )
     for valid, key, n, ndcg, hr, ndcg_ne, hr_ne, epoch, r_ndcg, r_hr in sorted(table, reverse=True):
-        print(f"{key} | {n} | {valid:.4f} | {ndcg:.4f} | {hr:.4f} | {ndcg_ne:.4f} | {hr_ne:.4f} | {epoch:.0f} | "
-              f"refit {r_ndcg:.4f} / {r_hr:.4f}")
+        print(
+            f"{key} | {n} | {valid:.4f} | {ndcg:.4f} | {hr:.4f} | {ndcg_ne:.4f} | {hr_ne:.4f} | {epoch:.0f} | "
+            f"refit {r_ndcg:.4f} / {r_hr:.4f}"
+        )
 
 
 def main() -> None:

@@ -44,8 +44,10 @@ def main() -> None:
         info = prepare(str(log), Path(tmp) / "out")
         wall_s = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"interactions in: {args.interactions:,}; kept: {info['interactions']:,} "
-          f"({info['users']:,} users, {info['items']:,} items)")
+    print(
+        f"interactions in: {args.interactions:,}; kept: {info['interactions']:,} "
+        f"({info['users']:,} users, {info['items']:,} items)"
+    )
     print(f"wall_s: {wall_s:.1f}  peak_rss_mib: {peak_mib:.0f} (generation included)")
 
 

@@ -15,19 +15,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from recserve.data.sequences import Sequences  # noqa: E402
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig  # noqa: E402
-from recserve.train.batches import WindowEpochs, ClozeSettings  # noqa: E402
-from recserve.train.objectives import cloze_loss  # noqa: E402
-from recserve.train.losses import CatalogueLoss, LossSettings  # noqa: E402
+from recserve.data.sequences import Sequences
+from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.train.batches import ClozeSettings, WindowEpochs
+from recserve.train.losses import CatalogueLoss, LossSettings
+from recserve.train.objectives import cloze_loss
 
 
 def synthetic(users: int, items: int, per_user: int, seed: int = 0) -> Sequences:
     rng = np.random.default_rng(seed)
     lengths = rng.poisson(per_user, users).clip(3)
     ranks = np.minimum(rng.zipf(1.2, lengths.sum()), items) - 1
-    return Sequences(items=(rng.permutation(items)[ranks] + 1).astype(np.int64),
-                     offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    return Sequences(
+        items=(rng.permutation(items)[ranks] + 1).astype(np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    )
 
 
 def main() -> None:
@@ -47,8 +49,9 @@ def main() -> None:
     cfg = Bert4RecConfig(num_items=args.items)
     model = Bert4Rec(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    batches = WindowEpochs(seq, ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, 0.15), args.batch_size, 1, 0,
-                          device)
+    batches = WindowEpochs(
+        seq, ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, 0.15), args.batch_size, 1, 0, device
+    )
     counts = np.bincount(seq.items, minlength=cfg.vocab_size)
     loss_fn = CatalogueLoss(LossSettings(args.loss, args.negatives), counts, cfg.mask_index, device)
     step_loss = torch.compile(cloze_loss) if args.compile else cloze_loss
@@ -72,9 +75,12 @@ def main() -> None:
     end.record()
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / args.steps
-    print(f"items {args.items} loss {args.loss} batch {args.batch_size} compile {args.compile} capacity "
-          f"{batches.capacity}: {ms:.2f} ms a step, {args.batch_size / ms * 1000:,.0f} windows/s, "
-          f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"items {args.items} loss {args.loss} batch {args.batch_size} compile {args.compile} capacity "
+        f"{batches.capacity}: {ms:.2f} ms a step, {args.batch_size / ms * 1000:,.0f} windows/s, "
+        f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
     if args.no_profile:
         return
     from torch.profiler import ProfilerActivity, profile

@@ -81,7 +81,9 @@ def run_recbole(spec: str, device: str, out: Path) -> dict:
     from recserve.train.metrics import ranking_metrics
 
     name, window, epochs = spec.split(":")
-    config = Config(model=name, dataset="ml-100k", config_dict=recbole_config(name, int(window), int(epochs), device, out))
+    config = Config(
+        model=name, dataset="ml-100k", config_dict=recbole_config(name, int(window), int(epochs), device, out)
+    )
     init_seed(config["seed"], config["reproducibility"])
     dataset = create_dataset(config)
     history = torch.zeros(dataset.user_num, dataset.item_num, dtype=torch.bool)
@@ -94,23 +96,41 @@ def run_recbole(spec: str, device: str, out: Path) -> dict:
     wall_s = time.perf_counter() - started
     model.load_state_dict(torch.load(trainer.saved_model_file, map_location=config["device"])["state_dict"])
     plain, excluded = rank_recbole_test(model, test_data, history, config["device"])
-    return {"name": f"RecBole {name}, window {window}", "training": f"{epochs} epochs max ({device})",
-            "no_exclusion": ranking_metrics(plain), "seen_excluded": ranking_metrics(excluded),
-            "wall_s": round(wall_s, 1), "test_users": len(plain)}
+    return {
+        "name": f"RecBole {name}, window {window}",
+        "training": f"{epochs} epochs max ({device})",
+        "no_exclusion": ranking_metrics(plain),
+        "seen_excluded": ranking_metrics(excluded),
+        "wall_s": round(wall_s, 1),
+        "test_users": len(plain),
+    }
 
 
 def ours_from_run(run_dir: Path) -> list[dict]:
     metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
     train = metrics.get("train", {})
     refit = " + refit" if "refit" in metrics else ""
-    model = json.loads((Path(run_dir) / "model_config.json").read_text()) if (Path(run_dir) / "model_config.json").exists() else {}
+    model = (
+        json.loads((Path(run_dir) / "model_config.json").read_text())
+        if (Path(run_dir) / "model_config.json").exists()
+        else {}
+    )
     size = f"hidden {model['hidden']}, {model['layers']} block(s)" if model else Path(run_dir).name
     name = f"recserve BERT4Rec ({size})"
-    row = {"name": name, "training": f"best epoch {metrics.get('best_epoch')}{refit}, lr {train.get('lr')}",
-           "no_exclusion": metrics["test"]["full_no_exclusion"], "seen_excluded": metrics["test"]["full"],
-           "test_users": metrics.get("test_users")}
-    pop = {"name": "popularity (exact counts)", "training": "-", "no_exclusion": metrics["popularity"]["full_no_exclusion"],
-           "seen_excluded": metrics["popularity"]["full"], "test_users": metrics.get("test_users")}
+    row = {
+        "name": name,
+        "training": f"best epoch {metrics.get('best_epoch')}{refit}, lr {train.get('lr')}",
+        "no_exclusion": metrics["test"]["full_no_exclusion"],
+        "seen_excluded": metrics["test"]["full"],
+        "test_users": metrics.get("test_users"),
+    }
+    pop = {
+        "name": "popularity (exact counts)",
+        "training": "-",
+        "no_exclusion": metrics["popularity"]["full_no_exclusion"],
+        "seen_excluded": metrics["popularity"]["full"],
+        "test_users": metrics.get("test_users"),
+    }
     return [pop, row]
 
 
@@ -126,12 +146,16 @@ def train_ours(data_dir: Path, out: Path) -> Path:
 
 
 def write_table(rows: list[dict], out: Path) -> str:
-    lines = ["| model | training | no exclusion HR@10 / NDCG@10 | seen excluded HR@10 / NDCG@10 | test users |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| model | training | no exclusion HR@10 / NDCG@10 | seen excluded HR@10 / NDCG@10 | test users |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         cell = lambda m: f"{m['hr@10']:.3f} / {m['ndcg@10']:.3f}"  # noqa: E731
-        lines.append(f"| {r['name']} | {r['training']} | {cell(r['no_exclusion'])} | {cell(r['seen_excluded'])} | "
-                     f"{r.get('test_users')} |")
+        lines.append(
+            f"| {r['name']} | {r['training']} | {cell(r['no_exclusion'])} | {cell(r['seen_excluded'])} | "
+            f"{r.get('test_users')} |"
+        )
     table = "\n".join(lines) + "\n"
     (out / "comparison.md").write_text(table)
     (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -2,9 +2,9 @@
 
 For each setting a Zipf-like log is generated (popularity ~ rank^-0.8, Poisson history lengths), prepared
 with `recserve data`, and trained for ``--epochs`` epochs (early stopping off). The last epoch is measured:
-training windows/s and seconds (validation excluded), the GPU's busy share sampled through NVML (or nvidia-smi) every 100 ms
-while it trains, and peak GPU memory. Then the test split is ranked under every protocol (`recserve
-evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one object per setting]}.
+training windows/s and seconds (validation excluded), the GPU's busy share sampled through NVML (or
+nvidia-smi) every 100 ms while it trains, and peak GPU memory. Then the test split is ranked under every
+protocol (`recserve evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one object per setting]}.
 
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/h200.json --device cuda
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/cpu-2core.json --device cpu \\
@@ -36,12 +36,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from recserve.cli.train import MODEL_DEFAULTS  # noqa: E402
-from recserve.data.datasets import load_prepared, prepare  # noqa: E402
-from recserve.train.evaluate import evaluate_run  # noqa: E402
-from recserve.train.heldout import evaluate_heldout_run  # noqa: E402
-from recserve.train.trainer import TrainConfig, train  # noqa: E402
-
+from recserve.cli.train import MODEL_DEFAULTS
+from recserve.data.datasets import load_prepared, prepare
+from recserve.train.evaluate import evaluate_run
+from recserve.train.heldout import evaluate_heldout_run
+from recserve.train.trainer import TrainConfig, train
 
 ZIPF_EXPONENT = 0.8  # item popularity ~ 1 / rank^0.8: a long tail in which nearly every item still occurs
 
@@ -54,11 +53,13 @@ def generate(path: Path, users: int, items: int, per_user: int, seed: int = 0) -
     lengths = rng.poisson(per_user, users).clip(5)
     a = 1 - ZIPF_EXPONENT  # inverse CDF of a density proportional to rank^-0.8 on [1, items + 1)
     ranks = ((((items + 1) ** a - 1) * rng.random(lengths.sum()) + 1) ** (1 / a)).astype(np.int64) - 1
-    pl.DataFrame({
-        "user_id": np.repeat(np.arange(users), lengths),
-        "item_id": rng.permutation(items)[np.minimum(ranks, items - 1)],
-        "timestamp": rng.integers(1_600_000_000, 1_700_000_000, lengths.sum()),
-    }).write_parquet(path)
+    pl.DataFrame(
+        {
+            "user_id": np.repeat(np.arange(users), lengths),
+            "item_id": rng.permutation(items)[np.minimum(ranks, items - 1)],
+            "timestamp": rng.integers(1_600_000_000, 1_700_000_000, lengths.sum()),
+        }
+    ).write_parquet(path)
 
 
 class BusySampler:
@@ -126,8 +127,9 @@ class EpochMeter(Callback):
         self.epochs[-1]["val_s"] = time.perf_counter() - self.val_started
 
 
-def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str,
-                test: bool = True) -> dict | None:
+def run_setting(
+    data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str, test: bool = True
+) -> dict | None:
     meter = EpochMeter()
     summary = train(data_dir, run_dir, model_overrides, cfg, model=model, callbacks=[meter], overwrite=True)
     if not summary:
@@ -137,14 +139,24 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
     last = meter.epochs[-1]
     if model == "multvae":  # a window is a training user's bag of items
         evaluated = evaluate_heldout_run(run_dir, data_dir, device=device)
-        windows, quality = evaluated["split"]["train_users"], {
-            "test_ndcg@100": evaluated["test"]["heldout"]["ndcg@100"],
-            "popularity_ndcg@100": evaluated["popularity"]["heldout"]["ndcg@100"]}
+        windows, quality = (
+            evaluated["split"]["train_users"],
+            {
+                "test_ndcg@100": evaluated["test"]["heldout"]["ndcg@100"],
+                "popularity_ndcg@100": evaluated["popularity"]["heldout"]["ndcg@100"],
+            },
+        )
     else:
         windows = int((data.train.lengths > 0).sum()) * cfg.samples_per_user
         evaluated = evaluate_run(run_dir, data_dir, device=device) if test else {"eval": {}}
-        quality = {"test_full_ndcg@10": evaluated["test"]["full"]["ndcg@10"],
-                   "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"]} if test else {}
+        quality = (
+            {
+                "test_full_ndcg@10": evaluated["test"]["full"]["ndcg@10"],
+                "popularity_full_ndcg@10": evaluated["popularity"]["full"]["ndcg@10"],
+            }
+            if test
+            else {}
+        )
     return {
         "model": model,
         "items": int(data.vocab.num_items),
@@ -167,7 +179,7 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
         "generator": f"popularity ~ rank^-{ZIPF_EXPONENT}, Poisson lengths",
         "peak_gpu_mem_gb": None if last["peak_gpu_mem_gb"] is None else round(last["peak_gpu_mem_gb"], 2),
         "gpu_busy_pct": None if last["gpu_busy_pct"] is None else round(last["gpu_busy_pct"], 1),
-        "epochs_measured": "the last of %d" % len(meter.epochs),
+        "epochs_measured": f"the last of {len(meter.epochs)}",
         "every_epoch": meter.epochs,
         **quality,
     }
@@ -176,8 +188,11 @@ def run_setting(data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--sizes", default="10000:100000,100000:200000,1000000:200000",
-                        help="ITEMS:USERS[:LOSS] settings, comma-separated")
+    parser.add_argument(
+        "--sizes",
+        default="10000:100000,100000:200000,1000000:200000",
+        help="ITEMS:USERS[:LOSS] settings, comma-separated",
+    )
     parser.add_argument("--interactions-per-user", type=int, default=50)
     parser.add_argument("--data", help="a prepared folder (`recserve data`) to time instead of generated logs")
     parser.add_argument("--device", default="cuda")
@@ -200,9 +215,14 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
-    settings = [(Path(args.data).name, args.data, args.loss)] if args.data else [
-        (f"{s.split(':')[0]}:{s.split(':')[1]}", s, s.split(":")[2] if s.count(":") == 2 else args.loss)
-        for s in args.sizes.split(",")]
+    settings = (
+        [(Path(args.data).name, args.data, args.loss)]
+        if args.data
+        else [
+            (f"{s.split(':')[0]}:{s.split(':')[1]}", s, s.split(":")[2] if s.count(":") == 2 else args.loss)
+            for s in args.sizes.split(",")
+        ]
+    )
     for name, spec, loss in settings:
         data_dir = Path(spec) if args.data else work / f"data-{name.replace(':', '-')}"
         if not args.data:
@@ -211,9 +231,19 @@ def main() -> None:
             generate(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
         defaults = MODEL_DEFAULTS[args.model]
-        cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.epochs + 1, device=args.device,
-                          devices=args.devices, ddp_compress=not args.no_ddp_compress, loss=loss, compile=args.compile, resume=False,
-                          weight_decay=defaults["weight_decay"], samples_per_user=defaults["samples_per_user"])
+        cfg = TrainConfig(
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            patience=args.epochs + 1,
+            device=args.device,
+            devices=args.devices,
+            ddp_compress=not args.no_ddp_compress,
+            loss=loss,
+            compile=args.compile,
+            resume=False,
+            weight_decay=defaults["weight_decay"],
+            samples_per_user=defaults["samples_per_user"],
+        )
         overrides = {"window": args.window, "hidden": args.hidden} if args.model != "multvae" else {}
         started = time.perf_counter()
         run_name = f"run-{name.replace(':', '-')}-{args.model}-{args.devices}-{args.batch_size}"
@@ -222,12 +252,21 @@ def main() -> None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         results.append(result)
-        print(f"{name} {args.model} x{args.devices}: {result['items']:,} items, {result['users']:,} users, loss {result['loss']}: "
-              f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
-              f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%", flush=True)
+        print(
+            f"{name} {args.model} x{args.devices}: {result['items']:,} items, {result['users']:,} users, "
+            f"loss {result['loss']}: "
+            f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
+            f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%",
+            flush=True,
+        )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": device_name, "command": " ".join(sys.argv),
-                                              "torch": torch.__version__, "results": results}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {"device": device_name, "command": " ".join(sys.argv), "torch": torch.__version__, "results": results},
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -30,39 +30,68 @@ KEYS = ("full", "full_no_exclusion", "sampled", "sampled_uniform")
 
 def run_one(job: dict) -> dict:
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [job["src"], os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "recserve.cli.main", "train", "--data", job["data"], "--out", job["run"],
-           "--seed", str(job["seed"]), *job["options"].split()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recserve.cli.main",
+        "train",
+        "--data",
+        job["data"],
+        "--out",
+        job["run"],
+        "--seed",
+        str(job["seed"]),
+        *job["options"].split(),
+    ]
     started = time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=job["timeout_s"])
     wall_s = time.perf_counter() - started
-    row = {"variant": job["variant"], "seed": job["seed"], "data": job["data"], "options": job["options"],
-           "src": job["src"], "wall_s": round(wall_s, 1), "returncode": result.returncode}
+    row = {
+        "variant": job["variant"],
+        "seed": job["seed"],
+        "data": job["data"],
+        "options": job["options"],
+        "src": job["src"],
+        "wall_s": round(wall_s, 1),
+        "returncode": result.returncode,
+    }
     metrics_path = Path(job["run"]) / "metrics.json"
     if result.returncode != 0 or not metrics_path.exists():
         return row | {"error": result.stderr[-2000:]}
     metrics = json.loads(metrics_path.read_text())
-    row |= {"best_epoch": metrics.get("best_epoch"), "valid": metrics.get("valid"),
-            "train_s": metrics.get("train", {}).get("seconds"), "loss": metrics.get("loss"),
-            "test": {k: metrics["test"][k] for k in KEYS if k in metrics.get("test", {})},
-            "popularity": {k: metrics["popularity"][k] for k in KEYS if k in metrics.get("popularity", {})}}
+    row |= {
+        "best_epoch": metrics.get("best_epoch"),
+        "valid": metrics.get("valid"),
+        "train_s": metrics.get("train", {}).get("seconds"),
+        "loss": metrics.get("loss"),
+        "test": {k: metrics["test"][k] for k in KEYS if k in metrics.get("test", {})},
+        "popularity": {k: metrics["popularity"][k] for k in KEYS if k in metrics.get("popularity", {})},
+    }
     return row
 
 
 def summarize(rows: list[dict]) -> str:
-    lines = ["| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 sampled | NDCG@10 "
-             "sampled_uniform | best epoch | wall s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 sampled | NDCG@10 "
+        "sampled_uniform | best epoch | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         group = [r for r in rows if r["variant"] == variant and "test" in r]
         if not group:
             lines.append(f"| {variant} | failed | | | | | | |")
             continue
-        def stat(protocol, key):
+
+        def stat(protocol, key, group=group):
             values = [r["test"][protocol][key] for r in group if protocol in r["test"]]
             return f"{np.mean(values):.4f} ± {np.std(values):.4f}" if values else "-"
-        lines.append(f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
-                     f"{stat('full', 'hr@10')} | {stat('sampled', 'ndcg@10')} | {stat('sampled_uniform', 'ndcg@10')} | "
-                     f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | "
-                     f"{np.mean([r['wall_s'] for r in group]):.0f} |")
+
+        lines.append(
+            f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
+            f"{stat('full', 'hr@10')} | {stat('sampled', 'ndcg@10')} | {stat('sampled_uniform', 'ndcg@10')} | "
+            f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | "
+            f"{np.mean([r['wall_s'] for r in group]):.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -80,8 +109,17 @@ def main() -> None:
     jobs = []
     for spec, seed in itertools.product(args.variant, [int(s) for s in args.seeds.split(",")]):
         name, _, options = spec.partition("=")
-        jobs.append({"variant": name, "options": options, "seed": seed, "data": args.data, "src": args.src,
-                     "run": str(Path(args.runs) / f"{name}-seed{seed}"), "timeout_s": args.timeout_s})
+        jobs.append(
+            {
+                "variant": name,
+                "options": options,
+                "seed": seed,
+                "data": args.data,
+                "src": args.src,
+                "run": str(Path(args.runs) / f"{name}-seed{seed}"),
+                "timeout_s": args.timeout_s,
+            }
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with ThreadPoolExecutor(args.parallel) as pool, open(args.out, "a") as log:
@@ -90,8 +128,11 @@ def main() -> None:
             log.write(json.dumps(row) + "\n")
             log.flush()
             full = row.get("test", {}).get("full", {})
-            print(f"{row['variant']} seed {row['seed']}: full NDCG@10 {full.get('ndcg@10', float('nan')):.4f} "
-                  f"({row['wall_s']} s){' ERROR ' + row['error'][-300:] if 'error' in row else ''}", flush=True)
+            print(
+                f"{row['variant']} seed {row['seed']}: full NDCG@10 {full.get('ndcg@10', float('nan')):.4f} "
+                f"({row['wall_s']} s){' ERROR ' + row['error'][-300:] if 'error' in row else ''}",
+                flush=True,
+            )
     print(summarize(rows))
 
 

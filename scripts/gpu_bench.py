@@ -30,13 +30,22 @@ log = logging.getLogger("gpu_bench")
 
 
 def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
-    batched = ServingSettings(device=device, instance_count=instances, max_queue_delay_microseconds=delay_us,
-                              max_batch_size=512, max_queue_size=8192)
+    batched = ServingSettings(
+        device=device,
+        instance_count=instances,
+        max_queue_delay_microseconds=delay_us,
+        max_batch_size=512,
+        max_queue_size=8192,
+    )
     on_gpus = {  # ``instances`` model instances on each GPU named
         f"fused-eager-bf16-gpus{''.join(map(str, gpus))}": {
-            "layout": "fused", "backend": "eager", "precision": "bf16",
-            "settings": dataclasses.replace(batched, gpus=gpus)}
-        for gpus in ((0,), (0, 1))}
+            "layout": "fused",
+            "backend": "eager",
+            "precision": "bf16",
+            "settings": dataclasses.replace(batched, gpus=gpus),
+        }
+        for gpus in ((0,), (0, 1))
+    }
     return on_gpus | {
         "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
         "echo": {"layout": "echo", "settings": batched},
@@ -51,8 +60,13 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
 
 def gpu_name() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.strip().splitlines()[0]
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "unknown"
 
@@ -70,8 +84,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
     parser.add_argument("--items", type=int, default=100_000)
-    parser.add_argument("--export-report", default="", help="backends to time with `recserve export --report` "
-                        "first (comma-separated), e.g. eager,cudagraph,torchscript")
+    parser.add_argument(
+        "--export-report",
+        default="",
+        help="backends to time with `recserve export --report` "
+        "first (comma-separated), e.g. eager,cudagraph,torchscript",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -83,18 +101,33 @@ def main() -> None:
         from recserve.export.report import build_report
 
         device = "cuda" if args.device == "gpu" else "cpu"
-        build_report(run, args.out / "export-report", device, seconds=0.5,
-                     backends=tuple(args.export_report.split(",")))
+        build_report(
+            run, args.out / "export-report", device, seconds=0.5, backends=tuple(args.export_report.split(","))
+        )
     rows, notes = [], {}
     for name in filter(None, args.variants.split(",")):
         spec = table[name]
         repo = args.work / f"repo-{name}"
         started = time.time()
         try:
-            repository_from_run(run, repo, (spec["layout"],), spec["settings"], spec.get("backend", "eager"),
-                             spec.get("precision", "fp32"))
-            summary = sweep([spec["layout"]], levels, args.out / name, histories, repo=repo,
-                            measurement_ms=args.measurement_ms, slo_p99_ms=10.0, client_threads=args.client_threads)
+            repository_from_run(
+                run,
+                repo,
+                (spec["layout"],),
+                spec["settings"],
+                spec.get("backend", "eager"),
+                spec.get("precision", "fp32"),
+            )
+            summary = sweep(
+                [spec["layout"]],
+                levels,
+                args.out / name,
+                histories,
+                repo=repo,
+                measurement_ms=args.measurement_ms,
+                slo_p99_ms=10.0,
+                client_threads=args.client_threads,
+            )
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"
@@ -109,9 +142,15 @@ def main() -> None:
         repo = args.work / "repo-ml100k"
         settings = table["echo"]["settings"]
         repository_from_run(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
-        summary = sweep(["fused", "seed"], [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
-                        args.out / "ml100k", real, repo=repo, measurement_ms=args.measurement_ms,
-                        client_threads=args.client_threads)
+        summary = sweep(
+            ["fused", "seed"],
+            [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
+            args.out / "ml100k",
+            real,
+            repo=repo,
+            measurement_ms=args.measurement_ms,
+            client_threads=args.client_threads,
+        )
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
     per_variant = {}
     for name in {r["variant"] for r in rows if r["layout"] == "fused" and r["model"] == "100k-random"}:
@@ -119,16 +158,23 @@ def main() -> None:
         others = [r for r in rows if r["variant"] in ("seed", "echo")]
         per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
     result = {
-        "gpu": gpu_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["scripts/gpu_bench.sh", *sys.argv[1:]]),
         "model": f"BERT4Rec, {args.items:,} items, hidden 256, 2 layers, 4 heads, window 40, random weights",
-        "settings": {"instances": args.instances, "max_queue_delay_microseconds": args.delay_us,
-                     "measurement_ms": args.measurement_ms, "protocol": "grpc",
-                     "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}",
-                     "layouts": sorted({r["variant"] for r in rows}),
-                     "requests_from": "synthetic Zipf histories" + (", and ML-100K's test histories" if args.ml100k else ""),
-                     "slo_p99_ms": 10.0},
-        "results": rows, "ratios": per_variant, "notes": notes,
+        "settings": {
+            "instances": args.instances,
+            "max_queue_delay_microseconds": args.delay_us,
+            "measurement_ms": args.measurement_ms,
+            "protocol": "grpc",
+            "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}",
+            "layouts": sorted({r["variant"] for r in rows}),
+            "requests_from": "synthetic Zipf histories" + (", and ML-100K's test histories" if args.ml100k else ""),
+            "slo_p99_ms": 10.0,
+        },
+        "results": rows,
+        "ratios": per_variant,
+        "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     write_report(result | {"ratios": next(iter(per_variant.values()), ratios(rows, 10.0))}, args.out / "report.md")

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from recserve.data.datasets import prepare
-from recserve.serving.triton.launcher import ServerSettings, TritonServer, free_ports
 from recserve.pipeline import repository_from_run
+from recserve.serving.processes import free_ports
+from recserve.serving.triton.launcher import ServerSettings, TritonServer
 from recserve.serving.triton.repository import ServingSettings
 
 
@@ -23,8 +24,9 @@ def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides)
     from recserve.train.trainer import TrainConfig, train, write_metrics
 
     settings = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
-    summary = train(data_dir, out, settings, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False),
-                    model=model)
+    summary = train(
+        data_dir, out, settings, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False), model=model
+    )
     write_metrics(out, summary)
     return out
 
@@ -74,7 +76,6 @@ def string_run(string_data_dir, tmp_path_factory) -> Path:
     return _train_tiny(string_data_dir, tmp_path_factory.mktemp("string-run") / "run", window=8)
 
 
-
 def server_settings(**overrides) -> ServerSettings:
     http, grpc, metrics = free_ports(3)
     return ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5, **overrides)
@@ -83,8 +84,9 @@ def server_settings(**overrides) -> ServerSettings:
 @pytest.fixture(scope="session")
 def int_repo(tiny_run, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo-int") / "repo"
-    repository_from_run(tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000),
-                        backend="eager")
+    repository_from_run(
+        tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000), backend="eager"
+    )
     return repo
 
 

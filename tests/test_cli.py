@@ -46,8 +46,9 @@ def test_serve_on_a_missing_repository_exits_with_the_path(tmp_path):
 
 
 def test_repo_with_gpu_ids_that_are_not_numbers_names_the_option(tmp_path):
-    result = runner.invoke(app, ["repo", "--run", str(tmp_path), "--out", str(tmp_path / "r"), "--device", "gpu",
-                                 "--gpus", "0,one"])
+    result = runner.invoke(
+        app, ["repo", "--run", str(tmp_path), "--out", str(tmp_path / "r"), "--device", "gpu", "--gpus", "0,one"]
+    )
     assert result.exit_code == 2 and "--gpus" in result.output and "expected GPU ids" in result.output
 
 
@@ -58,3 +59,27 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
     both = runner.invoke(app, [*command, "--export", str(tmp_path), "--run", str(tmp_path)])
     for result in (neither, both):
         assert result.exit_code == 2 and "give exactly one of --export" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["recommend", "1", "2", "--url", "127.0.0.1:1"], "no server answers at 127.0.0.1:1 (grpc): start one with"),
+        (["recommend", "1", "--url", "127.0.0.1:1", "--protocol", "http"], "no server answers at 127.0.0.1:1 (http)"),
+        (["sagemaker", "invoke", "1", "--url", "http://127.0.0.1:1"], "no endpoint answers at http://127.0.0.1:1"),
+        (["export", "--run", "{tmp}", "--out", "{tmp}/e"], "not a training run, missing model_config.json"),
+        (
+            ["repo", "--export", "{tmp}", "--out", "{tmp}/r"],
+            "no export.json; pass a folder written by `recserve export`",
+        ),
+        (["bench", "--repo", "{tmp}/nope", "--out", "{tmp}/b"], "no such model repository"),
+        (["data", "{tmp}", "--out", "{tmp}/d"], "a folder; give the log file itself"),
+        (["data", "{tmp}/empty.csv", "--out", "{tmp}/d"], "empty"),
+    ],
+)
+def test_bad_input_gets_one_line_that_says_what_to_do(args, message, tmp_path):
+    """Each of these once printed a raw traceback or a library's words (gRPC's, polars', urllib's)."""
+    (tmp_path / "empty.csv").write_text("")
+    result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -43,5 +43,14 @@ SEED_OUTPUT_IDS = "output__0"
 SEED_OUTPUT_SCORES = "output__1"
 SEED_HISTORY_LENGTH = 39
 SEED_K = 10
+SEED_TOKENS = "tokens"  # preprocessing -> model: the indices with the mask token appended
+SEED_MODEL_INPUT = "input__0"  # the model step's input (the PoC's TorchScript naming)
+SEED_INDICES = "indices"  # model -> postprocessing: top-k vocabulary indices
+SEED_TOP_SCORES = "top_scores"  # model -> postprocessing: their scores
 
 ECHO_MODEL = "echo"
+
+# Server ports (recserve serve, the clients' defaults)
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002

@@ -16,12 +16,20 @@ from recserve.export.exporter import export_run
 from recserve.serving.triton.repository import ServingSettings, check_request, write_repository
 
 
-def repository_from_run(run_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
-                        settings: ServingSettings = ServingSettings(), backend: str | None = None,
-                        precision: str = "fp32", version: int = 1, max_k: int = DEFAULT_MAX_K) -> dict:
+def repository_from_run(
+    run_dir: Path,
+    repo: Path,
+    layouts: tuple[str, ...] = ("fused",),
+    settings: ServingSettings | None = None,
+    backend: str | None = None,
+    precision: str = "fp32",
+    version: int = 1,
+    max_k: int = DEFAULT_MAX_K,
+) -> dict:
     """``write_repository`` from a run: the fused and echo layouts from one export of ``backend`` (default:
     the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the seed layout from an eager fp32 export
     (its model step rebuilds the model from the weights)."""
+    settings = settings or ServingSettings()
     check_request(layouts, settings, version)  # before the export, which takes a while
     device = "cuda" if settings.device == "gpu" else "cpu"
     backend = backend or default_backend(device)

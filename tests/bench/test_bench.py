@@ -18,8 +18,17 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
         pytest.fail(f"{err} (make test installs it)")
     out = tmp_path_factory.mktemp("bench")
     histories, string_ids = real_histories(ml100k_dir)
-    result = sweep(["fused", "seed", "echo"], [LoadLevel("concurrency", 4)], out, histories, string_ids,
-                   repo=int_repo, measurement_ms=800, slo_p99_ms=1000, client_threads=2)
+    result = sweep(
+        ["fused", "seed", "echo"],
+        [LoadLevel("concurrency", 4)],
+        out,
+        histories,
+        string_ids,
+        repo=int_repo,
+        measurement_ms=800,
+        slo_p99_ms=1000,
+        client_threads=2,
+    )
     return out, result
 
 

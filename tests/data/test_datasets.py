@@ -14,9 +14,15 @@ from recserve.data.io import Columns
 from recserve.errors import ConfigError, DataError
 
 LOG = [  # user, item, timestamp: u1 has a tie at t=5 that must keep file order
-    ("u1", "b", 1), ("u1", "a", 5), ("u1", "c", 5), ("u1", "d", 9),
-    ("u2", "c", 2), ("u2", "a", 3), ("u2", "b", 4),
-    ("u3", "d", 1), ("u3", "c", 2),  # only 2 interactions: dropped with min_user_interactions=3
+    ("u1", "b", 1),
+    ("u1", "a", 5),
+    ("u1", "c", 5),
+    ("u1", "d", 9),
+    ("u2", "c", 2),
+    ("u2", "a", 3),
+    ("u2", "b", 4),
+    ("u3", "d", 1),
+    ("u3", "c", 2),  # only 2 interactions: dropped with min_user_interactions=3
 ]
 
 
@@ -98,7 +104,9 @@ def test_text_sequences_use_line_order(tmp_path):
 
 def test_min_item_filter_drops_rare_items(tmp_path):
     rows = [*LOG[:7], ("u2", "rare", 8)]
-    info = prepare(str(_write_csv(tmp_path / "l.csv", rows)), tmp_path / "o", PrepareOptions(3, min_item_interactions=2))
+    info = prepare(
+        str(_write_csv(tmp_path / "l.csv", rows)), tmp_path / "o", PrepareOptions(3, min_item_interactions=2)
+    )
     assert info["items"] == 3 and info["interactions"] == 6  # "rare" and "d" appear once each
 
 

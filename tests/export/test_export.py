@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from recserve.constants import EXPORT_MANIFEST
 from recserve.errors import ExportError
 from recserve.export import exporter
 from recserve.export.backends import load_runner
@@ -144,9 +143,19 @@ def test_export_report_times_every_variant_and_plots(tiny_run, ml100k_dir, tmp_p
     rows = result["results"]
     assert len(rows) == 3 * len(report.BATCH_SIZES)
     assert all(r["p50_ms"] > 0 and r["throughput"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
-    assert {"backend", "precision", "batch_size", "p50_ms", "p99_ms", "throughput", "top10_overlap",
-            "ndcg10_delta"} <= set(rows[0])
-    assert (tmp_path / "report.png").stat().st_size > 10_000 and "| onnx | int8 |" in (tmp_path / "report.md").read_text()
+    assert {
+        "backend",
+        "precision",
+        "batch_size",
+        "p50_ms",
+        "p99_ms",
+        "throughput",
+        "top10_overlap",
+        "ndcg10_delta",
+    } <= set(rows[0])
+    assert (tmp_path / "report.png").stat().st_size > 10_000 and "| onnx | int8 |" in (
+        tmp_path / "report.md"
+    ).read_text()
 
 
 @pytest.mark.parametrize("backend", ["torchscript", "onnx"])
@@ -173,7 +182,6 @@ def test_sasrec_aot_inductor_package_passes_the_parity_check(sasrec_run, tmp_pat
 
 def test_the_manifest_reads_back_what_was_written_and_refuses_other_files(tiny_export, tmp_path):
     import dataclasses
-    import json
     import shutil
 
     from recserve.export.manifest import ExportManifest
@@ -185,8 +193,10 @@ def test_the_manifest_reads_back_what_was_written_and_refuses_other_files(tiny_e
     folder = tmp_path / "export"
     shutil.copytree(tiny_export, folder)
     written = json.loads((folder / "export.json").read_text())
-    for change, message in [({"format_version": 99}, "format version 99, this recserve reads 1"),
-                            ({"window": None}, "missing window")]:
+    for change, message in [
+        ({"format_version": 99}, "format version 99, this recserve reads 1"),
+        ({"window": None}, "missing window"),
+    ]:
         data = {k: v for k, v in (written | change).items() if v is not None}
         (folder / "export.json").write_text(json.dumps(data))
         with pytest.raises(ExportError, match=message):

@@ -78,8 +78,12 @@ def test_a_few_steps_lower_the_loss():
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [({"latent": 0}, "latent=0"), ({"dropout": 1.0}, "dropout=1.0"), ({"anneal_cap": 2.0}, "anneal_cap=2.0"),
-     ({"window": 1}, "window=1")],
+    [
+        ({"latent": 0}, "latent=0"),
+        ({"dropout": 1.0}, "dropout=1.0"),
+        ({"anneal_cap": 2.0}, "anneal_cap=2.0"),
+        ({"window": 1}, "window=1"),
+    ],
 )
 def test_bad_configs_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):

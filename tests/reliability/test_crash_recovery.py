@@ -6,9 +6,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from recserve.client import RecommenderClient, RecommendError
-from recserve.serving.triton.launcher import free_ports
+from recserve.serving.processes import free_ports
 from tests.reliability.test_shutdown import _wait_ready
 
 RECOVERY_BOUND_S = 90
@@ -27,15 +28,33 @@ def test_a_killed_model_process_is_recovered_within_a_bounded_window(int_repo, t
     shutil.copytree(int_repo / "echo", repo / "echo")
     http, grpc, metrics = free_ports(3)
     serve = subprocess.Popen(
-        [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(repo), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--watch-secs", "1", "--exit-timeout-secs", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "recserve.cli.main",
+            "serve",
+            "--repo",
+            str(repo),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--watch-secs",
+            "1",
+            "--exit-timeout-secs",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         _wait_ready(http)
         client = RecommenderClient(f"127.0.0.1:{http}", "http", model="echo", timeout_s=5)
         assert len(client.recommend([1, 2]).item_ids) == 10
-        (stub,) = [pid for pid in _stubs_of("echo") if str(repo) in open(f"/proc/{pid}/cmdline").read()]
+        (stub,) = [pid for pid in _stubs_of("echo") if str(repo) in Path(f"/proc/{pid}/cmdline").read_text()]
         os.kill(stub, signal.SIGKILL)
         killed_at, first_error, errors = time.monotonic(), None, 0
         while time.monotonic() - killed_at < RECOVERY_BOUND_S:

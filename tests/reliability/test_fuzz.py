@@ -51,8 +51,9 @@ def test_random_json_tensors_get_a_clean_answer(int_server, name, dtype, shape, 
     if dtype == "BOOL":
         data = [bool(x % 2) for x in data]
     body = {"inputs": [{"name": name, "shape": shape, "datatype": dtype, "data": data}]}
-    status, reply = _post(f"http://{int_server.http_url}/v2/models/recommender/infer",
-                          json.dumps(body, default=int).encode())
+    status, reply = _post(
+        f"http://{int_server.http_url}/v2/models/recommender/infer", json.dumps(body, default=int).encode()
+    )
     assert _clean(status, reply), (name, dtype, shape, status, reply[:200])
 
 
@@ -64,8 +65,13 @@ def test_random_bytes_bodies_get_a_clean_error(int_server, body):
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(dtype=st.sampled_from(["INT64", "INT32", "FP32", "BOOL"]), rows=st.integers(0, 3), length=st.integers(0, 300),
-       k=st.one_of(st.none(), st.integers(-3, 200)), seed=st.integers(0, 2**31 - 1))
+@given(
+    dtype=st.sampled_from(["INT64", "INT32", "FP32", "BOOL"]),
+    rows=st.integers(0, 3),
+    length=st.integers(0, 300),
+    k=st.one_of(st.none(), st.integers(-3, 200)),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_random_grpc_requests_are_answered_or_refused_cleanly(int_server, dtype, rows, length, k, seed):
     rng = np.random.default_rng(seed)
     values = rng.integers(-10, 2000, (rows, length)).astype(DTYPES[dtype])
@@ -87,8 +93,9 @@ def test_random_grpc_requests_are_answered_or_refused_cleanly(int_server, dtype,
 
 
 def test_an_oversized_body_is_refused_and_the_server_stays_ready(int_server):
-    huge = json.dumps({"inputs": [{"name": "item_ids", "shape": [1, 2_000_000], "datatype": "INT64",
-                                   "data": [1] * 2_000_000}]}).encode()
+    huge = json.dumps(
+        {"inputs": [{"name": "item_ids", "shape": [1, 2_000_000], "datatype": "INT64", "data": [1] * 2_000_000}]}
+    ).encode()
     status, reply = _post(f"http://{int_server.http_url}/v2/models/recommender/infer", huge)
     assert status in (200, 400, 413), (status, reply[:200])
     assert int_server.is_ready()

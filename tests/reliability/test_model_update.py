@@ -9,16 +9,19 @@ import threading
 import time
 import urllib.request
 
-from recserve.serving.triton.launcher import free_ports
 from recserve.pipeline import repository_from_run
+from recserve.serving.processes import free_ports
 from recserve.serving.triton.repository import ServingSettings
 from tests.reliability.test_shutdown import _wait_ready
 
 
 def _infer(port: int) -> str:
     body = {"inputs": [{"name": "item_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/recommender/infer",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/recommender/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as reply:
         return json.load(reply)["model_version"]
 
@@ -28,9 +31,27 @@ def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tm
     repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=1)
     http, grpc, metrics = free_ports(3)
     serve = subprocess.Popen(
-        [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(repo), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--model-control", "poll", "--poll-secs", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "recserve.cli.main",
+            "serve",
+            "--repo",
+            str(repo),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--model-control",
+            "poll",
+            "--poll-secs",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     versions, failures, stop = [], [], threading.Event()
 
@@ -38,7 +59,7 @@ def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tm
         while not stop.is_set():
             try:
                 versions.append(_infer(http))
-            except Exception as err:  # noqa: BLE001 - any failure is what this test counts
+            except Exception as err:
                 failures.append(repr(err))
 
     try:
@@ -55,8 +76,10 @@ def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tm
         stop.set()
         for t in threads:
             t.join()
-        print(f"model update: {len(versions)} answered ({versions.count('1')} by v1, {versions.count('2')} by v2), "
-              f"{len(failures)} failed")
+        print(
+            f"model update: {len(versions)} answered ({versions.count('1')} by v1, {versions.count('2')} by v2), "
+            f"{len(failures)} failed"
+        )
         assert failures == []
         assert versions[0] == "1" and versions[-1] == "2"
     finally:

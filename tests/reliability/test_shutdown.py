@@ -8,7 +8,7 @@ import time
 import urllib.request
 
 from recserve.client import RecommenderClient, RecommendError
-from recserve.serving.triton.launcher import free_ports
+from recserve.serving.processes import free_ports
 
 LOAD_S = 4.0
 
@@ -28,9 +28,25 @@ def _wait_ready(port: int, timeout_s: float = 120) -> None:
 def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, tmp_path):
     http, grpc, metrics = free_ports(3)
     serve = subprocess.Popen(
-        [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(int_repo), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--exit-timeout-secs", "10"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "recserve.cli.main",
+            "serve",
+            "--repo",
+            str(int_repo),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--exit-timeout-secs",
+            "10",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         _wait_ready(http)
@@ -46,7 +62,11 @@ def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, t
                     key = "ok"
                 except RecommendError as err:
                     # refused before being accepted: the port is closed or the server says it is stopping
-                    key = "refused" if err.status in (None, "503", "400", "UNAVAILABLE") or "connect" in str(err).lower() else None
+                    key = (
+                        "refused"
+                        if err.status in (None, "503", "400", "UNAVAILABLE") or "connect" in str(err).lower()
+                        else None
+                    )
                     if key is None:
                         with lock:
                             outcomes["failed"].append(str(err))
@@ -66,8 +86,10 @@ def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, t
         exit_s = time.monotonic() - sent_signal_at
         for t in threads:
             t.join()
-        print(f"shutdown: answered {outcomes['ok']}, refused after SIGTERM {outcomes['refused']}, "
-              f"failed {len(outcomes['failed'])}, exit code {code} after {exit_s:.1f} s")
+        print(
+            f"shutdown: answered {outcomes['ok']}, refused after SIGTERM {outcomes['refused']}, "
+            f"failed {len(outcomes['failed'])}, exit code {code} after {exit_s:.1f} s"
+        )
         assert code == 0, serve.stdout.read()
         assert outcomes["ok"] > 0 and outcomes["failed"] == []
         assert exit_s < 15

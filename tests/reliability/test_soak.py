@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from recserve.client import RecommenderClient
-from recserve.serving.triton.launcher import TritonServer, child_pids
+from recserve.serving.processes import child_pids
+from recserve.serving.triton.launcher import TritonServer
 from tests.conftest import server_settings
 
 SOAK_S = float(os.environ.get("RECSERVE_SOAK_S", "60"))
@@ -38,7 +39,7 @@ def _load(url: str, seconds: float, counts: dict, lock: threading.Lock) -> None:
         try:
             client.recommend(histories[i % len(histories)], k=10, exclude_seen=bool(i % 2))
             key = "ok"
-        except Exception:  # noqa: BLE001 - every failure counts
+        except Exception:
             key = "errors"
         with lock:
             counts[key] += 1
@@ -62,7 +63,9 @@ def test_steady_load_keeps_memory_flat_and_errors_at_zero(int_repo, tmp_path):
         counts = _run(server.grpc_url, SOAK_S)
         end_mib = _rss_mib(server.process.pid)
     growth = (end_mib - start_mib) / start_mib
-    print(f"soak: {SOAK_S:.0f} s, {counts['ok']} answered, {counts['errors']} errors; server and model "
-          f"processes {start_mib:.0f} MiB -> {end_mib:.0f} MiB ({growth:+.1%})")
+    print(
+        f"soak: {SOAK_S:.0f} s, {counts['ok']} answered, {counts['errors']} errors; server and model "
+        f"processes {start_mib:.0f} MiB -> {end_mib:.0f} MiB ({growth:+.1%})"
+    )
     assert counts["errors"] == 0 and counts["ok"] > 0
     assert growth < 0.10

@@ -125,8 +125,12 @@ def test_an_empty_batch_gets_an_empty_answer(predictor):
 def test_encode_pads_left_and_counts_only_history_ids_unknown(vocab_ids, map_ids):
     encoder = Predictor(runner=None, vocab_ids=vocab_ids, window=6, max_k=3, map_ids=map_ids)
     last = int(vocab_ids[-1])
-    histories = [np.array([3, 0]), np.array([5, -1, 2**40, last, 0, 3]), np.array([], dtype=np.int64),
-                 np.array([7], dtype=np.uint64)]
+    histories = [
+        np.array([3, 0]),
+        np.array([5, -1, 2**40, last, 0, 3]),
+        np.array([], dtype=np.int64),
+        np.array([7], dtype=np.uint64),
+    ]
     batch = encoder.encode(histories)
     # ID 0 is an item here, so the padding's zeros must count neither as known nor as unknown history
     np.testing.assert_array_equal(batch.lengths, [2, 5, 0, 1])  # window 6 keeps 5 items and the mask token

@@ -13,18 +13,19 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 import pytest
+from tests.conftest import server_settings
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
 from recserve.client import RecommenderClient
 from recserve.errors import ServingError
+from recserve.pipeline import package_from_run
+from recserve.serving.processes import free_ports
 from recserve.serving.sagemaker import inference
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
 from recserve.serving.sagemaker.inference import HandlerError, input_fn, model_fn, output_fn, predict_fn
-from recserve.pipeline import package_from_run
 from recserve.serving.sagemaker.package import package, unpack
-from recserve.serving.triton.launcher import TritonServer, free_ports
-from tests.conftest import server_settings
+from recserve.serving.triton.launcher import TritonServer
 
 JSON = "application/json"
 
@@ -67,7 +68,7 @@ def test_multvae_and_sasrec_run_through_the_same_handler(run, name, request, tmp
     [
         (b'{"item_id": [1]}', "text/csv", 415, "content type 'text/csv' is not supported"),
         (b'{"item_id": [1', JSON, 400, "malformed JSON"),
-        (b'[1, 2]', JSON, 400, "expected a JSON object"),
+        (b"[1, 2]", JSON, 400, "expected a JSON object"),
         (b'{"items": [1]}', JSON, 400, "missing key 'item_id'"),
         (b'{"item_id": 5}', JSON, 400, "item_id: expected a list"),
         (b'{"item_id": [1, "a"]}', JSON, 400, "all integers or all strings"),
@@ -75,7 +76,7 @@ def test_multvae_and_sasrec_run_through_the_same_handler(run, name, request, tmp
         (b'{"item_id": [1], "k": "3"}', JSON, 400, "k: expected an integer"),
         (b'{"item_id": [1], "k": true}', JSON, 400, "k: expected an integer"),
         (b'{"item_id": [1], "exclude_seen": 1}', JSON, 400, "exclude_seen: expected true or false"),
-        (b'\xff\xfe', JSON, 400, "not UTF-8"),
+        (b"\xff\xfe", JSON, 400, "not UTF-8"),
     ],
 )
 def test_bad_requests_get_a_4xx_naming_the_problem(body, content_type, status, message):
@@ -123,8 +124,15 @@ def test_errors_are_posted_to_the_hook_when_one_is_configured(monkeypatch):
 def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
     with tarfile.open(bert_package) as tar:
         names = set(tar.getnames())
-    assert {"export.json", "model.pt", "model_config.json", "item_ids.npy", "code/inference.py",
-            "code/requirements.txt", "code/recserve/serving/sagemaker/inference.py"} <= names
+    assert {
+        "export.json",
+        "model.pt",
+        "model_config.json",
+        "item_ids.npy",
+        "code/inference.py",
+        "code/requirements.txt",
+        "code/recserve/serving/sagemaker/inference.py",
+    } <= names
     assert not any("__pycache__" in n for n in names)
     shim = unpack(bert_package, tmp_path / "u") / "code" / "inference.py"
     assert all(f"    {fn}," in shim.read_text() for fn in ("model_fn", "input_fn", "predict_fn", "output_fn"))
@@ -143,8 +151,10 @@ def test_triton_package_is_a_repository_that_a_real_triton_serves(tiny_run, tmp_
     assert len(answer.item_ids) == 5 and not set(history) & set(answer.item_ids.tolist())
 
 
-@pytest.mark.parametrize(("runtime", "out", "message"), [("tensorflow", "m.tar.gz", "runtime 'tensorflow'"),
-                                                        ("pytorch", "m.zip", "must be a .tar.gz")])
+@pytest.mark.parametrize(
+    ("runtime", "out", "message"),
+    [("tensorflow", "m.tar.gz", "runtime 'tensorflow'"), ("pytorch", "m.zip", "must be a .tar.gz")],
+)
 def test_bad_package_requests_are_refused(tiny_export, tiny_run, tmp_path, runtime, out, message):
     with pytest.raises(ServingError, match=message):
         package(tiny_export, runtime, tmp_path / out)
@@ -158,7 +168,9 @@ def test_a_package_takes_only_exports_its_container_can_run(tiny_run, tmp_path):
     from recserve.export.exporter import export_run
 
     export_run(tiny_run, "onnx", "fp32", tmp_path / "onnx")
-    with pytest.raises(ServingError, match="the pytorch runtime serves eager exports, not onnx; export with --backend eager"):
+    with pytest.raises(
+        ServingError, match="the pytorch runtime serves eager exports, not onnx; export with --backend eager"
+    ):
         package(tmp_path / "onnx", "pytorch", tmp_path / "m.tar.gz")
     with pytest.raises(ExportError, match="no export.json"):
         package(tiny_run, "pytorch", tmp_path / "m.tar.gz")
@@ -188,8 +200,12 @@ def test_local_endpoint_answers_ping_and_invocations(endpoint, tiny_run):
 
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "message"),
-    [(b"{oops", JSON, 400, "malformed JSON"), (b'{"x": 1}', JSON, 400, "missing key 'item_id'"),
-     (b'{"item_id": [1]}', "text/csv", 415, "not supported"), (b'{"item_id": [1], "k": 1000}', JSON, 400, "out of range")],
+    [
+        (b"{oops", JSON, 400, "malformed JSON"),
+        (b'{"x": 1}', JSON, 400, "missing key 'item_id'"),
+        (b'{"item_id": [1]}', "text/csv", 415, "not supported"),
+        (b'{"item_id": [1], "k": 1000}', JSON, 400, "out of range"),
+    ],
 )
 def test_local_endpoint_refuses_bad_bodies_with_a_short_message(endpoint, body, content_type, status, message):
     got_status, got = invoke(endpoint.url, body, content_type)
@@ -223,8 +239,9 @@ def moto(tmp_path_factory):
     """moto's server mode on loopback: SageMaker and S3 APIs over real HTTP."""
     [port] = free_ports(1)
     binary = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    process = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         _wait_port(port)
         yield f"http://127.0.0.1:{port}"
@@ -237,8 +254,11 @@ def moto(tmp_path_factory):
 def aws_env(moto, monkeypatch, tmp_path):
     import boto3
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     boto3.client("s3", region_name="us-east-1", endpoint_url=moto).create_bucket(Bucket="models")
     env_file = tmp_path / ".env.inference"
@@ -256,8 +276,9 @@ def test_deploy_uploads_creates_and_waits_for_in_service(aws_env, moto, bert_pac
     import boto3
 
     runner = CliRunner()
-    result = runner.invoke(app, ["sagemaker", "deploy", "--package", bert_package, "--env-file", str(aws_env),
-                                 "--endpoint-name", "recs"])
+    result = runner.invoke(
+        app, ["sagemaker", "deploy", "--package", bert_package, "--env-file", str(aws_env), "--endpoint-name", "recs"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["status"] == "InService"
     sm = boto3.client("sagemaker", region_name="us-east-1", endpoint_url=moto)
@@ -269,9 +290,13 @@ def test_deploy_uploads_creates_and_waits_for_in_service(aws_env, moto, bert_pac
     assert model["PrimaryContainer"]["Environment"] == {"SAGEMAKER_PROGRAM": "inference.py"}
     assert model["PrimaryContainer"]["ModelDataUrl"] == "s3://models/recserve/model.tar.gz"
     s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto)
-    assert s3.head_object(Bucket="models", Key="recserve/model.tar.gz")["ContentLength"] == os.path.getsize(bert_package)
+    assert s3.head_object(Bucket="models", Key="recserve/model.tar.gz")["ContentLength"] == os.path.getsize(
+        bert_package
+    )
     # the invocation reaches the endpoint (moto answers with placeholder text, not a model's answer)
-    result = runner.invoke(app, ["sagemaker", "invoke", "1", "2", "--env-file", str(aws_env), "--endpoint-name", "recs"])
+    result = runner.invoke(
+        app, ["sagemaker", "invoke", "1", "2", "--env-file", str(aws_env), "--endpoint-name", "recs"]
+    )
     assert result.exit_code == 0, result.output
 
 

@@ -8,24 +8,27 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tests.conftest import server_settings
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
 from recserve.client import AsyncRecommenderClient, RecommenderClient, RecommendError
 from recserve.errors import ServingError
+from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
-from recserve.pipeline import repository_from_run
 from recserve.serving.triton.repository import ServingSettings, write_repository
-from tests.conftest import server_settings
 
 
 def _infer(url, model, **arrays):
     client = httpclient.InferenceServerClient(url)
     inputs = []
     for name, value in arrays.items():
-        dtype = "BYTES" if value.dtype == object else {"int64": "INT64", "int32": "INT32", "bool": "BOOL",
-                                                       "float32": "FP32"}[str(value.dtype)]
+        dtype = (
+            "BYTES"
+            if value.dtype == object
+            else {"int64": "INT64", "int32": "INT32", "bool": "BOOL", "float32": "FP32"}[str(value.dtype)]
+        )
         tensor = httpclient.InferInput(name, list(value.shape), dtype)
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
@@ -42,7 +45,10 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     ensemble = parse_pbtxt((int_repo / "bert4rec_ensemble" / "config.pbtxt").read_text())
     assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
     assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
-        "bert4rec_preprocessing", "bert4rec", "bert4rec_postprocessing"]
+        "bert4rec_preprocessing",
+        "bert4rec",
+        "bert4rec_postprocessing",
+    ]
     assert list(ensemble.input[0].dims) == [39] and ensemble.input[0].data_type == pb.TYPE_INT64
     model = parse_pbtxt((int_repo / "bert4rec" / "config.pbtxt").read_text())
     assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
@@ -106,7 +112,10 @@ def test_empty_history_gets_popular_items_and_a_long_one_its_most_recent(int_ser
     assert set(reply.as_numpy("item_ids")[0]) == set(np.argsort(-counts, kind="stable")[:10] + 1)
     with RecommenderClient(int_server.http_url, "http") as client:
         recent = list(range(200, 219))
-        assert client.recommend(list(range(1, 100)) + recent).item_ids.tolist() == client.recommend(recent).item_ids.tolist()
+        assert (
+            client.recommend(list(range(1, 100)) + recent).item_ids.tolist()
+            == client.recommend(recent).item_ids.tolist()
+        )
 
 
 @pytest.mark.parametrize("k", [0, 101])
@@ -196,7 +205,9 @@ def test_recommend_command_prints_json(int_server, tiny_run):
 
 
 def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path):
-    write_repository(tiny_export, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000))
+    write_repository(
+        tiny_export, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000)
+    )
     policy = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 8 and policy.default_timeout_microseconds == 5000
     assert policy.timeout_action == pb.ModelQueuePolicy.REJECT and not policy.allow_timeout_override
@@ -213,9 +224,8 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error(int_repo, tm
     repo = tmp_path / "repo"
     shutil.copytree(int_repo / "echo", repo / "echo")
     (repo / "echo" / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
-    with pytest.raises(ServingError, match="broken on purpose"):
-        with TritonServer(repo, server_settings()):
-            pass
+    with pytest.raises(ServingError, match="broken on purpose"), TritonServer(repo, server_settings()):
+        pass
 
 
 def test_the_server_listens_on_loopback_and_restricts_the_repository_api(int_server):

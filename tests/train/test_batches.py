@@ -9,8 +9,8 @@ from recserve.data.sequences import Sequences
 from recserve.train.batches import (
     ClozeSettings,
     NextItemSettings,
-    WindowEpochs,
     SequenceTensors,
+    WindowEpochs,
     masked_capacity,
     row_contains,
 )
@@ -93,8 +93,9 @@ def test_ranks_see_disjoint_samples_that_together_are_the_single_process_batch()
     seq, users = _seq([5, 9, 12, 30, 2, 8, 14]), np.arange(7)
     whole = _batch(seq, settings, users)
     parts = [_batch(seq, settings, users, rank=r, world=2) for r in range(2)]
-    torch.testing.assert_close(torch.cat([parts[0].tokens, parts[1].tokens]),
-                               torch.cat([whole.tokens[0::2], whole.tokens[1::2]]))
+    torch.testing.assert_close(
+        torch.cat([parts[0].tokens, parts[1].tokens]), torch.cat([whole.tokens[0::2], whole.tokens[1::2]])
+    )
     assert parts[0].tokens.shape[0] == 4 and parts[1].tokens.shape[0] == 3
     assert sum(int(p.kept.sum()) for p in parts) == int(whole.kept.sum())
     assert parts[0].weight == pytest.approx(2 * whole.weight.item())  # DDP's mean of ranks is the whole mean

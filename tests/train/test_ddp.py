@@ -35,8 +35,9 @@ PROBE = textwrap.dedent('''
 
 
 def _run(probe, data, out, devices):
-    result = subprocess.run([sys.executable, str(probe), str(data), str(out), str(devices)], capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(probe), str(data), str(out), str(devices)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -87,7 +87,8 @@ def test_batches_hold_a_bounded_number_of_scores():
     inputs, targets, popularity = _data(users=50)
     widths = []
     Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(
-        lambda tokens: widths.append(tokens.shape[0]) or _scores(tokens))
+        lambda tokens: widths.append(tokens.shape[0]) or _scores(tokens)
+    )
     assert sum(widths) == 50
 
 

@@ -15,8 +15,10 @@ from recserve.train.heldout import heldout_metrics, split_heldout
 
 def sequences(rows: list[list[int]]) -> Sequences:
     lengths = [len(r) for r in rows]
-    return Sequences(np.array([i for r in rows for i in r], dtype=np.int64),
-                     np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    return Sequences(
+        np.array([i for r in rows for i in r], dtype=np.int64),
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    )
 
 
 def user_sets(seq: Sequences) -> list[set]:

@@ -9,9 +9,9 @@ from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import ConfigError
 from recserve.models import Bert4Rec, Bert4RecConfig
-from recserve.train.batches import WindowEpochs, ClozeSettings
-from recserve.train.objectives import cloze_loss
+from recserve.train.batches import ClozeSettings, WindowEpochs
 from recserve.train.losses import FULL_SOFTMAX_MAX_ITEMS, CatalogueLoss, LossSettings
+from recserve.train.objectives import cloze_loss
 
 N = 40
 MASK = N + 1
@@ -90,7 +90,12 @@ def test_auto_picks_the_exact_softmax_up_to_the_threshold():
     assert LossSettings().resolve(FULL_SOFTMAX_MAX_ITEMS + 1).name == "sampled-uniform"
     assert LossSettings("sampled-popularity").resolve(10).name == "sampled-popularity"
     assert LossSettings("sampled-uniform", 512).describe() == {
-        "name": "sampled-uniform", "exclude_seen": True, "negatives": 512, "in_batch": True, "log_q_correction": True}
+        "name": "sampled-uniform",
+        "exclude_seen": True,
+        "negatives": 512,
+        "in_batch": True,
+        "log_q_correction": True,
+    }
     with pytest.raises(ConfigError, match="resolved"):
         CatalogueLoss(LossSettings(), np.ones(N + 2), MASK)
     expected = "loss='softmax': expected one of auto, full, sampled-uniform, sampled-popularity"
@@ -99,8 +104,9 @@ def test_auto_picks_the_exact_softmax_up_to_the_threshold():
 
 def _cloze_batch(users: int, mask_prob: float):
     """One Cloze batch of ``users`` random 16-item histories over 50 items (mask token 51)."""
-    seq = Sequences(items=np.random.default_rng(0).integers(1, 51, 16 * users),
-                    offsets=np.arange(0, 16 * users + 1, 16))
+    seq = Sequences(
+        items=np.random.default_rng(0).integers(1, 51, 16 * users), offsets=np.arange(0, 16 * users + 1, 16)
+    )
     return next(iter(WindowEpochs(seq, ClozeSettings(16, 51, mask_prob, 0.1), users, 1, seed=0)))
 
 

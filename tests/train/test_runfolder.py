@@ -33,8 +33,12 @@ def test_the_run_records_its_settings_and_data(two_epoch_run):
 def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, string_data_dir):
     before = (two_epoch_run / WEIGHTS_FILE).read_bytes()
     with pytest.raises(ConfigError, match=r"model_config.hidden: 16 in the run, 32 now.*--overwrite"):
-        train(string_data_dir, two_epoch_run, SMALL | {"hidden": 32},
-              TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+        train(
+            string_data_dir,
+            two_epoch_run,
+            SMALL | {"hidden": 32},
+            TrainConfig(epochs=3, samples_per_user=1, device="cpu"),
+        )
     assert (two_epoch_run / WEIGHTS_FILE).read_bytes() == before  # nothing was touched
 
 
@@ -57,8 +61,13 @@ def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
 
 def test_overwrite_starts_afresh_and_records_the_new_settings(string_data_dir, tmp_path):
     train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
-    train(string_data_dir, tmp_path / "run", SMALL | {"hidden": 32},
-          TrainConfig(epochs=1, samples_per_user=1, device="cpu"), overwrite=True)
+    train(
+        string_data_dir,
+        tmp_path / "run",
+        SMALL | {"hidden": 32},
+        TrainConfig(epochs=1, samples_per_user=1, device="cpu"),
+        overwrite=True,
+    )
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["model_config"]["hidden"] == 32
     assert trained_epochs(tmp_path / "run") == 1
 
@@ -81,12 +90,29 @@ def test_a_run_without_its_record_is_refused(two_epoch_run, string_data_dir, tmp
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--hidden", "32"], "model_config.hidden: 16 in the run, 32 now"),
-     (["--hidden", "16", "--epochs", "1"], "has trained 2 epochs"),
-     (["--hidden", "16", "--loss", "softmax"], "loss='softmax': expected one of auto, full")],
+    [
+        (["--hidden", "32"], "model_config.hidden: 16 in the run, 32 now"),
+        (["--hidden", "16", "--epochs", "1"], "has trained 2 epochs"),
+        (["--hidden", "16", "--loss", "softmax"], "loss='softmax': expected one of auto, full"),
+    ],
 )
 def test_the_cli_prints_one_line_and_no_traceback(two_epoch_run, string_data_dir, args, message):
-    result = runner.invoke(app, ["train", "--data", str(string_data_dir), "--out", str(two_epoch_run), "--window", "8",
-                                 "--samples-per-user", "1", "--device", "cpu", *args])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--data",
+            str(string_data_dir),
+            "--out",
+            str(two_epoch_run),
+            "--window",
+            "8",
+            "--samples-per-user",
+            "1",
+            "--device",
+            "cpu",
+            *args,
+        ],
+    )
     assert result.exit_code == 1
     assert message in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -8,8 +8,8 @@ import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ConfigError, DataError
-from recserve.train.evaluate import evaluate_run
 from recserve.models.runs import load_run
+from recserve.train.evaluate import evaluate_run
 from recserve.train.trainer import TrainConfig, train
 
 SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}

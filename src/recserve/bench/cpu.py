@@ -11,7 +11,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.serving.triton.launcher import child_pids, proc_stat
+from recserve.serving.processes import child_pids, proc_stat
 
 PROC = Path("/proc")
 
@@ -49,6 +49,9 @@ class CpuMeter:
         if before is None or after is None or requests <= 0:
             return None
         models = sum(seconds - before.models_s.get(pid, 0.0) for pid, seconds in after.models_s.items())
-        spent = {"client": after.client_s - before.client_s, "server": after.server_s - before.server_s,
-                 "models": models}
+        spent = {
+            "client": after.client_s - before.client_s,
+            "server": after.server_s - before.server_s,
+            "models": models,
+        }
         return {name: seconds / requests * 1e6 for name, seconds in spent.items()}

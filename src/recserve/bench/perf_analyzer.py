@@ -65,8 +65,17 @@ def default_client_threads() -> int:
     return max(1, min(16, len(os.sched_getaffinity(0))))
 
 
-def run(model: str, url: str, protocol: str, level: LoadLevel, input_file: Path, measurement_ms: int,
-        csv_path: Path, timeout_s: float, client_threads: int | None = None) -> dict:
+def run(
+    model: str,
+    url: str,
+    protocol: str,
+    level: LoadLevel,
+    input_file: Path,
+    measurement_ms: int,
+    csv_path: Path,
+    timeout_s: float,
+    client_threads: int | None = None,
+) -> dict:
     """One bounded perf_analyzer run; returns throughput, latency percentiles (ms) and client-side parts.
 
     Args:
@@ -75,11 +84,34 @@ def run(model: str, url: str, protocol: str, level: LoadLevel, input_file: Path,
     """
     binary = find_perf_analyzer()
     threads = client_threads or default_client_threads()
-    load = (["--concurrency-range", f"{int(level.value)}:{int(level.value)}"] if level.kind == "concurrency"
-            else ["--request-rate-range", f"{level.value}:{level.value}"])
-    args = [str(binary), "-m", model, "-u", url, "-i", protocol, "--async", "--input-data", str(input_file),
-            "--measurement-interval", str(measurement_ms), "--max-trials", "6", "--stability-percentage", "999",
-            "--max-threads", str(threads), "-f", str(csv_path), *load]
+    load = (
+        ["--concurrency-range", f"{int(level.value)}:{int(level.value)}"]
+        if level.kind == "concurrency"
+        else ["--request-rate-range", f"{level.value}:{level.value}"]
+    )
+    args = [
+        str(binary),
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        protocol,
+        "--async",
+        "--input-data",
+        str(input_file),
+        "--measurement-interval",
+        str(measurement_ms),
+        "--max-trials",
+        "6",
+        "--stability-percentage",
+        "999",
+        "--max-threads",
+        str(threads),
+        "-f",
+        str(csv_path),
+        *load,
+    ]
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join([str(binary.parent), os.environ.get("LD_LIBRARY_PATH", "")]))
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -93,8 +125,13 @@ def run(model: str, url: str, protocol: str, level: LoadLevel, input_file: Path,
     us = lambda key: float(row.get(key) or 0) / 1000  # noqa: E731 - microseconds to milliseconds
     return {
         "throughput_rps": float(row["Inferences/Second"]),
-        "p50_ms": us("p50 latency"), "p90_ms": us("p90 latency"), "p95_ms": us("p95 latency"), "p99_ms": us("p99 latency"),
-        "client_send_ms": us("Client Send"), "network_ms": us("Network+Server Send/Recv"), "client_recv_ms": us("Client Recv"),
+        "p50_ms": us("p50 latency"),
+        "p90_ms": us("p90 latency"),
+        "p95_ms": us("p95 latency"),
+        "p99_ms": us("p99 latency"),
+        "client_send_ms": us("Client Send"),
+        "network_ms": us("Network+Server Send/Recv"),
+        "client_recv_ms": us("Client Recv"),
         "errors": 0,
     }
 
@@ -107,7 +144,8 @@ def model_statistics(http_url: str) -> dict[str, dict]:
     for model in stats:
         s = model["inference_stats"]
         out[model["name"]] = {
-            "count": int(s["success"]["count"]), "failures": int(s["fail"]["count"]),
+            "count": int(s["success"]["count"]),
+            "failures": int(s["fail"]["count"]),
             **{part: int(s[part]["ns"]) for part in ("queue", "compute_input", "compute_infer", "compute_output")},
             "executions": int(model.get("execution_count", 0)),
         }
@@ -123,10 +161,15 @@ def step_breakdown(before: dict, after: dict, models: list[str]) -> dict[str, di
             continue
         count = b["count"] - a["count"]
         executions = b["executions"] - a["executions"]
-        out[name] = {f"{part}_ms": (b[part] - a[part]) / max(count, 1) / 1e6
-                     for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-        out[name] |= {"requests": count, "failures": b["failures"] - a["failures"],
-                      "avg_batch": count / executions if executions else None}
+        out[name] = {
+            f"{part}_ms": (b[part] - a[part]) / max(count, 1) / 1e6
+            for part in ("queue", "compute_input", "compute_infer", "compute_output")
+        }
+        out[name] |= {
+            "requests": count,
+            "failures": b["failures"] - a["failures"],
+            "avg_batch": count / executions if executions else None,
+        }
     return out
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-
 import json
 import sys
+from pathlib import Path
 
 
 def _pyplot():
@@ -23,8 +21,11 @@ def plot_latency_throughput(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     name = lambda r: r.get("variant", r["layout"])  # noqa: E731 - GPU runs label rows by variant
     for layout in dict.fromkeys(name(r) for r in rows):
-        points = sorted((r["throughput_rps"], r["p99_ms"], r.get("concurrency", r.get("request_rate")))
-                        for r in rows if name(r) == layout and "throughput_rps" in r)
+        points = sorted(
+            (r["throughput_rps"], r["p99_ms"], r.get("concurrency", r.get("request_rate")))
+            for r in rows
+            if name(r) == layout and "throughput_rps" in r
+        )
         if not points:
             continue
         xs, ys, labels = zip(*points)

@@ -27,8 +27,15 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
     for layout in {r["layout"] for r in ok}:
         within = [r for r in ok if r["layout"] == layout and r["p99_ms"] <= slo_p99_ms]
         best = max(within, key=lambda r: r["throughput_rps"], default=None)
-        out["best_within_slo"][layout] = None if best is None else {
-            "throughput_rps": best["throughput_rps"], "p99_ms": best["p99_ms"], "level": "=".join(map(str, _level(best)))}
+        out["best_within_slo"][layout] = (
+            None
+            if best is None
+            else {
+                "throughput_rps": best["throughput_rps"],
+                "p99_ms": best["p99_ms"],
+                "level": "=".join(map(str, _level(best))),
+            }
+        )
     best_seed = max((r["throughput_rps"] for r in ok if r["layout"] == "seed"), default=None)
     best_fused = max((r["throughput_rps"] for r in ok if r["layout"] == "fused"), default=None)
     if best_seed and best_fused:
@@ -39,10 +46,12 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
 def write_report(summary: dict, path: Path) -> None:
     s = summary["settings"]
     lines = [
-        "# Benchmark", "",
+        "# Benchmark",
+        "",
         f"perf_analyzer over {s['protocol']}, {s['measurement_ms']} ms windows, "
         + (f"{s['client_threads']} client threads, " if s.get("client_threads") else "")
-        + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms.", "",
+        + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms.",
+        "",
         "| layout | load | throughput (req/s) | p50 ms | p90 ms | p99 ms | errors | server steps (ms per request) |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
@@ -51,31 +60,51 @@ def write_report(summary: dict, path: Path) -> None:
         steps = "; ".join(
             f"{name}: queue {v['queue_ms']:.2f}, infer {v['compute_infer_ms']:.2f}"
             + (f", batch {v['avg_batch']:.1f}" if v.get("avg_batch") else "")
-            for name, v in r.get("steps", {}).items())
+            for name, v in r.get("steps", {}).items()
+        )
         if "throughput_rps" not in r:
-            lines.append(f"| {r.get('variant', r['layout'])} | {kind} {value:g} | failed: {r.get('error', '')} | | | | {r['errors']} | |")
+            lines.append(
+                f"| {r.get('variant', r['layout'])} | {kind} {value:g} | failed: {r.get('error', '')} | | | | "
+                f"{r['errors']} | |"
+            )
             continue
-        lines.append(f"| {r.get('variant', r['layout'])} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
-                     f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |")
+        lines.append(
+            f"| {r.get('variant', r['layout'])} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
+            f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |"
+        )
     lines += ["", "## Ratios", ""]
     ratios_ = summary["ratios"]
     for name in ("fused_over_seed", "fused_over_echo"):
         for level, v in ratios_[name].items():
-            lines.append(f"- {name.replace('_', ' ')} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}")
+            lines.append(
+                f"- {name.replace('_', ' ')} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}"
+            )
     if "best_fused_over_best_seed" in ratios_:
         lines.append(f"- best fused over best seed throughput: x{ratios_['best_fused_over_best_seed']:.1f}")
     for layout, best in ratios_["best_within_slo"].items():
-        lines.append(f"- {layout}: best throughput within the SLO: "
-                     + ("none" if best is None else f"{best['throughput_rps']:,.0f} req/s at {best['level']} "
-                        f"(p99 {best['p99_ms']:.2f} ms)"))
+        lines.append(
+            f"- {layout}: best throughput within the SLO: "
+            + (
+                "none"
+                if best is None
+                else f"{best['throughput_rps']:,.0f} req/s at {best['level']} (p99 {best['p99_ms']:.2f} ms)"
+            )
+        )
     measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
     if measured:
-        lines += ["", "## CPU per request", "",
-                  "Microseconds of CPU time a request in each process group while the load ran: perf_analyzer "
-                  "(client), Triton's server process, and its model processes.", ""]
+        lines += [
+            "",
+            "## CPU per request",
+            "",
+            "Microseconds of CPU time a request in each process group while the load ran: perf_analyzer "
+            "(client), Triton's server process, and its model processes.",
+            "",
+        ]
         for r in measured:
             kind, value = _level(r)
             cpu = r["cpu_us_per_request"]
-            lines.append(f"- {r.get('variant', r['layout'])} at {kind} {value:g}: client {cpu['client']:.0f}, "
-                         f"server {cpu['server']:.0f}, models {cpu['models']:.0f}")
+            lines.append(
+                f"- {r.get('variant', r['layout'])} at {kind} {value:g}: client {cpu['client']:.0f}, "
+                f"server {cpu['server']:.0f}, models {cpu['models']:.0f}"
+            )
     path.write_text("\n".join(lines) + "\n")

@@ -30,8 +30,11 @@ from recserve.errors import ServingError
 
 log = logging.getLogger(__name__)
 
-STEPS = {"fused": [LAYOUT_MODELS["fused"]], "echo": [LAYOUT_MODELS["echo"]],
-         "seed": [LAYOUT_MODELS["seed"], SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING]}
+STEPS = {
+    "fused": [LAYOUT_MODELS["fused"]],
+    "echo": [LAYOUT_MODELS["echo"]],
+    "seed": [LAYOUT_MODELS["seed"], SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING],
+}
 
 
 def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:
@@ -57,8 +60,11 @@ def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: b
     name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
     shape = [len(values)] if layout == "seed" else [1, len(values)]
     body = {"inputs": [{"name": name, "shape": shape, "datatype": "BYTES" if string_ids else "INT64", "data": values}]}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             outputs = {o["name"]: o for o in json.load(reply)["outputs"]}
@@ -70,10 +76,18 @@ def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: b
 
 
 def sweep(
-    layouts: list[str], levels: list[LoadLevel], out: Path, histories: list[np.ndarray], string_ids: bool = False,
+    layouts: list[str],
+    levels: list[LoadLevel],
+    out: Path,
+    histories: list[np.ndarray],
+    string_ids: bool = False,
     repo: Path | None = None,
-    url: str | None = None, protocol: str = "grpc", measurement_ms: int = 2000, slo_p99_ms: float = 50.0,
-    client_threads: int | None = None, progress: Callable[[str, int, int], None] = lambda *_: None,
+    url: str | None = None,
+    protocol: str = "grpc",
+    measurement_ms: int = 2000,
+    slo_p99_ms: float = 50.0,
+    client_threads: int | None = None,
+    progress: Callable[[str, int, int], None] = lambda *_: None,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -93,7 +107,7 @@ def sweep(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     client_threads = client_threads or pa.default_client_threads()
-    rows = []
+    rows: list[dict] = []
     with _server(repo, url) as (http_url, grpc_url, metrics_url, server_pid):
         meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
@@ -109,21 +123,42 @@ def sweep(
                 for layout in layouts:
                     progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
                     before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
-                    result = pa.run(LAYOUT_MODELS[layout], target, protocol, level, inputs[layout], measurement_ms,
-                                    Path(tmp) / "pa.csv", timeout_s=measurement_ms / 1000 * 10 + 60,
-                                    client_threads=client_threads)
+                    result = pa.run(
+                        LAYOUT_MODELS[layout],
+                        target,
+                        protocol,
+                        level,
+                        inputs[layout],
+                        measurement_ms,
+                        Path(tmp) / "pa.csv",
+                        timeout_s=measurement_ms / 1000 * 10 + 60,
+                        client_threads=client_threads,
+                    )
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                     cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))
                     failures = sum(s["failures"] for s in steps.values())
-                    rows.append({"layout": layout, level.kind: level.value, **result,
-                                 "errors": result["errors"] + failures, "steps": steps, "cpu_us_per_request": cpu})
+                    rows.append(
+                        {
+                            "layout": layout,
+                            level.kind: level.value,
+                            **result,
+                            "errors": result["errors"] + failures,
+                            "steps": steps,
+                            "cpu_us_per_request": cpu,
+                        }
+                    )
         metrics = pa.metrics_text(metrics_url)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,
-        "settings": {"protocol": protocol, "measurement_ms": measurement_ms, "slo_p99_ms": slo_p99_ms,
-                     "client_threads": client_threads,
-                     "layouts": layouts, "requests_from": f"{len(histories)} histories"},
+        "settings": {
+            "protocol": protocol,
+            "measurement_ms": measurement_ms,
+            "slo_p99_ms": slo_p99_ms,
+            "client_threads": client_threads,
+            "layouts": layouts,
+            "requests_from": f"{len(histories)} histories",
+        },
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }
     summary["ratios"] = ratios(rows, slo_p99_ms)
@@ -144,6 +179,7 @@ def _server(repo: Path | None, url: str | None):
         if len(parts) != 3:
             raise ServingError(f"url {url!r}: expected host:http_port,host:grpc_port,host:metrics_port")
         return nullcontext((*parts, None))  # another host's or process's server: no CPU accounting
+    assert repo is not None  # sweep() takes one of the two
     return _started(repo)
 
 
@@ -151,7 +187,8 @@ class _started:
     """Serves ``repo`` on free loopback ports for the length of the sweep."""
 
     def __init__(self, repo: Path):
-        from recserve.serving.triton.launcher import ServerSettings, TritonServer, free_ports
+        from recserve.serving.processes import free_ports
+        from recserve.serving.triton.launcher import ServerSettings, TritonServer
 
         http, grpc, metrics = free_ports(3)
         self.server = TritonServer(repo, ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics))

@@ -15,8 +15,15 @@ from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE,
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 
 
-def make_random_run(out: Path, num_items: int = 100_000, hidden: int = 256, layers: int = 2, heads: int = 4,
-                    window: int = 40, seed: int = 0) -> Path:
+def make_random_run(
+    out: Path,
+    num_items: int = 100_000,
+    hidden: int = 256,
+    layers: int = 2,
+    heads: int = 4,
+    window: int = 40,
+    seed: int = 0,
+) -> Path:
     """A run folder with random weights, item IDs 1..N and Zipf-like popularity."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -31,8 +38,9 @@ def make_random_run(out: Path, num_items: int = 100_000, hidden: int = 256, laye
     return out
 
 
-def synthetic_histories(num_items: int, count: int = 1000, min_length: int = 5, max_length: int = 60,
-                        seed: int = 0) -> list[np.ndarray]:
+def synthetic_histories(
+    num_items: int, count: int = 1000, min_length: int = 5, max_length: int = 60, seed: int = 0
+) -> list[np.ndarray]:
     """Histories of Zipf-distributed item IDs 1..N with lengths uniform in [min_length, max_length]."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_length, max_length + 1, count)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from recserve.constants import METRICS_FILE
 from recserve.cli.console import console, handle_errors
+from recserve.constants import METRICS_FILE
+from recserve.errors import ServingError
 
 
-def _numbers(text: Optional[str], name: str) -> list[float]:
+def _numbers(text: str | None, name: str) -> list[float]:
     if not text:
         return []
     try:
@@ -21,11 +22,11 @@ def _numbers(text: Optional[str], name: str) -> list[float]:
         raise typer.BadParameter(f"{text!r}: expected comma-separated numbers", param_hint=name) from err
 
 
-def _data_of(repo: Optional[Path]) -> Optional[Path]:
+def _data_of(repo: Path | None) -> Path | None:
     """The data folder behind a repository (repository -> run -> metrics.json)."""
     from recserve.serving.triton.repository import read_repository_info
 
-    if repo is None or "run" not in (info := read_repository_info(repo)):
+    if repo is None or not repo.is_dir() or "run" not in (info := read_repository_info(repo)):
         return None
     metrics = Path(info["run"]) / METRICS_FILE
     return Path(json.loads(metrics.read_text())["data"]) if metrics.exists() else None
@@ -34,19 +35,25 @@ def _data_of(repo: Optional[Path]) -> Optional[Path]:
 @handle_errors
 def bench(
     out: Annotated[Path, typer.Option("--out", "-o", help="Report folder: summary.json, report.md, PNGs.")],
-    repo: Annotated[Optional[Path], typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
-    url: Annotated[Optional[str], typer.Option(help="A running server: host:http,host:grpc,host:metrics.")] = None,
+    repo: Annotated[Path | None, typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
+    url: Annotated[str | None, typer.Option(help="A running server: host:http,host:grpc,host:metrics.")] = None,
     layouts: Annotated[str, typer.Option(help="Comma-separated layouts: fused, seed, echo.")] = "fused,seed,echo",
-    concurrency: Annotated[Optional[str], typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
-    request_rate: Annotated[Optional[str], typer.Option(help="Comma-separated request rates (instead).")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
+    request_rate: Annotated[str | None, typer.Option(help="Comma-separated request rates (instead).")] = None,
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
     measurement_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window (3 per level).")] = 2000,
     slo_p99_ms: Annotated[float, typer.Option(help="p99 latency objective for the best-within-SLO figure.")] = 50.0,
-    data: Annotated[Optional[Path], typer.Option(help="Data folder whose histories make the load "
-                                                      "(default: the repository's run's).")] = None,
-    client_threads: Annotated[Optional[int], typer.Option(
-        min=1, help="perf_analyzer threads keeping the requests in flight (async); default one per usable core, "
-                    "at most 16: on a shared host more threads than cores take CPU from the server.")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Data folder whose histories make the load (default: the repository's run's).")
+    ] = None,
+    client_threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="perf_analyzer threads keeping the requests in flight (async); default one per usable core, "
+            "at most 16: on a shared host more threads than cores take CPU from the server.",
+        ),
+    ] = None,
 ) -> None:
     """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -55,22 +62,41 @@ def bench(
     from recserve.bench.sweep import real_histories, sweep
 
     levels = [LoadLevel("request_rate", v) for v in _numbers(request_rate, "--request-rate")] or [
-        LoadLevel("concurrency", v) for v in _numbers(concurrency, "--concurrency")]
+        LoadLevel("concurrency", v) for v in _numbers(concurrency, "--concurrency")
+    ]
     if not levels:
         raise typer.BadParameter("give --concurrency or --request-rate levels")
+    if repo is not None and not repo.is_dir():
+        raise ServingError(f"{repo}: no such model repository; write one with `recserve repo`")
     data = data or _data_of(repo)
     if data is None:
         raise typer.BadParameter("no data folder known for the load's histories; pass --data", param_hint="--data")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeRemainingColumn(), console=console) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(label: str, done: int, total: int) -> None:
             bar.update(task, description=label, completed=done, total=total)
 
         histories, string_ids = real_histories(data)
-        summary = sweep([x.strip() for x in layouts.split(",")], levels, out, histories, string_ids, repo=repo, url=url,
-                        protocol=protocol, measurement_ms=measurement_ms, slo_p99_ms=slo_p99_ms,
-                        client_threads=client_threads, progress=progress)
+        summary = sweep(
+            [x.strip() for x in layouts.split(",")],
+            levels,
+            out,
+            histories,
+            string_ids,
+            repo=repo,
+            url=url,
+            protocol=protocol,
+            measurement_ms=measurement_ms,
+            slo_p99_ms=slo_p99_ms,
+            client_threads=client_threads,
+            progress=progress,
+        )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

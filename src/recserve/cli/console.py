@@ -6,7 +6,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -41,7 +41,7 @@ def handle_errors(fn: F) -> F:
             err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from err
 
-    return wrapper
+    return cast(F, wrapper)
 
 
 def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
@@ -57,6 +57,8 @@ def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
 def export_or_run(export: Path | None, run: Path | None) -> Path:
     """The one source a serving command was given: ``--export`` (a validated export) or ``--run``."""
     if (export is None) == (run is None):
-        raise typer.BadParameter("give exactly one of --export (a folder from `recserve export`) and --run (a run "
-                                 "folder, exported first)", param_hint="--export / --run")
+        raise typer.BadParameter(
+            "give exactly one of --export (a folder from `recserve export`) and --run (a run folder, exported first)",
+            param_hint="--export / --run",
+        )
     return export if export is not None else run  # type: ignore[return-value]

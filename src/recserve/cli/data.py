@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,13 +23,13 @@ def data(
     min_user_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions (>= 3).")] = 5,
     min_item_interactions: Annotated[int, typer.Option(help="Drop items with fewer interactions.")] = 1,
     rating_threshold: Annotated[
-        Optional[float], typer.Option(help="Keep only ratings at or above this (implicit feedback).")
+        float | None, typer.Option(help="Keep only ratings at or above this (implicit feedback).")
     ] = None,
     dedup: Annotated[bool, typer.Option(help="Keep only the first interaction of each (user, item) pair.")] = False,
     user_col: Annotated[str, typer.Option(help="User column of a CSV/Parquet table.")] = "user_id",
     item_col: Annotated[str, typer.Option(help="Item column of a CSV/Parquet table.")] = "item_id",
     time_col: Annotated[str, typer.Option(help="Timestamp column of a CSV/Parquet table.")] = "timestamp",
-    rating_col: Annotated[Optional[str], typer.Option(help="Rating column of a CSV/Parquet table.")] = None,
+    rating_col: Annotated[str | None, typer.Option(help="Rating column of a CSV/Parquet table.")] = None,
 ) -> None:
     """Prepare an interaction log: item vocabulary, per-user sequences, leave-one-out split, popularity."""
     from rich.table import Table

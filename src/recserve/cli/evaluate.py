@@ -29,7 +29,11 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     table = Table(title=f"test split ({split}); all metrics in metrics.json")
     table.add_column("model")
     table.add_column("protocol")
-    keys = ["recall@20", "recall@50", "ndcg@100"] if model == "multvae" else ["hr@10", "ndcg@10", "hr@20", "ndcg@20", "mrr"]
+    keys = (
+        ["recall@20", "recall@50", "ndcg@100"]
+        if model == "multvae"
+        else ["hr@10", "ndcg@10", "hr@20", "ndcg@20", "mrr"]
+    )
     for key in keys:
         table.add_column(key, justify="right")
     for who in ("test", "popularity"):
@@ -38,10 +42,14 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
             table.add_row(name, protocol, *(f"{metrics[k]:.4f}" for k in keys))
     console.print(table)
     if model == "multvae":
-        console.print("heldout: every item ranked for each test user, the fed items excluded (the Mult-VAE paper's protocol)")
+        console.print(
+            "heldout: every item ranked for each test user, the fed items excluded (the Mult-VAE paper's protocol)"
+        )
     else:
-        console.print("full: every item ranked, seen items excluded (what serving does); sampled: against 100 "
-                      "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items")
+        console.print(
+            "full: every item ranked, seen items excluded (what serving does); sampled: against 100 "
+            "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items"
+        )
     return result
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,12 +15,16 @@ from recserve.constants import DEFAULT_MAX_K
 def export(
     run: Annotated[Path, typer.Option("--run", "-r", help="Run folder written by `recserve train`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Export folder (or report folder with --report).")],
-    backend: Annotated[Optional[str], typer.Option(help="eager, torchscript, onnx, aoti, compile, cudagraph or "
-                                                        "torch_tensorrt [onnx on cpu, eager on cuda].")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="eager, torchscript, onnx, aoti, compile, cudagraph or torch_tensorrt [onnx on cpu, eager on cuda]."
+        ),
+    ] = None,
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
-    data: Annotated[Optional[Path], typer.Option(help="Data folder for the NDCG@10 change (default: the run's).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data folder for the NDCG@10 change (default: the run's).")] = None,
     report: Annotated[bool, typer.Option(help="Export and time every backend and precision available here.")] = False,
     seconds: Annotated[float, typer.Option(help="Timing per variant and batch size (--report).")] = 1.0,
 ) -> None:
@@ -40,6 +44,8 @@ def export(
     with console.status(f"exporting {backend} {precision}"):
         manifest = export_run(run, backend, precision, out, device=device, max_k=max_k, data_dir=data)
     v = manifest.validation
-    console.print(f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "
-                  f"top-10 overlap {v['top10_overlap']:.3f}"
-                  + (f", NDCG@10 change {v['ndcg10_delta']:+.4f}" if v.get("ndcg10_delta") is not None else ""))
+    console.print(
+        f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "
+        f"top-10 overlap {v['top10_overlap']:.3f}"
+        + (f", NDCG@10 change {v['ndcg10_delta']:+.4f}" if v.get("ndcg10_delta") is not None else "")
+    )

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from recserve.cli.console import setup_logging
 from recserve.cli.bench import bench
+from recserve.cli.console import setup_logging
 from recserve.cli.data import data
 from recserve.cli.evaluate import evaluate
 from recserve.cli.export import export

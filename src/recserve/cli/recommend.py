@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from recserve.cli.console import console, handle_errors, history_ids
+from recserve.constants import GRPC_PORT, HTTP_PORT, OUTPUT_UNKNOWN_IDS
 
 
-def _titles(path: Optional[Path]) -> dict:
+def _titles(path: Path | None) -> dict:
     if path is None or not path.exists():
         return {}
     import polars as pl
@@ -24,11 +25,13 @@ def _titles(path: Optional[Path]) -> dict:
 def recommend(
     item_ids: Annotated[list[str], typer.Argument(help="The shopper's recent item IDs, oldest first.")],
     k: Annotated[int, typer.Option("--k", "-k", help="How many items to return.")] = 10,
-    url: Annotated[Optional[str], typer.Option(help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP).")] = None,
+    url: Annotated[
+        str | None, typer.Option(help=f"host:port (default 127.0.0.1:{GRPC_PORT} gRPC, :{HTTP_PORT} HTTP).")
+    ] = None,
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
     include_seen: Annotated[bool, typer.Option(help="Allow items of the history in the answer.")] = False,
     string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
-    items: Annotated[Optional[Path], typer.Option(help="items.parquet for titles (a data or run folder's).")] = None,
+    items: Annotated[Path | None, typer.Option(help="items.parquet for titles (a data or run folder's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Ask the `recommender` model for the next items after ITEM_IDS."""
@@ -40,12 +43,21 @@ def recommend(
     with RecommenderClient(url, protocol) as client:
         answer = client.recommend(history, k=k, exclude_seen=not include_seen)
     if as_json:
-        print(json.dumps({"item_id": answer.item_ids.tolist(), "score": answer.scores.tolist(),
-                          "unknown_ids": answer.unknown_ids}))
+        print(
+            json.dumps(
+                {
+                    "item_id": answer.item_ids.tolist(),
+                    "score": answer.scores.tolist(),
+                    OUTPUT_UNKNOWN_IDS: answer.unknown_ids,
+                }
+            )
+        )
         return
     titles = _titles(items)
-    table = Table(title=f"top {len(answer.item_ids)} after {len(history)} items"
-                  + (f" ({answer.unknown_ids} unknown dropped)" if answer.unknown_ids else ""))
+    table = Table(
+        title=f"top {len(answer.item_ids)} after {len(history)} items"
+        + (f" ({answer.unknown_ids} unknown dropped)" if answer.unknown_ids else "")
+    )
     for column in ("rank", "item_id", "score", "title"):
         table.add_column(column)
     for rank, (item, score) in enumerate(zip(answer.item_ids.tolist(), answer.scores.tolist()), 1):

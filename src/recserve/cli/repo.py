@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,27 +14,61 @@ from recserve.constants import DEFAULT_MAX_K
 @handle_errors
 def repo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Model repository to write or add to.")],
-    export: Annotated[Optional[Path], typer.Option("--export", "-e", help="Export folder written by `recserve "
-                                                   "export`: served as validated (the seed layout needs an eager "
-                                                   "export).")] = None,
-    run: Annotated[Optional[Path], typer.Option("--run", "-r", help="Instead of --export: a run folder, exported "
-                                                "with --backend and --precision (and validated) first.")] = None,
-    layout: Annotated[str, typer.Option(help="Comma-separated: fused (model `recommender`), seed (the PoC's "
-                                             "ensemble), echo (fixed answer, the server-stack ceiling).")] = "fused",
-    backend: Annotated[Optional[str], typer.Option(help="With --run: the fused model's export backend (see "
-                                                        "`recserve export`) [onnx on cpu, eager on gpu].")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            "-e",
+            help="Export folder written by `recserve "
+            "export`: served as validated (the seed layout needs an eager "
+            "export).",
+        ),
+    ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option(
+            "--run",
+            "-r",
+            help="Instead of --export: a run folder, exported with --backend and --precision (and validated) first.",
+        ),
+    ] = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: fused (model `recommender`), seed (the PoC's "
+            "ensemble), echo (fixed answer, the server-stack ceiling)."
+        ),
+    ] = "fused",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="With --run: the fused model's export backend (see `recserve export`) [onnx on cpu, eager on gpu]."
+        ),
+    ] = None,
     precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or gpu: where model instances run.")] = "cpu",
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_batch_size: Annotated[int, typer.Option(help="Largest dynamic batch.")] = 256,
-    max_queue_delay_microseconds: Annotated[Optional[int], typer.Option(
-        help="Batcher wait to fill a batch; default: 0 on cpu, 300 on gpu (measured best on each).")] = None,
-    max_queue_size: Annotated[int, typer.Option(help="Queued requests beyond this are rejected (503); 0: "
-        "unbounded. Any queue policy costs ~500 ms stalls on Triton 2.51 (see docs/benchmarks.md).")] = 0,
+    max_queue_delay_microseconds: Annotated[
+        int | None,
+        typer.Option(help="Batcher wait to fill a batch; default: 0 on cpu, 300 on gpu (measured best on each)."),
+    ] = None,
+    max_queue_size: Annotated[
+        int,
+        typer.Option(
+            help="Queued requests beyond this are rejected (503); 0: "
+            "unbounded. Any queue policy costs ~500 ms stalls on Triton 2.51 (see docs/benchmarks.md)."
+        ),
+    ] = 0,
     queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected; 0: no timeout.")] = 0,
     instances: Annotated[int, typer.Option(help="Model instances (on each GPU that --gpus names).")] = 1,
-    gpus: Annotated[str, typer.Option(help="With --device gpu: comma-separated GPU ids, e.g. 0,1, each "
-                                      "given --instances instances; empty: Triton places them.")] = "",
+    gpus: Annotated[
+        str,
+        typer.Option(
+            help="With --device gpu: comma-separated GPU ids, e.g. 0,1, each "
+            "given --instances instances; empty: Triton places them."
+        ),
+    ] = "",
     max_k: Annotated[int, typer.Option(help="With --run: the largest k a request may ask for.")] = DEFAULT_MAX_K,
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
     response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
@@ -44,10 +78,15 @@ def repo(
 
     source = export_or_run(export, run)
     settings = ServingSettings(
-        max_batch_size=max_batch_size, max_queue_delay_microseconds=max_queue_delay_microseconds,
-        max_queue_size=max_queue_size, queue_timeout_microseconds=queue_timeout_ms * 1000,
-        instance_count=instances, device=device, response_cache=response_cache,
-        versions_served=versions_served, gpus=_gpu_ids(gpus),
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=max_queue_delay_microseconds,
+        max_queue_size=max_queue_size,
+        queue_timeout_microseconds=queue_timeout_ms * 1000,
+        instance_count=instances,
+        device=device,
+        response_cache=response_cache,
+        versions_served=versions_served,
+        gpus=_gpu_ids(gpus),
     )
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     with console.status(f"writing {', '.join(layouts)} into {out}"):

@@ -6,27 +6,47 @@ import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from recserve.cli.console import console, export_or_run, handle_errors, history_ids
 
-app = typer.Typer(help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
+    no_args_is_help=True,
+)
 
 
 @app.command()
 @handle_errors
 def package(
-    export: Annotated[Optional[Path], typer.Option("--export", "-e", help="Export folder written by `recserve "
-                                                   "export` (eager for pytorch; onnx or eager for triton).")] = None,
-    run: Annotated[Optional[Path], typer.Option("--run", "-r", help="Instead of --export: a run folder, exported "
-                                                "(and validated) first: eager fp32 for pytorch, onnx fp32 for "
-                                                "triton.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            "-e",
+            help="Export folder written by `recserve export` (eager for pytorch; onnx or eager for triton).",
+        ),
+    ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option(
+            "--run",
+            "-r",
+            help="Instead of --export: a run folder, exported "
+            "(and validated) first: eager fp32 for pytorch, onnx fp32 for "
+            "triton.",
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="The model.tar.gz to write.")] = Path("model.tar.gz"),
-    runtime: Annotated[str, typer.Option(help="pytorch (SageMaker PyTorch container, code/inference.py) or "
-                                         "triton (SageMaker Triton container, a model repository).")] = "pytorch",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="pytorch (SageMaker PyTorch container, code/inference.py) or "
+            "triton (SageMaker Triton container, a model repository)."
+        ),
+    ] = "pytorch",
 ) -> None:
     """Write model.tar.gz in the layout the chosen SageMaker container expects."""
     from recserve.serving.sagemaker.package import RUNTIMES
@@ -66,8 +86,8 @@ def serve(
         signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):
-            if endpoint.process.poll() is not None:
-                raise typer.Exit(endpoint.process.returncode or 1)
+            if (code := endpoint.exit_code()) is not None:
+                raise typer.Exit(code or 1)
     finally:
         endpoint.stop()
 
@@ -75,12 +95,17 @@ def serve(
 @app.command()
 @handle_errors
 def deploy(
-    package_file: Annotated[Optional[Path], typer.Option("--package", help="Upload this model.tar.gz to model_data first.")] = None,
-    env_file: Annotated[Optional[Path], typer.Option(help="Settings file (default .env.inference).")] = None,
-    endpoint_name: Annotated[Optional[str], typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
-    wait: Annotated[Optional[bool], typer.Option(help="Wait for InService (default: the settings' wait).")] = None,
+    package_file: Annotated[
+        Path | None, typer.Option("--package", help="Upload this model.tar.gz to model_data first.")
+    ] = None,
+    env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
+    endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
+    wait: Annotated[bool | None, typer.Option(help="Wait for InService (default: the settings' wait).")] = None,
 ) -> None:
-    """Create the SageMaker model, endpoint configuration and endpoint (settings: RECSERVE_SAGEMAKER_* or .env.inference)."""
+    """Create the SageMaker model, endpoint configuration and endpoint.
+
+    Settings: RECSERVE_SAGEMAKER_* environment variables or .env.inference.
+    """
     from recserve.serving.sagemaker.deploy import deploy as run_deploy
     from recserve.serving.sagemaker.deploy import load_settings, upload
 
@@ -98,9 +123,11 @@ def deploy(
 def invoke(
     item_ids: Annotated[list[str], typer.Argument(help="History item IDs, oldest first.")],
     k: Annotated[int, typer.Option(help="How many items to return.")] = 10,
-    url: Annotated[Optional[str], typer.Option(help="A local endpoint (http://127.0.0.1:8080) instead of SageMaker.")] = None,
-    env_file: Annotated[Optional[Path], typer.Option(help="Settings file (default .env.inference).")] = None,
-    endpoint_name: Annotated[Optional[str], typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
+    url: Annotated[
+        str | None, typer.Option(help="A local endpoint (http://127.0.0.1:8080) instead of SageMaker.")
+    ] = None,
+    env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
+    endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
     string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
 ) -> None:
     """Send {"item_id": [...], "k": k} to an endpoint and print its JSON answer."""
@@ -110,7 +137,14 @@ def invoke(
     if url:
         from recserve.serving.sagemaker.endpoint import invoke as post
 
-        status, answer = post(url.rstrip("/"), json.dumps(body).encode())
+        try:
+            status, answer = post(url.rstrip("/"), json.dumps(body).encode())
+        except OSError as err:  # URLError, refused, timed out
+            reason = getattr(err, "reason", err)
+            raise ServingError(
+                f"no endpoint answers at {url} ({reason}); start one with `recserve sagemaker serve "
+                "--model model.tar.gz` (port 8080) or pass the right --url"
+            ) from err
         if status != 200:
             raise ServingError(f"{url} answered {status}: {answer.decode(errors='replace')}")
     else:

@@ -1,5 +1,11 @@
 """Clients for a running recserve Triton server (HTTP and gRPC, sync and asyncio)."""
 
-from recserve.client.triton import AsyncRecommenderClient, RecommenderClient, RecommendError, ServerBusyError
+from recserve.client.triton import (
+    AsyncRecommenderClient,
+    RecommenderClient,
+    RecommendError,
+    ServerBusyError,
+    ServerUnreachableError,
+)
 
-__all__ = ["AsyncRecommenderClient", "RecommendError", "RecommenderClient", "ServerBusyError"]
+__all__ = ["AsyncRecommenderClient", "RecommendError", "RecommenderClient", "ServerBusyError", "ServerUnreachableError"]

@@ -6,7 +6,6 @@ Rejections for overload (HTTP 503 / gRPC UNAVAILABLE, a full queue or a queue ti
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from recserve.constants import (
     DEFAULT_K,
     FUSED_MODEL,
+    GRPC_PORT,
+    HTTP_PORT,
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
@@ -39,6 +40,21 @@ class RecommendError(ServingError):
 
 class ServerBusyError(RecommendError):
     """The server shed the request under load (queue full or queue timeout): retry later."""
+
+
+class ServerUnreachableError(ServerBusyError):
+    """Nothing answers at the address (no server, or one still starting): retried like a busy server."""
+
+
+UNREACHABLE_SIGNS = ("failed to connect", "connection refused", "name resolution", "dns resolution")
+
+
+def _unreachable(url: str, protocol: str, detail: str) -> ServerUnreachableError:
+    return ServerUnreachableError(
+        f"no server answers at {url} ({protocol}): start one with `recserve serve --repo REPO` (gRPC on "
+        f"{GRPC_PORT}, HTTP on {HTTP_PORT} by default) or pass --url host:port; {detail}",
+        "UNAVAILABLE",
+    )
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,7 @@ def _module(protocol: str, aio: bool = False):
 
 
 def default_url(protocol: str) -> str:
-    return "127.0.0.1:8001" if protocol == "grpc" else "127.0.0.1:8000"
+    return f"127.0.0.1:{GRPC_PORT}" if protocol == "grpc" else f"127.0.0.1:{HTTP_PORT}"
 
 
 def _inputs(module, item_ids, k: int, exclude_seen: bool):
@@ -76,18 +92,24 @@ def _inputs(module, item_ids, k: int, exclude_seen: bool):
         ids = ids.astype(np.int64)
     ids = ids.reshape(1, -1)
     tensors = []
-    for name, value in ((INPUT_ITEM_IDS, ids), (INPUT_K, np.array([[k]], dtype=np.int32)),
-                        (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool))):
+    for name, value in (
+        (INPUT_ITEM_IDS, ids),
+        (INPUT_K, np.array([[k]], dtype=np.int32)),
+        (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
+    ):
         tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
         tensor.set_data_from_numpy(value)
         tensors.append(tensor)
     return tensors
 
 
-def _error(err: InferenceServerException) -> RecommendError:
+def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendError:
     status = str(err.status()) if err.status() is not None else None
+    message = err.message() or str(err)
+    if status in BUSY_STATUSES and any(sign in message.lower() for sign in UNREACHABLE_SIGNS):
+        return _unreachable(url, protocol, message)
     cls = ServerBusyError if status in BUSY_STATUSES else RecommendError
-    return cls(err.message() or str(err), status)
+    return cls(message, status)
 
 
 def _result(reply, has_unknown: bool) -> Recommendations:
@@ -106,8 +128,15 @@ def _outputs(module, model: str):
 class RecommenderClient:
     """Synchronous client. ``url`` is host:port (gRPC 8001, HTTP 8000 by default)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL,
-                 timeout_s: float = 10.0, retries: int = 0, backoff_s: float = 0.05):
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: str = "grpc",
+        model: str = FUSED_MODEL,
+        timeout_s: float = 10.0,
+        retries: int = 0,
+        backoff_s: float = 0.05,
+    ):
         self.module = _module(protocol)
         self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
         self.retries, self.backoff_s = retries, backoff_s
@@ -128,17 +157,17 @@ class RecommenderClient:
     def _once(self, item_ids, k: int, exclude_seen: bool) -> Recommendations:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         try:
-            reply = self.client.infer(self.model, _inputs(self.module, item_ids, k, exclude_seen),
-                                      outputs=_outputs(self.module, self.model), **kwargs)
+            reply = self.client.infer(
+                self.model,
+                _inputs(self.module, item_ids, k, exclude_seen),
+                outputs=_outputs(self.module, self.model),
+                **kwargs,
+            )
         except InferenceServerException as err:
-            raise _error(err) from err
-        except Exception as err:  # noqa: BLE001 - the transport's own errors (closed or refused connections)
-            raise ServerBusyError(f"cannot reach {self.url}: {type(err).__name__}: {err}", "UNAVAILABLE") from err
+            raise _error(err, self.url, self.protocol) from err
+        except Exception as err:  # the HTTP client's connection errors: OSError, its own parse errors, gevent's
+            raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
         return _result(reply, self.model == FUSED_MODEL)
-
-    def recommend_batch(self, histories, k: int = DEFAULT_K, exclude_seen: bool = True) -> list[Recommendations]:
-        """One answer per history; the server batches them."""
-        return [self.recommend(h, k, exclude_seen) for h in histories]
 
     def is_ready(self) -> bool:
         try:
@@ -157,23 +186,25 @@ class RecommenderClient:
 
 
 class AsyncRecommenderClient:
-    """asyncio client; ``recommend_batch`` sends every history concurrently."""
+    """asyncio client: many ``recommend`` calls in flight at once (``asyncio.gather``), which the server
+    batches."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL):
         self.module = _module(protocol, aio=True)
-        self.model = model
-        self.client = self.module.InferenceServerClient(url or default_url(protocol))
+        self.model, self.protocol = model, protocol
+        self.url = url or default_url(protocol)
+        self.client = self.module.InferenceServerClient(self.url)
 
     async def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
         try:
-            reply = await self.client.infer(self.model, _inputs(self.module, item_ids, k, exclude_seen),
-                                            outputs=_outputs(self.module, self.model))
+            reply = await self.client.infer(
+                self.model, _inputs(self.module, item_ids, k, exclude_seen), outputs=_outputs(self.module, self.model)
+            )
         except InferenceServerException as err:
-            raise _error(err) from err
+            raise _error(err, self.url, self.protocol) from err
+        except Exception as err:  # as in the synchronous client
+            raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
         return _result(reply, self.model == FUSED_MODEL)
-
-    async def recommend_batch(self, histories, k: int = DEFAULT_K, exclude_seen: bool = True):
-        return await asyncio.gather(*(self.recommend(h, k, exclude_seen) for h in histories))
 
     async def close(self) -> None:
         await self.client.close()

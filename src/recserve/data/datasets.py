@@ -144,7 +144,9 @@ def load_prepared(folder: Path) -> PreparedData:
     folder = Path(folder)
     missing = [n for n in (DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE) if not (folder / n).is_file()]
     if missing:
-        raise DataError(f"{folder}: not a prepared data folder, missing {', '.join(missing)}; run `recserve data` first")
+        raise DataError(
+            f"{folder}: not a prepared data folder, missing {', '.join(missing)}; run `recserve data` first"
+        )
     info = json.loads((folder / DATASET_FILE).read_text()) | {"folder": str(folder)}
     if info.get("format_version") != DATA_FORMAT_VERSION:
         raise DataError(

@@ -44,6 +44,8 @@ def recbole_example_dir(name: str = ML100K) -> Path:
 
 
 def _require_file(path: Path) -> Path:
+    if path.is_dir():
+        raise DataError(f"{path}: a folder; give the log file itself (CSV, Parquet, or MovieLens ratings.dat/u.data)")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     return path
@@ -63,7 +65,7 @@ def _numeric_timestamps(frame: pl.DataFrame, path: Path, column: str = "timestam
     cast = ts.cast(pl.Float64, strict=False)
     bad = cast.is_null() & ts.is_not_null()
     if bad.any():
-        row = int(bad.arg_max())
+        row = int(bad.arg_max() or 0)
         raise DataError(
             f"{path}: column '{column}' must be numeric (seconds or any increasing number); "
             f"row {row + 1} holds {ts[row]!r}"
@@ -77,7 +79,7 @@ def _finish(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
         raise DataError(f"{path}: the log holds no interactions")
     nulls = [c for c in ("user_id", "item_id") if frame[c].null_count()]
     if nulls:
-        row = int(frame[nulls[0]].is_null().arg_max())
+        row = int(frame[nulls[0]].is_null().arg_max() or 0)
         raise DataError(f"{path}: column '{nulls[0]}' is empty on row {row + 1}")
     return _numeric_timestamps(frame, path)
 
@@ -107,7 +109,7 @@ def read_movielens(path: Path) -> pl.DataFrame:
     parts = lines["line"].str.split(separator)
     widths = parts.list.len()
     if (widths != 4).any():
-        row = int((widths != 4).arg_max())
+        row = int((widths != 4).arg_max() or 0)
         raise DataError(
             f"{path}: line {row + 1} has {widths[row]} fields; expected user{separator}item{separator}"
             f"rating{separator}timestamp"
@@ -118,7 +120,7 @@ def read_movielens(path: Path) -> pl.DataFrame:
     frame = _integers_where_possible(frame, ["user_id", "item_id"])
     rating = frame["rating"].cast(pl.Float64, strict=False)
     if rating.is_null().any():
-        row = int(rating.is_null().arg_max())
+        row = int(rating.is_null().arg_max() or 0)
         raise DataError(f"{path}: line {row + 1} has rating {frame['rating'][row]!r}; expected a number")
     return _finish(frame.with_columns(rating), path)
 
@@ -132,7 +134,9 @@ def read_table(path: Path, columns: Columns = Columns()) -> pl.DataFrame:
         else:
             raw = pl.read_csv(path, infer_schema_length=10_000)
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise DataError(f"{path}: cannot be read as {'Parquet' if path.suffix == '.parquet' else 'CSV'}: {err}") from err
+        raise DataError(
+            f"{path}: cannot be read as {'Parquet' if path.suffix == '.parquet' else 'CSV'}: {err}"
+        ) from err
     wanted = {"user": columns.user, "item": columns.item, "timestamp": columns.timestamp, "rating": columns.rating}
     _check_columns(raw, path, wanted)
     select = [
@@ -152,7 +156,7 @@ def read_text_sequences(path: Path) -> pl.DataFrame:
     parts = lines["line"].str.strip_chars().str.split(" ")
     widths = parts.list.len()
     if (widths != 2).any():
-        row = int((widths != 2).arg_max())
+        row = int((widths != 2).arg_max() or 0)
         raise DataError(f"{path}: line {row + 1} is {lines['line'][row]!r}; expected 'user item'")
     frame = pl.DataFrame({"user_id": parts.list.get(0), "item_id": parts.list.get(1)})
     frame = _integers_where_possible(frame, ["user_id", "item_id"])

@@ -8,14 +8,17 @@ import numpy as np
 
 from recserve.constants import PAD_INDEX
 
-
 LUT_MAX_ENTRIES = 1 << 24  # dense ID tables up to 128 MiB of int64
 
 
 def use_lookup_table(item_ids: np.ndarray) -> bool:
     """Dense non-negative integer IDs map through a direct table (one gather, exports to every backend)."""
-    return (item_ids.dtype.kind in "iu" and len(item_ids) > 0 and item_ids[0] >= 0
-            and item_ids[-1] < max(LUT_MAX_ENTRIES, 16 * len(item_ids)))
+    return (
+        item_ids.dtype.kind in "iu"
+        and len(item_ids) > 0
+        and item_ids[0] >= 0
+        and item_ids[-1] < max(LUT_MAX_ENTRIES, 16 * len(item_ids))
+    )
 
 
 def lookup_table(item_ids: np.ndarray) -> np.ndarray:

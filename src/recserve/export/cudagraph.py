@@ -15,9 +15,9 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ExportError
+from recserve.export.graph import GraphSpec, build_graph
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
-from recserve.export.graph import GraphSpec, build_graph
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -85,8 +85,10 @@ class CudaGraphRunner:
             if len(ids) <= self.buckets[-1]:
                 return self._run(ids, lengths, exclude)
             step = self.buckets[-1]
-            parts = [self._run(ids[i : i + step], lengths[i : i + step], exclude[i : i + step])
-                     for i in range(0, len(ids), step)]
+            parts = [
+                self._run(ids[i : i + step], lengths[i : i + step], exclude[i : i + step])
+                for i in range(0, len(ids), step)
+            ]
             return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def _run(self, ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray):
@@ -111,4 +113,5 @@ def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> R
     if not str(device).startswith("cuda"):
         raise ExportError("backend cudagraph runs on a GPU only")
     module = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
-    return CudaGraphRunner(module, device, manifest.fixed_length, manifest.batch_buckets)
+    length = manifest.fixed_length if manifest.fixed_length is not None else spec.window - 1
+    return CudaGraphRunner(module, device, length, manifest.batch_buckets)

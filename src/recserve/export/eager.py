@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.export.graph import GraphSpec, build_graph
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
-from recserve.export.graph import GraphSpec, build_graph
 from recserve.export.runner import torch_runner
 
 FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE)
@@ -27,8 +27,8 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     graph = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
-    if manifest.backend == "compile":
-        # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch
-        mode = "reduce-overhead" if str(device).startswith("cuda") else None
-        graph = torch.compile(graph, dynamic=True, mode=mode)
-    return torch_runner(graph, device)
+    if manifest.backend != "compile":
+        return torch_runner(graph, device)
+    # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch
+    mode = "reduce-overhead" if str(device).startswith("cuda") else None
+    return torch_runner(torch.compile(graph, dynamic=True, mode=mode), device)

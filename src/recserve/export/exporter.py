@@ -47,7 +47,12 @@ def _check_request(backend: str, precision: str, device: str) -> None:
 
 
 def export_run(
-    run_dir: Path, backend: str, precision: str, out: Path, device: str = "cpu", max_k: int = DEFAULT_MAX_K,
+    run_dir: Path,
+    backend: str,
+    precision: str,
+    out: Path,
+    device: str = "cpu",
+    max_k: int = DEFAULT_MAX_K,
     data_dir: Path | None = None,
 ) -> ExportManifest:
     """Exports a training run; returns the manifest written to ``out/export.json``.
@@ -59,9 +64,16 @@ def export_run(
     run_dir, out = Path(run_dir), Path(out)
     spec = load_spec(run_dir, graph_searches=backend != "onnx")
     manifest = ExportManifest(
-        model=spec.model, backend=backend, precision=precision, device=device, max_k=max_k, window=spec.window,
-        num_items=len(spec.vocab_ids), item_id_type="string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
-        id_mapping=spec.id_mapping, run=str(run_dir),
+        model=spec.model,
+        backend=backend,
+        precision=precision,
+        device=device,
+        max_k=max_k,
+        window=spec.window,
+        num_items=len(spec.vocab_ids),
+        item_id_type="string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
+        id_mapping=spec.id_mapping,
+        run=str(run_dir),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -109,4 +121,3 @@ def _data_dir_of(run_dir: Path) -> Path | None:
         if folder and Path(folder).is_dir():
             return Path(folder)
     return None
-

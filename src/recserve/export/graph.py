@@ -37,6 +37,7 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
             only dense integer IDs are mapped inside the graph.
     """
     run_dir = Path(run_dir)
+    model = model_name(run_dir)  # a folder that is no run at all says so first
     for name in (ITEM_TABLE_FILE, POPULARITY_FILE):
         if not (run_dir / name).is_file():
             raise ExportError(f"{run_dir}: missing {name}; this run predates the catalogue copy, train it again")
@@ -44,7 +45,7 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
     window = load_config(run_dir).window
     in_graph = ids.dtype.kind in "iu" and (graph_searches or use_lookup_table(ids))
     mapping = "graph" if in_graph else "predictor"
-    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, model_name(run_dir), mapping)
+    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, model, mapping)
 
 
 def build_graph(run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp32") -> InferenceGraph:

@@ -42,7 +42,8 @@ class ExportManifest:
         unknown = set(added) - {"fixed_length", "batch_buckets"}
         if unknown:
             raise ExportError(f"backend {self.backend} returned unknown manifest fields: {', '.join(sorted(unknown))}")
-        return dataclasses.replace(self, **{k: tuple(v) if k == "batch_buckets" else v for k, v in added.items()})
+        fields: dict[str, Any] = {k: tuple(v) if k == "batch_buckets" else v for k, v in added.items()}
+        return dataclasses.replace(self, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -69,11 +70,16 @@ class ExportManifest:
         except (OSError, json.JSONDecodeError) as err:
             raise ExportError(f"{path}: unreadable ({err})") from err
         if data.get("format_version") != EXPORT_FORMAT_VERSION:
-            raise ExportError(f"{path}: format version {data.get('format_version')}, this recserve reads "
-                              f"{EXPORT_FORMAT_VERSION}; export the run again")
+            raise ExportError(
+                f"{path}: format version {data.get('format_version')}, this recserve reads "
+                f"{EXPORT_FORMAT_VERSION}; export the run again"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise ExportError(f"{path}: missing {', '.join(missing)}; export the run again")
         known = {k: v for k, v in data.items() if k in names}

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from recserve.errors import ExportError
+from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
-from recserve.export.graph import GraphSpec, build_graph, example_inputs
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,15 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
     target = out / (FILE if precision == "fp32" else "model.fp32.onnx")
     torch.onnx.export(
-        graph, example, target, input_names=list(INPUTS), output_names=list(OUTPUTS), dynamo=True,
+        graph,
+        example,
+        target,
+        input_names=list(INPUTS),
+        output_names=list(OUTPUTS),
+        dynamo=True,
         dynamic_shapes={"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}},
-        optimize=True, verbose=False,
+        optimize=True,
+        verbose=False,
     )
     if precision == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -82,7 +88,9 @@ def _k_as_input(path: Path) -> None:
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     import onnxruntime as ort
 
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
+    providers = (
+        ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
+    )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)  # the server sets one per model instance

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recserve.export.protocol import Runner
 
-def torch_runner(fn, device: str):
+
+def torch_runner(fn, device: str | torch.device) -> Runner:
     """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy."""
     device = torch.device(device)
 

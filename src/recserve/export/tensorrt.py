@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from recserve.errors import ExportError
+from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
-from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.runner import torch_runner
 
 FILE = "model.ts"
@@ -46,8 +46,12 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     ]
     precisions = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     compiled = trt.compile(graph, ir="dynamo", inputs=inputs, enabled_precisions={precisions[manifest.precision]})
-    trt.save(compiled, str(out / FILE), output_format="torchscript",
-             inputs=list(example_inputs(spec, OPT_BATCH, length, device="cuda")))
+    trt.save(
+        compiled,
+        str(out / FILE),
+        output_format="torchscript",
+        inputs=list(example_inputs(spec, OPT_BATCH, length, device="cuda")),
+    )
     return {}
 
 

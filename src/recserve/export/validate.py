@@ -61,7 +61,8 @@ def check_parity(reference, runner, spec: GraphSpec, precision: str, fixed_lengt
         if precision == "fp32" and (parity.max_score_diff > FP32_SCORE_TOL or not parity.same_top10):
             raise ExportError(
                 f"parity failed at batch {batch}, length {length}: max score difference "
-                f"{parity.max_score_diff:.2e} (tolerance {FP32_SCORE_TOL:.0e}), top-10 overlap {parity.top10_overlap:.3f}"
+                f"{parity.max_score_diff:.2e} (tolerance {FP32_SCORE_TOL:.0e}), "
+                f"top-10 overlap {parity.top10_overlap:.3f}"
             )
     return {
         "cases": results,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Self
 
 
 class ModelConfig:
@@ -25,10 +25,10 @@ class ModelConfig:
         return self.num_items + 1
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"model": self.MODEL, **asdict(self)}, indent=2) + "\n")
+        Path(path).write_text(json.dumps({"model": self.MODEL, **asdict(self)}, indent=2) + "\n")  # type: ignore[call-overload]
 
     @classmethod
-    def load(cls, path: Path):
+    def load(cls, path: Path) -> Self:
         raw = json.loads(Path(path).read_text())
         raw.pop("model", None)
         return cls(**raw)

@@ -19,6 +19,7 @@ from recserve.constants import PAD_INDEX
 from recserve.data.vocab import lookup_table, use_lookup_table
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.multvae import MultVAE
+from recserve.models.sasrec import SASRec
 
 
 def ids_to_indices(
@@ -48,7 +49,10 @@ def ids_to_indices(
 class TopKHead(nn.Module):
     """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout."""
 
-    def __init__(self, encoder: Bert4Rec | MultVAE, popularity: np.ndarray, max_k: int):
+    special: torch.Tensor
+    popular_scores: torch.Tensor
+
+    def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, popularity: np.ndarray, max_k: int):
         super().__init__()
         encoder.prepare_inference()  # a serving graph's weights are final
         self.encoder = encoder
@@ -78,7 +82,11 @@ class TopKHead(nn.Module):
 class InferenceGraph(nn.Module):
     """Item IDs in, top-k item IDs and scores out: the fused serving graph."""
 
-    def __init__(self, encoder: Bert4Rec | MultVAE, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
+    table: torch.Tensor
+    lut: torch.Tensor | None
+    index_to_id: torch.Tensor
+
+    def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
         """
         Args:
             encoder: a trained BERT4Rec, or a Mult-VAE (which reads the history as a bag of items and ignores
@@ -99,8 +107,9 @@ class InferenceGraph(nn.Module):
         self.register_buffer("lut", lut, persistent=False)  # None: search the table instead
         self.lut_last = 0 if lut is None else int(lut.shape[0]) - 1
         # index -> ID; -1 for padding and mask, which never reach the top k
-        self.register_buffer("index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]),
-                             persistent=False)
+        self.register_buffer(
+            "index_to_id", torch.cat([table.new_full((1,), -1), table, table.new_full((1,), -1)]), persistent=False
+        )
 
     def forward(
         self, item_ids: torch.Tensor, lengths: torch.Tensor, exclude_seen: torch.Tensor

@@ -10,7 +10,7 @@ the serving graph; the special columns are never fed in and never recommended.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -66,14 +66,18 @@ class Bag:
 class MultVAE(nn.Module):
     """Encoder to a diagonal Gaussian, decoder to catalogue logits."""
 
+    item_columns: torch.Tensor
+
     def __init__(self, cfg: MultVAEConfig):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.encoder = nn.Sequential(nn.Linear(cfg.vocab_size, cfg.hidden), nn.Tanh(),
-                                     nn.Linear(cfg.hidden, 2 * cfg.latent))
-        self.decoder = nn.Sequential(nn.Linear(cfg.latent, cfg.hidden), nn.Tanh(),
-                                     nn.Linear(cfg.hidden, cfg.vocab_size))
+        self.encoder = nn.Sequential(
+            nn.Linear(cfg.vocab_size, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, 2 * cfg.latent)
+        )
+        self.decoder = nn.Sequential(
+            nn.Linear(cfg.latent, cfg.hidden), nn.Tanh(), nn.Linear(cfg.hidden, cfg.vocab_size)
+        )
         self.drop = nn.Dropout(cfg.dropout)
         special = torch.ones(cfg.vocab_size)
         special[[PAD_INDEX, cfg.mask_index]] = 0
@@ -106,7 +110,7 @@ class MultVAE(nn.Module):
     def encode_bag(self, bag: Bag) -> tuple[torch.Tensor, torch.Tensor]:
         """``encode`` of the bag's multi-hot rows without building them: the first layer gathers the columns
         of the bag's items, weighted by the normalisation and the input dropout. Returns (B, latent) twice."""
-        first, rest = self.encoder[0], self.encoder[1:]
+        first, rest = cast(nn.Linear, self.encoder[0]), self.encoder[1:]
         ones = torch.ones_like(bag.items, dtype=first.weight.dtype)
         count = torch.zeros(bag.users, dtype=ones.dtype, device=ones.device).index_add_(0, bag.rows, ones)
         weight = self.drop(count.rsqrt()[bag.rows])  # (nnz,) 1 / sqrt(items in the row), with dropout

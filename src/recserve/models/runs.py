@@ -13,7 +13,11 @@ from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
 from recserve.models.sasrec import SASRec, SASRecConfig
 
-MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec), "multvae": (MultVAEConfig, MultVAE)}
+MODELS: dict[str, tuple[type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig], type]] = {
+    "bert4rec": (Bert4RecConfig, Bert4Rec),
+    "sasrec": (SASRecConfig, SASRec),
+    "multvae": (MultVAEConfig, MultVAE),
+}
 
 
 def model_name(run_dir: Path) -> str:

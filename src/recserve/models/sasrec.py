@@ -23,7 +23,6 @@ from recserve.errors import ConfigError
 from recserve.models.config import ModelConfig
 from recserve.models.transformer import ItemTransformer, transformer_problems
 
-
 SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median: sparse (Amazon-like) data
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 

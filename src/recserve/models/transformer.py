@@ -9,12 +9,13 @@ fast path is the same for both.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
-
 
 SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
 
@@ -63,8 +64,9 @@ class Block(nn.Module):
         h = self.ln1(x)  # (B, L, H)
         if not isinstance(self.qkv, nn.Linear):  # a quantized layer: its weights are not plain tensors
             return self._forward_last_projected(x, h, keep)
-        frozen = [getattr(self, name, None) for name in SINGLE_QUERY_WEIGHTS]
-        query_w, query_b, out_w, out_b = self._single_query_weights() if frozen[0] is None else frozen
+        frozen = tuple(getattr(self, name, None) for name in SINGLE_QUERY_WEIGHTS)
+        weights = self._single_query_weights() if frozen[0] is None else cast(tuple[torch.Tensor, ...], frozen)
+        query_w, query_b, out_w, out_b = weights
         query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
         scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
         mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
@@ -176,7 +178,8 @@ class ItemTransformer(nn.Module):
         mask = self._attention_mask(keep)
         for block in self.blocks[:-1]:
             x = block(x, mask)
-        return self.final_norm(self.blocks[-1].forward_last(x, keep)[:, 0])
+        last = cast(Block, self.blocks[-1])
+        return self.final_norm(last.forward_last(x, keep)[:, 0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
@@ -184,5 +187,6 @@ class ItemTransformer(nn.Module):
 
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
-        if isinstance(self.blocks[-1].qkv, nn.Linear):
-            self.blocks[-1].freeze_single_query()
+        last = cast(Block, self.blocks[-1])
+        if isinstance(last.qkv, nn.Linear):
+            last.freeze_single_query()

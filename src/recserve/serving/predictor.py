@@ -62,8 +62,15 @@ class Batch:
 class Predictor:
     """Histories of item IDs in, top-k recommendations out, for a batch of requests at once."""
 
-    def __init__(self, runner: Runner, vocab_ids: np.ndarray, window: int, max_k: int, map_ids: bool,
-                 manifest: ExportManifest | None = None):
+    def __init__(
+        self,
+        runner: Runner,
+        vocab_ids: np.ndarray,
+        window: int,
+        max_k: int,
+        map_ids: bool,
+        manifest: ExportManifest | None = None,
+    ):
         """
         Args:
             runner: the exported graph.
@@ -146,8 +153,11 @@ class Predictor:
         if self.string_ids:
             histories = [as_str_ids(h).reshape(-1) for h in histories]
         batch = self.encode(histories)
-        exclude = (np.full(n, exclude_seen, dtype=bool) if np.ndim(exclude_seen) == 0
-                   else np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy())
+        exclude = (
+            np.full(n, exclude_seen, dtype=bool)
+            if np.ndim(exclude_seen) == 0
+            else np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
+        )
         top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude, k=k)
         top_ids, top_scores = top_ids[:, :k], top_scores[:, :k]
         if self.map_ids:
@@ -159,17 +169,18 @@ class Predictor:
         self,
         histories: Sequence[np.ndarray],
         k: Sequence[int] | int = DEFAULT_K,
-        exclude_seen: Sequence[bool] | bool = True,
+        exclude_seen: Sequence[bool] | np.ndarray | bool = True,
     ) -> list[Recommendation]:
         """Top-k for each history: one graph call for the whole batch."""
         n = len(histories)
         if n == 0:
             return []
         ks = [self.check_k(x) for x in np.broadcast_to(k, (n,))]
-        answers = self.answer(histories, max(ks), exclude_seen)
+        answers = self.answer(
+            histories, max(ks), exclude_seen if isinstance(exclude_seen, bool) else np.asarray(exclude_seen)
+        )
         out = []
         for row, kk in enumerate(ks):
             ids, scores = answers.rows(row, row + 1, kk)
             out.append(Recommendation(ids[0], scores[0], int(answers.unknown[row])))
         return out
-

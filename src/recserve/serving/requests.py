@@ -30,8 +30,9 @@ def _column(values: np.ndarray, rows: int, name: str, kinds: str) -> np.ndarray:
     return np.broadcast_to(values.reshape(-1), (rows,))
 
 
-def parse_request(item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.ndarray | None,
-                  max_k: int, string_ids: bool) -> ParsedRequest:
+def parse_request(
+    item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.ndarray | None, max_k: int, string_ids: bool
+) -> ParsedRequest:
     """Checks one request: ``item_ids`` (rows, L) or (L,), optional ``k`` and ``exclude_seen``.
 
     Raises:
@@ -73,5 +74,9 @@ def exclude_flags(parsed: list[ParsedRequest]) -> np.ndarray | bool:
 def parse_triton_request(request, max_k: int, string_ids: bool) -> ParsedRequest:
     """``parse_request`` for a Triton python-backend request: its input tensors are read in one pass."""
     inputs = {tensor.name(): tensor for tensor in request.inputs()}
+    if INPUT_ITEM_IDS not in inputs:
+        raise RequestError(f"missing input '{INPUT_ITEM_IDS}'")
     value = lambda name: inputs[name].as_numpy() if name in inputs else None  # noqa: E731
-    return parse_request(value(INPUT_ITEM_IDS), value(INPUT_K), value(INPUT_EXCLUDE_SEEN), max_k, string_ids)
+    return parse_request(
+        inputs[INPUT_ITEM_IDS].as_numpy(), value(INPUT_K), value(INPUT_EXCLUDE_SEEN), max_k, string_ids
+    )

@@ -64,8 +64,15 @@ class ClozeSettings:
     mask_prob: float  # each real item is masked with this probability
     last_item_rate: float  # share of samples that mask only the last item, as at serving time
 
-    def batch(self, seq: SequenceTensors, users: torch.Tensor, generator: torch.Generator,
-              capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+    def batch(
+        self,
+        seq: SequenceTensors,
+        users: torch.Tensor,
+        generator: torch.Generator,
+        capacity: int | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> PositionBatch:
         return cloze_batch(seq, users, self, generator, capacity, rank, world)
 
     def capacity(self, lengths: np.ndarray, rows: int) -> int:
@@ -78,8 +85,15 @@ class NextItemSettings:
 
     window: int  # items per sample: window - 1 inputs, each with its next item
 
-    def batch(self, seq: SequenceTensors, users: torch.Tensor, generator: torch.Generator,
-              capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+    def batch(
+        self,
+        seq: SequenceTensors,
+        users: torch.Tensor,
+        generator: torch.Generator,
+        capacity: int | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> PositionBatch:
         return next_item_batch(seq, users, self, generator, capacity, rank, world)
 
     def capacity(self, lengths: np.ndarray, rows: int) -> int:
@@ -141,14 +155,22 @@ def select_positions(masked: torch.Tensor, capacity: int | None) -> tuple[torch.
     host to learn the count. Without one (on the CPU, where nothing waits), every masked position.
     """
     if capacity is None:
-        return masked.nonzero(as_tuple=True)
+        rows, cols = masked.nonzero(as_tuple=True)
+        return rows, cols
     flat = masked.flatten()
     order = torch.argsort((~flat).to(torch.uint8), stable=True)[:capacity]
     return order // masked.shape[1], order % masked.shape[1]
 
 
-def cloze_batch(seq: SequenceTensors, users: torch.Tensor, s: ClozeSettings, generator: torch.Generator,
-                capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+def cloze_batch(
+    seq: SequenceTensors,
+    users: torch.Tensor,
+    s: ClozeSettings,
+    generator: torch.Generator,
+    capacity: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> PositionBatch:
     """Masked windows of ``users`` (the whole batch over all ranks); this rank keeps rows ``rank::world``.
 
     Every rank draws the same batch from the same generator state and keeps its share, so the ranks see
@@ -189,8 +211,15 @@ def masked_capacity(lengths: np.ndarray, s: ClozeSettings, rows: int) -> int:
     return capacity_for(mean, second, rows, s.window)
 
 
-def next_item_batch(seq: SequenceTensors, users: torch.Tensor, s: NextItemSettings, generator: torch.Generator,
-                    capacity: int | None = None, rank: int = 0, world: int = 1) -> PositionBatch:
+def next_item_batch(
+    seq: SequenceTensors,
+    users: torch.Tensor,
+    s: NextItemSettings,
+    generator: torch.Generator,
+    capacity: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> PositionBatch:
     """Windows of ``window`` items: the first ``window - 1`` are the inputs, each position's target is the
     item after it; positions with a real input and a real target count. Ranks split rows as ``cloze_batch``."""
     ends = random_ends(seq.lengths[users], s.window, generator)
@@ -217,8 +246,17 @@ class WindowEpochs(torch.utils.data.IterableDataset):
     ``settings`` decides the samples: ``ClozeSettings`` (BERT4Rec) or ``NextItemSettings`` (SASRec).
     """
 
-    def __init__(self, seq: Sequences, settings: ClozeSettings | NextItemSettings, batch_size: int,
-                 samples_per_user: int, seed: int, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        seq: Sequences,
+        settings: ClozeSettings | NextItemSettings,
+        batch_size: int,
+        samples_per_user: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.tensors = SequenceTensors.from_sequences(seq, device)
         self.users = torch.as_tensor(np.flatnonzero(seq.lengths > 0), device=device).repeat(samples_per_user)
         self.settings, self.batch_size, self.seed = settings, batch_size, seed
@@ -228,7 +266,7 @@ class WindowEpochs(torch.utils.data.IterableDataset):
         self.capacity = settings.capacity(seq.lengths, rows) if self.device.type == "cuda" else None
 
     def __len__(self) -> int:
-        return -(-self.users.numel() // self.batch_size)
+        return int(-(-self.users.numel() // self.batch_size))
 
     def set_epoch(self, epoch: int) -> None:
         """Each epoch draws its own order and samples, from the seed and the epoch alone (resuming repeats none)."""
@@ -238,8 +276,9 @@ class WindowEpochs(torch.utils.data.IterableDataset):
         generator = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.epoch)
         order = self.users[torch.randperm(self.users.numel(), generator=generator, device=self.device)]
         for start in range(0, order.numel(), self.batch_size):
-            yield self.settings.batch(self.tensors, order[start : start + self.batch_size], generator,
-                                      self.capacity, self.rank, self.world)
+            yield self.settings.batch(
+                self.tensors, order[start : start + self.batch_size], generator, self.capacity, self.rank, self.world
+            )
 
 
 def widest(lengths: np.ndarray, start: int, stop: int) -> int:

@@ -38,8 +38,16 @@ def eval_batch_size(vocab_size: int, device: str | torch.device = "cpu") -> int:
 class Ranker:
     """Ranks each user's target after their history, under the protocols; the data stays on ``device``."""
 
-    def __init__(self, inputs: Sequences, targets: np.ndarray, popularity: np.ndarray, window: int,
-                 mask_index: int, device: str | torch.device = "cpu", seed: int = 0):
+    def __init__(
+        self,
+        inputs: Sequences,
+        targets: np.ndarray,
+        popularity: np.ndarray,
+        window: int,
+        mask_index: int,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+    ):
         """Args:
         inputs: each user's history before the target; targets: (users,) target indices.
         popularity: (N + 2,) item counts, for drawing the popularity negatives.
@@ -65,8 +73,7 @@ class Ranker:
             stop = min(start + step, users_total)
             for name, ranks in self._rank_batch(score_fn, start, stop, protocols, generator).items():
                 out[name].append(ranks)
-        return {name: torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
-                for name, parts in out.items()}
+        return {name: torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64) for name, parts in out.items()}
 
     @torch.no_grad()
     def _rank_batch(self, score_fn, start: int, stop: int, protocols, generator) -> dict[str, torch.Tensor]:
@@ -109,8 +116,9 @@ def history_counts(inputs: Sequences, vocab_size: int) -> np.ndarray:
     return np.bincount(inputs.items, minlength=vocab_size).astype(np.int64)
 
 
-def evaluate_protocols(score_fn: ScoreFn, ranker: Ranker, protocols: tuple[str, ...] = PROTOCOLS
-                       ) -> dict[str, dict[str, float]]:
+def evaluate_protocols(
+    score_fn: ScoreFn, ranker: Ranker, protocols: tuple[str, ...] = PROTOCOLS
+) -> dict[str, dict[str, float]]:
     """Metrics under each protocol (see ``Ranker``)."""
     return {name: ranking_metrics(r) for name, r in ranker.ranks(score_fn, protocols).items()}
 

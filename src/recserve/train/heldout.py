@@ -42,7 +42,9 @@ class HeldOutSplit:
     test: FoldIn
 
 
-def split_heldout(seq: Sequences, heldout_share: float = 0.1, fed_share: float = FED_SHARE, seed: int = 0) -> HeldOutSplit:
+def split_heldout(
+    seq: Sequences, heldout_share: float = 0.1, fed_share: float = FED_SHARE, seed: int = 0
+) -> HeldOutSplit:
     """Splits users into training, validation and test users (``heldout_share`` each for the last two).
 
     Raises:
@@ -61,8 +63,11 @@ def split_heldout(seq: Sequences, heldout_share: float = 0.1, fed_share: float =
     train = seq.select(np.sort(users[2 * n_heldout :]))
     known = np.zeros(int(seq.items.max(initial=0)) + 1, dtype=bool)
     known[train.items] = True
-    return HeldOutSplit(train, _fold_in(seq.select(valid_users), known, fed_share, rng),
-                        _fold_in(seq.select(test_users), known, fed_share, rng))
+    return HeldOutSplit(
+        train,
+        _fold_in(seq.select(valid_users), known, fed_share, rng),
+        _fold_in(seq.select(test_users), known, fed_share, rng),
+    )
 
 
 def _fold_in(seq: Sequences, known: np.ndarray, fed_share: float, rng: np.random.Generator) -> FoldIn:
@@ -102,8 +107,9 @@ def heldout_metrics(hits: torch.Tensor, n_targets: torch.Tensor) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate_fold(score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str | torch.device = "cpu"
-                  ) -> dict[str, float]:
+def evaluate_fold(
+    score_fn: ScoreFn, fold: FoldIn, vocab_size: int, device: str | torch.device = "cpu"
+) -> dict[str, float]:
     """Ranks every item for each held-out user from the fed items, fed and special items excluded.
 
     On ``device``, a batch of users at a time (memory bounded by a batch of users x catalogue scores).
@@ -137,14 +143,21 @@ class BagEpochs(IterableDataset):
     array anywhere): a batch's positions are computed on the host with numpy, its items gathered on
     ``device``. The ranks share one order and each takes its share of a batch."""
 
-    def __init__(self, train: Sequences, batch_size: int, seed: int, device: str | torch.device = "cpu",
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        train: Sequences,
+        batch_size: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.seq, self.tensors = train, SequenceTensors.from_sequences(train, device)
         self.batch_size, self.seed, self.device = batch_size, seed, torch.device(device)
         self.rank, self.world, self.epoch = rank, world, 0
 
     def __len__(self) -> int:
-        return -(-self.seq.num_users // self.batch_size)
+        return int(-(-self.seq.num_users // self.batch_size))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -180,8 +193,10 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)
     if model.cfg.num_items != data.vocab.num_items:
-        raise DataError(f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on "
-                        f"{model.cfg.num_items}; evaluate on the data folder it was trained on")
+        raise DataError(
+            f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on "
+            f"{model.cfg.num_items}; evaluate on the data folder it was trained on"
+        )
     record = Path(run_dir) / RUN_FILE
     settings = json.loads(record.read_text())["train"] if record.is_file() else {}
     split = split_heldout(data.sequences, settings.get("heldout_share", 0.1), seed=settings.get("seed", 0))
@@ -191,9 +206,16 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
     elapsed_s = time.perf_counter() - started
     return {
         "test": {"heldout": test},
-        "popularity": {"heldout": evaluate_fold(popularity_fn(split.train, vocab_size, device), split.test, vocab_size,
-                                                device=device)},
-        "split": {"train_users": split.train.num_users, "valid_users": split.valid.fed.num_users,
-                  "test_users": split.test.fed.num_users, "fed_share": FED_SHARE},
+        "popularity": {
+            "heldout": evaluate_fold(
+                popularity_fn(split.train, vocab_size, device), split.test, vocab_size, device=device
+            )
+        },
+        "split": {
+            "train_users": split.train.num_users,
+            "valid_users": split.valid.fed.num_users,
+            "test_users": split.test.fed.num_users,
+            "fed_share": FED_SHARE,
+        },
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": ["heldout"]},
     }

@@ -57,8 +57,9 @@ class LossSettings:
 class CatalogueLoss:
     """Per-position cross-entropy of queries against the item table (the model's tied output layer)."""
 
-    def __init__(self, settings: LossSettings, popularity: np.ndarray, mask_index: int,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self, settings: LossSettings, popularity: np.ndarray, mask_index: int, device: str | torch.device = "cpu"
+    ):
         """Args: popularity: (V,) training counts by index (padding and mask included, and ignored)."""
         if settings.name == "auto":
             raise ConfigError("CatalogueLoss needs a resolved loss; call LossSettings.resolve first")
@@ -69,9 +70,16 @@ class CatalogueLoss:
         uniform = (counts > 0).float()
         self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
 
-    def __call__(self, query: torch.Tensor, table: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor,
-                 exclude: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        query: torch.Tensor,
+        table: torch.Tensor,
+        bias: torch.Tensor,
+        targets: torch.Tensor,
+        exclude: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Per-position losses, 0 where the target is padding (an unused slot).
 
         Args:

@@ -11,8 +11,9 @@ from recserve.train.batches import PositionBatch
 from recserve.train.losses import CatalogueLoss
 
 
-def cloze_loss(model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+def cloze_loss(
+    model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """The batch's mean cross-entropy over masked positions (scaled by ``batch.weight`` for DDP).
 
     With ``exclude_seen``, each position's softmax leaves out the sample's other items, masked or not.
@@ -21,8 +22,9 @@ def cloze_loss(model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss
     return _positions_loss(model, batch, loss, exclude, batch.rows, generator)
 
 
-def next_item_loss(model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+def next_item_loss(
+    model: ItemTransformer, batch: PositionBatch, loss: CatalogueLoss, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """The batch's mean cross-entropy of the next item at every scored position (causal attention).
 
     With ``exclude_seen``, each position's softmax leaves out the items up to and including that position

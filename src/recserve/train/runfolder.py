@@ -27,8 +27,12 @@ def data_fingerprint(data: PreparedData) -> dict:
     digest = hashlib.blake2b(digest_size=16)
     for array in (data.sequences.items, data.sequences.offsets, data.vocab.ids.astype(str)):
         digest.update(array.tobytes())
-    return {"users": int(data.sequences.num_users), "items": int(data.vocab.num_items),
-            "interactions": int(len(data.sequences.items)), "digest": digest.hexdigest()}
+    return {
+        "users": int(data.sequences.num_users),
+        "items": int(data.vocab.num_items),
+        "interactions": int(len(data.sequences.items)),
+        "digest": digest.hexdigest(),
+    }
 
 
 def run_identity(model: str, model_cfg, cfg, data: PreparedData) -> dict:
@@ -62,16 +66,21 @@ def prepare_run_folder(out_dir: Path, identity: dict, epochs: int, resume: bool,
 def _check_same_run(out_dir: Path, identity: dict, epochs: int, resume: bool) -> None:
     path = out_dir / RUN_FILE
     if not path.is_file():
-        raise ConfigError(f"--out {out_dir}: holds a run without {RUN_FILE} (from an older recserve), so it cannot "
-                          f"be checked against these settings; {AFRESH}")
+        raise ConfigError(
+            f"--out {out_dir}: holds a run without {RUN_FILE} (from an older recserve), so it cannot "
+            f"be checked against these settings; {AFRESH}"
+        )
     differences = _differences(json.loads(path.read_text()), json.loads(json.dumps(identity)))
     if differences:
-        raise ConfigError(f"--out {out_dir}: holds a run with other settings or data ({'; '.join(differences)}); "
-                          f"{AFRESH}")
+        raise ConfigError(
+            f"--out {out_dir}: holds a run with other settings or data ({'; '.join(differences)}); {AFRESH}"
+        )
     done = trained_epochs(out_dir)
     if resume and done > epochs:
-        raise ConfigError(f"--out {out_dir}: the run there has trained {done} epochs and --epochs {epochs} asks "
-                          f"for fewer; ask for more than {done} to continue it, or {AFRESH}")
+        raise ConfigError(
+            f"--out {out_dir}: the run there has trained {done} epochs and --epochs {epochs} asks "
+            f"for fewer; ask for more than {done} to continue it, or {AFRESH}"
+        )
 
 
 def trained_epochs(out_dir: Path) -> int:

@@ -36,7 +36,7 @@ class Task:
     model_cfg: Any  # Bert4RecConfig, SASRecConfig or MultVAEConfig
     module: L.LightningModule
     monitor: str  # the validation metric that picks the best checkpoint and stops early
-    protocol: dict  # how validation (and later test) is measured, for metrics.json
+    protocol: dict[str, Any]  # how validation (and later test) is measured, for metrics.json
 
 
 def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool = False) -> Task:
@@ -55,14 +55,19 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
             overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
         model_cfg = SEQUENCE_MODELS[model][0](num_items=data.vocab.num_items, **overrides)
         model_cfg.validate()
-        protocol = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
+        protocol: dict[str, Any] = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
         return Task(model_cfg, SequenceModule(model, model_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
     if model == "multvae":
         model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
         model_cfg.validate()
         split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
-        protocol = {"name": "held-out users", "heldout_share": cfg.heldout_share, "fed_share": FED_SHARE,
-                    "seed": cfg.seed, "ranking": "full, fed items excluded"}
+        protocol = {
+            "name": "held-out users",
+            "heldout_share": cfg.heldout_share,
+            "fed_share": FED_SHARE,
+            "seed": cfg.seed,
+            "ranking": "full, fed items excluded",
+        }
         return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
 
@@ -94,8 +99,9 @@ class SequenceModule(_DeviceBatchesModule):
     """BERT4Rec on the Cloze task or SASRec on the next item; validation ranks every user's second-to-last
     item."""
 
-    def __init__(self, name: str, model_cfg: Bert4RecConfig | SASRecConfig, data: PreparedData,
-                 train_seq: Sequences, cfg):
+    def __init__(
+        self, name: str, model_cfg: Bert4RecConfig | SASRecConfig, data: PreparedData, train_seq: Sequences, cfg
+    ):
         super().__init__()
         self.model = SEQUENCE_MODELS[name][1](model_cfg)
         self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
@@ -108,8 +114,14 @@ class SequenceModule(_DeviceBatchesModule):
         self.catalogue_loss = CatalogueLoss(self.loss_settings, counts, self.model_cfg.mask_index, self.device)
         self.generator = torch.Generator(self.device).manual_seed(self.cfg.seed * 7919 + self.global_rank)
         valid_inputs, valid_targets = self.data.sequences.truncated(2), self.data.sequences.last(2)
-        self.ranker = Ranker(valid_inputs, valid_targets, history_counts(valid_inputs, self.model_cfg.vocab_size),
-                             self.model_cfg.window, self.model_cfg.mask_index, device=self.device)
+        self.ranker = Ranker(
+            valid_inputs,
+            valid_targets,
+            history_counts(valid_inputs, self.model_cfg.vocab_size),
+            self.model_cfg.window,
+            self.model_cfg.mask_index,
+            device=self.device,
+        )
 
     def train_dataloader(self):
         c = self.model_cfg
@@ -117,8 +129,18 @@ class SequenceModule(_DeviceBatchesModule):
             settings = ClozeSettings(c.window, c.mask_index, c.mask_prob, self.cfg.last_item_rate)
         else:
             settings = NextItemSettings(c.window)
-        return self._loader(WindowEpochs(self.train_seq, settings, self.cfg.batch_size, self.cfg.samples_per_user,
-                                         self.cfg.seed, self.device, self.global_rank, self.trainer.world_size))
+        return self._loader(
+            WindowEpochs(
+                self.train_seq,
+                settings,
+                self.cfg.batch_size,
+                self.cfg.samples_per_user,
+                self.cfg.seed,
+                self.device,
+                self.global_rank,
+                self.trainer.world_size,
+            )
+        )
 
     def val_dataloader(self):
         return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
@@ -148,8 +170,16 @@ class MultVAEModule(_DeviceBatchesModule):
         self.model_cfg, self.split, self.cfg = model_cfg, split, cfg
 
     def train_dataloader(self):
-        return self._loader(BagEpochs(self.split.train, self.cfg.batch_size, self.cfg.seed, self.device,
-                                      self.global_rank, self.trainer.world_size))
+        return self._loader(
+            BagEpochs(
+                self.split.train,
+                self.cfg.batch_size,
+                self.cfg.seed,
+                self.device,
+                self.global_rank,
+                self.trainer.world_size,
+            )
+        )
 
     def val_dataloader(self):
         return torch.utils.data.DataLoader([0], batch_size=None)

@@ -110,8 +110,15 @@ class TrainConfig:
         return "gpu" if self.device == "cuda" else "cpu"
 
 
-def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cfg: TrainConfig = TrainConfig(),
-          model: str = "bert4rec", overwrite: bool = False, callbacks: list | None = None) -> dict:
+def train(
+    data_dir: Path,
+    out_dir: Path,
+    model_overrides: dict | None = None,
+    cfg: TrainConfig = TrainConfig(),
+    model: str = "bert4rec",
+    overwrite: bool = False,
+    callbacks: list | None = None,
+) -> dict:
     """Trains ``model`` (bert4rec, sasrec or multvae) on a prepared folder and writes the run folder.
 
     The run holds ``run.json`` (what trained it), ``model.pt`` (the best weights), ``model_config.json``,
@@ -129,8 +136,9 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
 
     cfg.validate()
     if cfg.refit and model == "multvae":
-        raise ConfigError("refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its "
-                          "validation")
+        raise ConfigError(
+            "refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation"
+        )
     _quiet_lightning()
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
@@ -139,8 +147,9 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
     prepare_run_folder(out_dir, run_identity(model, task.model_cfg, cfg, data), cfg.epochs, cfg.resume, overwrite)
     task.model_cfg.save(out_dir / MODEL_CONFIG_FILE)
     save_catalog(out_dir, data)
-    best = ModelCheckpoint(dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max",
-                           save_last=True)
+    best = ModelCheckpoint(
+        dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max", save_last=True
+    )
     trainer = L.Trainer(
         max_epochs=cfg.epochs,
         accelerator=cfg.accelerator,
@@ -166,12 +175,12 @@ def train(data_dir: Path, out_dir: Path, model_overrides: dict | None = None, cf
         "model": model,
         "data": str(data_dir),
         "best_epoch": best_epoch,
-        "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score)} | task.protocol,
-        "train": asdict(cfg) | {"precision_used": cfg.lightning_precision,
-                                "seconds": round(time.perf_counter() - started, 1)},
+        "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score or 0.0)} | task.protocol,
+        "train": asdict(cfg)
+        | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
     }
     if model != "multvae":
-        summary["loss"] = task.module.loss_settings.describe()
+        summary["loss"] = task.module.loss_settings.describe()  # type: ignore[operator, union-attr]
     if cfg.refit:
         epochs = (best_epoch or 0) + 1
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
@@ -194,22 +203,33 @@ def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, ep
 
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, overrides, cfg, refit=True)
-    trainer = L.Trainer(max_epochs=epochs, accelerator=cfg.accelerator, devices=1, logger=False,
-                        precision=cfg.lightning_precision,
-                        enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator=cfg.accelerator,
+        devices=1,
+        logger=False,
+        precision=cfg.lightning_precision,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+    )
     trainer.fit(task.module)
-    return task.module.model.state_dict()
+    return task.module.model.state_dict()  # type: ignore[union-attr]
 
 
 def _quiet_lightning() -> None:
     """Hides Lightning's advice that does not apply here (our batches are built per epoch, not by workers)."""
     import warnings
 
-    for message in (".*IterableDataset.*__len__.*", ".*LeafSpec.*", ".*smaller than the logging interval.*",
-                    ".*does not have many workers.*",
-                    ".*sync_dist=True.*",  # every rank ranks all validation users: the values already agree
-                    ".*AccumulateGrad node's stream does not match.*"):  # DDP keeps the graph's nodes alive
+    for message in (
+        ".*IterableDataset.*__len__.*",
+        ".*LeafSpec.*",
+        ".*smaller than the logging interval.*",
+        ".*does not have many workers.*",
+        ".*sync_dist=True.*",  # every rank ranks all validation users: the values already agree
+        ".*AccumulateGrad node's stream does not match.*",
+    ):  # DDP keeps the graph's nodes alive
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 

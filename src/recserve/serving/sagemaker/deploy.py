@@ -59,7 +59,9 @@ class DeploySettings(BaseSettings):
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
             env = ", ".join(f"RECSERVE_SAGEMAKER_{n.upper()}" for n in missing)
-            raise ServingError(f"missing deployment settings: {', '.join(missing)}; set {env} or put them in {ENV_FILE}")
+            raise ServingError(
+                f"missing deployment settings: {', '.join(missing)}; set {env} or put them in {ENV_FILE}"
+            )
 
 
 def load_settings(env_file: Path | None = None, **overrides) -> DeploySettings:
@@ -67,11 +69,13 @@ def load_settings(env_file: Path | None = None, **overrides) -> DeploySettings:
     from pydantic import ValidationError
 
     try:
-        return DeploySettings(_env_file=env_file or ENV_FILE, **{k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return DeploySettings(_env_file=env_file or ENV_FILE, **given)  # type: ignore[call-arg]
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ServingError(f"bad deployment settings ({problems}); set them as RECSERVE_SAGEMAKER_<NAME> "
-                           f"or in {env_file or ENV_FILE}") from err
+        raise ServingError(
+            f"bad deployment settings ({problems}); set them as RECSERVE_SAGEMAKER_<NAME> or in {env_file or ENV_FILE}"
+        ) from err
 
 
 def _client(service: str, settings: DeploySettings):
@@ -83,9 +87,10 @@ def _client(service: str, settings: DeploySettings):
 def upload(package_path: Path, settings: DeploySettings) -> str:
     """Uploads a local model.tar.gz to ``settings.model_data``."""
     settings.require("model_data")
-    bucket, key = settings.model_data.removeprefix("s3://").split("/", 1)
+    model_data = str(settings.model_data)
+    bucket, key = model_data.removeprefix("s3://").split("/", 1)
     _client("s3", settings).upload_file(str(package_path), bucket, key)
-    return settings.model_data
+    return model_data
 
 
 def deploy(settings: DeploySettings) -> dict:
@@ -104,14 +109,22 @@ def deploy(settings: DeploySettings) -> dict:
         sm.create_model(
             ModelName=model_name,
             ExecutionRoleArn=settings.role_arn,
-            PrimaryContainer={"Image": settings.image_uri, "ModelDataUrl": settings.model_data,
-                              "Environment": ENVIRONMENT[settings.runtime]},
+            PrimaryContainer={
+                "Image": settings.image_uri,
+                "ModelDataUrl": settings.model_data,
+                "Environment": ENVIRONMENT[settings.runtime],
+            },
         )
         sm.create_endpoint_config(
             EndpointConfigName=model_name,
-            ProductionVariants=[{"VariantName": "AllTraffic", "ModelName": model_name,
-                                 "InstanceType": settings.instance_type,
-                                 "InitialInstanceCount": settings.instance_count}],
+            ProductionVariants=[
+                {
+                    "VariantName": "AllTraffic",
+                    "ModelName": model_name,
+                    "InstanceType": settings.instance_type,
+                    "InitialInstanceCount": settings.instance_count,
+                }
+            ],
         )
         if _endpoint_exists(sm, settings.endpoint_name):
             sm.update_endpoint(EndpointName=settings.endpoint_name, EndpointConfigName=model_name)
@@ -126,8 +139,13 @@ def deploy(settings: DeploySettings) -> dict:
         described = sm.describe_endpoint(EndpointName=settings.endpoint_name)
     except (BotoCoreError, ClientError) as err:
         raise ServingError(f"deploying endpoint {settings.endpoint_name!r} failed: {err}") from err
-    return {"endpoint_name": described["EndpointName"], "endpoint_arn": described["EndpointArn"],
-            "status": described["EndpointStatus"], "model_name": model_name, "endpoint_config_name": model_name}
+    return {
+        "endpoint_name": described["EndpointName"],
+        "endpoint_arn": described["EndpointArn"],
+        "status": described["EndpointStatus"],
+        "model_name": model_name,
+        "endpoint_config_name": model_name,
+    }
 
 
 def _endpoint_exists(sm, name: str) -> bool:
@@ -148,7 +166,9 @@ def invoke_endpoint(settings: DeploySettings, body: dict) -> tuple[str, bytes]:
 
     try:
         response = _client("sagemaker-runtime", settings).invoke_endpoint(
-            EndpointName=settings.endpoint_name, ContentType="application/json", Accept="application/json",
+            EndpointName=settings.endpoint_name,
+            ContentType="application/json",
+            Accept="application/json",
             Body=json.dumps(body),
         )
     except (BotoCoreError, ClientError) as err:

@@ -33,13 +33,25 @@ PROBE = json.dumps({"item_id": [], "k": 1}).encode()  # an empty history: popula
 class LocalEndpoint:
     """Unpacks a pytorch-runtime model.tar.gz and serves it on 127.0.0.1:``port`` until stopped."""
 
-    def __init__(self, package_path: Path, port: int = DEFAULT_PORT, workdir: Path | None = None,
-                 startup_timeout_s: float = 180.0, workers: int = 1):
+    def __init__(
+        self,
+        package_path: Path,
+        port: int = DEFAULT_PORT,
+        workdir: Path | None = None,
+        startup_timeout_s: float = 180.0,
+        workers: int = 1,
+    ):
         self.package_path = Path(package_path)
         self.port, self.workers, self.startup_timeout_s = port, workers, startup_timeout_s
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-"))
         self.process: subprocess.Popen | None = None
+
+    def exit_code(self) -> int | None:
+        """None while the endpoint runs; its exit code once it has exited."""
+        if self.process is None:
+            raise ServingError("the endpoint was never started")
+        return self.process.poll()
 
     @property
     def url(self) -> str:
@@ -52,8 +64,10 @@ class LocalEndpoint:
     def start(self) -> LocalEndpoint:
         model_dir = unpack(self.package_path, self.workdir / "model")
         if not (model_dir / "code" / ENTRY_POINT).is_file():
-            raise ServingError(f"{self.package_path}: no code/{ENTRY_POINT}; package it with --runtime pytorch "
-                               "(a triton package runs in the Triton container: `recserve serve`)")
+            raise ServingError(
+                f"{self.package_path}: no code/{ENTRY_POINT}; package it with --runtime pytorch "
+                "(a triton package runs in the Triton container: `recserve serve`)"
+            )
         if shutil.which("java") is None:
             raise ServingError("TorchServe needs Java 17 or newer on PATH; install a JDK (e.g. openjdk-17-jre)")
         env = os.environ | {
@@ -65,8 +79,12 @@ class LocalEndpoint:
         }
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "recserve.serving.sagemaker.container"], cwd=self.workdir, env=env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "recserve.serving.sagemaker.container"],
+                cwd=self.workdir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         try:
             self._wait_ready()
@@ -78,8 +96,8 @@ class LocalEndpoint:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServingError(f"the endpoint exited with code {self.process.returncode}:\n{self.log_tail()}")
+            if (code := self.exit_code()) is not None:
+                raise ServingError(f"the endpoint exited with code {code}:\n{self.log_tail()}")
             try:
                 status, _ = invoke(self.url, PROBE, timeout_s=5)
                 if status == 200:
@@ -126,11 +144,17 @@ def _stop_torchserve() -> None:
         subprocess.run([binary, "--stop"], capture_output=True, timeout=60, check=False)
 
 
-def invoke(url: str, body: bytes, content_type: str = "application/json", accept: str = "application/json",
-           timeout_s: float = 30.0) -> tuple[int, bytes]:
+def invoke(
+    url: str,
+    body: bytes,
+    content_type: str = "application/json",
+    accept: str = "application/json",
+    timeout_s: float = 30.0,
+) -> tuple[int, bytes]:
     """POSTs ``body`` to ``url/invocations``; returns the status and the body (errors included)."""
-    request = urllib.request.Request(f"{url}/invocations", data=body, method="POST",
-                                     headers={"Content-Type": content_type, "Accept": accept})
+    request = urllib.request.Request(
+        f"{url}/invocations", data=body, method="POST", headers={"Content-Type": content_type, "Accept": accept}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read()

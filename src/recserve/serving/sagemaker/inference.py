@@ -32,7 +32,7 @@ try:  # the toolkit is in every SageMaker inference container; recserve runs wit
     from sagemaker_inference.errors import BaseInferenceToolkitError
 except ImportError:  # pragma: no cover - exercised where the toolkit is absent
 
-    class BaseInferenceToolkitError(Exception):
+    class BaseInferenceToolkitError(Exception):  # type: ignore[no-redef]
         def __init__(self, status_code, message, phrase):
             self.status_code, self.message, self.phrase = status_code, message, phrase
             super().__init__(status_code, message, phrase)
@@ -79,8 +79,11 @@ def input_fn(request_body, request_content_type: str) -> dict:
         raise HandlerError(400, f"expected a JSON object with key 'item_id', got {type(payload).__name__}", context)
     if "item_id" not in payload:
         raise HandlerError(400, f"missing key 'item_id'; got keys {sorted(payload)}", context)
-    return {"item_id": _item_ids(payload["item_id"], context), "k": _k(payload.get("k", DEFAULT_K), context),
-            "exclude_seen": _flag(payload.get("exclude_seen", True), context)}
+    return {
+        "item_id": _item_ids(payload["item_id"], context),
+        "k": _k(payload.get("k", DEFAULT_K), context),
+        "exclude_seen": _flag(payload.get("exclude_seen", True), context),
+    }
 
 
 def _item_ids(value, context: dict) -> np.ndarray:
@@ -114,8 +117,11 @@ def predict_fn(input_data: dict, model) -> dict:
         [answer] = model.predict([input_data["item_id"]], k=input_data["k"], exclude_seen=input_data["exclude_seen"])
     except RequestError as err:
         raise HandlerError(400, str(err), {"k": input_data["k"], "items": len(input_data["item_id"])}) from err
-    return {"item_id": answer.item_ids.tolist(), "score": [round(float(s), 6) for s in answer.scores],
-            "unknown_item_ids": answer.unknown_ids}
+    return {
+        "item_id": answer.item_ids.tolist(),
+        "score": [round(float(s), 6) for s in answer.scores],
+        "unknown_item_ids": answer.unknown_ids,
+    }
 
 
 def output_fn(prediction: dict, accept: str | None):
@@ -154,8 +160,9 @@ def install_short_error_bodies() -> None:
 
     def handle_error(context, inference_exception, trace):
         log.error("transform failed for model %s: %s", context.model_name, trace)
-        context.set_response_status(code=inference_exception.status_code,
-                                    phrase=utils.remove_crlf(inference_exception.phrase))
+        context.set_response_status(
+            code=inference_exception.status_code, phrase=utils.remove_crlf(inference_exception.phrase)
+        )
         return [json.dumps({"error": inference_exception.message})]
 
     Transformer.handle_error = staticmethod(handle_error)

@@ -69,8 +69,10 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
     export_dir, out = Path(export_dir), Path(out)
     manifest = ExportManifest.read(export_dir)
     if manifest.backend not in RUNTIME_BACKENDS[runtime]:
-        raise ServingError(f"the {runtime} runtime serves {' or '.join(RUNTIME_BACKENDS[runtime])} exports, not "
-                           f"{manifest.backend}; export with --backend {RUNTIME_EXPORTS[runtime][0]}")
+        raise ServingError(
+            f"the {runtime} runtime serves {' or '.join(RUNTIME_BACKENDS[runtime])} exports, not "
+            f"{manifest.backend}; export with --backend {RUNTIME_EXPORTS[runtime][0]}"
+        )
     with tempfile.TemporaryDirectory(prefix="recserve-package-") as tmp:
         root = Path(tmp) / "model"
         root.mkdir()
@@ -85,8 +87,14 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
                 if "__pycache__" not in path.parts:
                     tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
         partial.rename(out)
-    return {"package": str(out), "runtime": runtime, "model": manifest.model, "backend": manifest.backend,
-            "environment": ENVIRONMENT[runtime], "bytes": out.stat().st_size}
+    return {
+        "package": str(out),
+        "runtime": runtime,
+        "model": manifest.model,
+        "backend": manifest.backend,
+        "environment": ENVIRONMENT[runtime],
+        "bytes": out.stat().st_size,
+    }
 
 
 def _write_pytorch(export_dir: Path, root: Path) -> None:

@@ -8,23 +8,25 @@ version copied into ``backends/python/``.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
+from recserve.serving.processes import child_pids, cmdline, stop_with_parent
 from recserve.serving.triton.placement import DEVICE_ENV
 
 log = logging.getLogger(__name__)
@@ -33,9 +35,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"  # loopback unless asked otherwise
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
+    http_port: int = HTTP_PORT
+    grpc_port: int = GRPC_PORT
+    metrics_port: int = METRICS_PORT
     model_control_mode: str = "none"  # none, poll (repository polling) or explicit (model-repository API)
     repository_poll_secs: int = 5
     restricted_api_key: str | None = None  # header value that unlocks the restricted APIs
@@ -50,17 +52,6 @@ class ServerSettings:
             raise ServingError(f"model control mode {self.model_control_mode!r}: expected none, poll or explicit")
         if self.model_control_mode == "explicit" and not self.restricted_api_key:
             raise ServingError("model control mode explicit loads models over the API: set a restricted-API key")
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports that are free on loopback right now (for tests and benchmarks that start their own server)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @dataclass(frozen=True)
@@ -112,10 +103,17 @@ def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:
 
 def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     args = [
-        str(bundle.binary), f"--model-repository={repo}", f"--backend-directory={bundle.backend_dir}",
-        f"--http-address={s.host}", f"--grpc-address={s.host}", f"--metrics-address={s.host}",
-        f"--http-port={s.http_port}", f"--grpc-port={s.grpc_port}", f"--metrics-port={s.metrics_port}",
-        f"--model-control-mode={s.model_control_mode}", f"--exit-timeout-secs={s.exit_timeout_secs}",
+        str(bundle.binary),
+        f"--model-repository={repo}",
+        f"--backend-directory={bundle.backend_dir}",
+        f"--http-address={s.host}",
+        f"--grpc-address={s.host}",
+        f"--metrics-address={s.host}",
+        f"--http-port={s.http_port}",
+        f"--grpc-port={s.grpc_port}",
+        f"--metrics-port={s.metrics_port}",
+        f"--model-control-mode={s.model_control_mode}",
+        f"--exit-timeout-secs={s.exit_timeout_secs}",
         f"--log-verbose={s.log_verbose}",
         "--strict-readiness=true",
     ]
@@ -123,41 +121,11 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
         args.append(f"--repository-poll-secs={s.repository_poll_secs}")
     restricted = "model-repository,shared-memory,logging"
     key = s.restricted_api_key or os.urandom(16).hex()  # without a key, nobody can use them
-    args += [f"--http-restricted-api={restricted}:{s.restricted_api_header}={key}",
-             f"--grpc-restricted-protocol={restricted}:{s.restricted_api_header}={key}"]
+    args += [
+        f"--http-restricted-api={restricted}:{s.restricted_api_header}={key}",
+        f"--grpc-restricted-protocol={restricted}:{s.restricted_api_header}={key}",
+    ]
     return [*args, *s.extra_args]
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...), or None when it is gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process (Linux /proc)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None and int(fields[1]) == pid:
-            children.append(int(entry.name))
-    return children
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _stop_with_parent() -> None:
-    """In the child before exec: SIGTERM the server when the process that started it dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -187,11 +155,21 @@ class TritonServer:
         log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
         env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
         self.process = subprocess.Popen(
-            server_args(bundle, Path(self.repo).resolve(), self.settings), env=env,
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent,
+            server_args(bundle, Path(self.repo).resolve(), self.settings),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=stop_with_parent,
         )
         log_file.close()
         return self
+
+    def exit_code(self) -> int | None:
+        """None while the server runs; its exit code once it has exited."""
+        if self.process is None:
+            raise ServingError("the server was never started")
+        return self.process.poll()
 
     def is_ready(self) -> bool:
         try:
@@ -204,8 +182,8 @@ class TritonServer:
         """Waits until every model is ready; raises with the server's own words if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServingError(f"tritonserver exited with code {self.process.returncode}:\n{self.failure_summary()}")
+            if (code := self.exit_code()) is not None:
+                raise ServingError(f"tritonserver exited with code {code}:\n{self.failure_summary()}")
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -217,8 +195,11 @@ class TritonServer:
         if not self.log_path or not self.log_path.exists():
             return "(no log)"
         text = self.log_path.read_text(errors="replace").splitlines()
-        errors = [line for line in text
-                  if line.startswith("E") or "UNAVAILABLE" in line or "failed" in line.lower() or "unrecognized" in line]
+        errors = [
+            line
+            for line in text
+            if line.startswith("E") or "UNAVAILABLE" in line or "failed" in line.lower() or "unrecognized" in line
+        ]
         return "\n".join((errors or text)[-lines:])
 
     def stop(self, timeout_s: float | None = None) -> int | None:
@@ -236,7 +217,7 @@ class TritonServer:
         """Live python-backend stub processes of this server (one per python model instance)."""
         if self.process is None or self.process.poll() is not None:
             return 0
-        return sum(b"triton_python_backend_stub" in _cmdline(pid) for pid in child_pids(self.process.pid))
+        return sum(b"triton_python_backend_stub" in cmdline(pid) for pid in child_pids(self.process.pid))
 
     def restart(self, timeout_s: float = 300) -> float:
         """Stops and starts the server on the same repository; returns the seconds it took."""
@@ -245,6 +226,32 @@ class TritonServer:
         self.start()
         self.wait_ready(timeout_s)
         return time.monotonic() - started
+
+    def supervise(
+        self,
+        stop: threading.Event,
+        watch_secs: float,
+        ready_timeout_s: float = 300,
+        report: Callable[[str], None] = log.warning,
+    ) -> int | None:
+        """Keeps the server up until ``stop`` is set; returns its exit code if it exits on its own first.
+
+        Every ``watch_secs`` (0: never) it counts the python model processes; one that died (Triton 2.51 does
+        not restart it) restarts the whole server, told through ``report``. Only with model control
+        ``none``, where model processes never change on purpose.
+        """
+        stubs, next_check = self.stub_count(), time.monotonic() + watch_secs
+        while not stop.wait(0.5):
+            if (code := self.exit_code()) is not None:
+                return code
+            if watch_secs and self.settings.model_control_mode == "none" and time.monotonic() >= next_check:
+                alive = self.stub_count()
+                if alive < stubs:
+                    report(f"{stubs - alive} model process(es) died: restarting the server")
+                    report(f"recovered in {self.restart(ready_timeout_s):.1f} s")
+                    alive = self.stub_count()
+                stubs, next_check = alive, time.monotonic() + watch_secs
+        return None
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -30,13 +30,17 @@ from recserve.constants import (
     REPOSITORY_FILE,
     SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
+    SEED_INDICES,
     SEED_INPUT,
     SEED_K,
     SEED_MODEL,
+    SEED_MODEL_INPUT,
     SEED_OUTPUT_IDS,
     SEED_OUTPUT_SCORES,
     SEED_POSTPROCESSING,
     SEED_PREPROCESSING,
+    SEED_TOKENS,
+    SEED_TOP_SCORES,
     WEIGHTS_FILE,
 )
 from recserve.errors import ServingError
@@ -102,7 +106,10 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
         TensorSpec(INPUT_K, "INT32", (1,), optional=True),
         TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,), optional=True),
     )
-    outputs = (TensorSpec(OUTPUT_ITEM_IDS, id_type, (-1,)), TensorSpec(OUTPUT_SCORES, "FP32", (-1,)))
+    outputs: tuple[TensorSpec, ...] = (
+        TensorSpec(OUTPUT_ITEM_IDS, id_type, (-1,)),
+        TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
+    )
     if unknown_output:
         outputs += (TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),)
     return inputs, outputs
@@ -114,10 +121,15 @@ def _batched_config(name: str, id_type: str, settings: ServingSettings, paramete
     if settings.max_queue_size or settings.queue_timeout_microseconds:
         policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
     return ModelConfig(
-        name=name, inputs=inputs, outputs=outputs, max_batch_size=settings.max_batch_size,
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        max_batch_size=settings.max_batch_size,
         dynamic_batching=DynamicBatching(settings.preferred_batch_sizes, settings.queue_delay_microseconds, policy),
-        instance_groups=_instances(settings), version_policy_latest=settings.versions_served,
-        response_cache=settings.response_cache, parameters=parameters,
+        instance_groups=_instances(settings),
+        version_policy_latest=settings.versions_served,
+        response_cache=settings.response_cache,
+        parameters=parameters,
     )
 
 
@@ -137,8 +149,9 @@ def _id_type(export_dir: Path) -> str:
     return "BYTES" if ids.dtype.kind in "OUS" else "INT64"
 
 
-def write_fused(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
-                version: int = 1) -> None:
+def write_fused(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+) -> None:
     """The ``recommender`` model: the export (copied whole) behind a batched python model."""
     model_dir = repo / FUSED_MODEL
     # the version folder appears whole (a polling server must never load a half-written one): built
@@ -154,8 +167,9 @@ def write_fused(repo: Path, export_dir: Path, manifest: ExportManifest, settings
     staging.rename(model_dir / str(version))
 
 
-def write_echo(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
-               version: int = 1) -> None:
+def write_echo(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+) -> None:
     """The ``echo`` model: the same contract and batching, a fixed answer, no compute."""
     id_type = _id_type(export_dir)
     parameters = {"max_k": str(manifest.max_k), "item_id_type": "string" if id_type == "BYTES" else "int64"}
@@ -163,32 +177,51 @@ def write_echo(repo: Path, export_dir: Path, manifest: ExportManifest, settings:
     _write_config(repo / ECHO_MODEL, _batched_config(ECHO_MODEL, id_type, settings, parameters))
 
 
-def write_seed(repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings,
-               version: int = 1) -> None:
+def write_seed(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+) -> None:
     """The PoC's layout and names: python pre- and postprocessing around the model at batch size 1."""
     id_type = _id_type(export_dir)
     window = manifest.window
     instances = _instances(settings)
     # the history keeps its window - 1 most recent items, then the mask token: at most 40 tokens
-    pre = ModelConfig(SEED_PREPROCESSING, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
-                      (TensorSpec("tokens", "INT64", (1, -1)),), instance_groups=instances,
-                      parameters={"window": str(window)})
-    model = ModelConfig(SEED_MODEL, (TensorSpec("input__0", "INT64", (-1,)),),
-                        (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
-                        max_batch_size=1, instance_groups=instances)
-    post = ModelConfig(SEED_POSTPROCESSING,
-                       (TensorSpec("indices", "INT64", (1, SEED_K)), TensorSpec("top_scores", "FP32", (1, SEED_K))),
-                       (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
-                       instance_groups=instances)
+    pre = ModelConfig(
+        SEED_PREPROCESSING,
+        (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
+        (TensorSpec(SEED_TOKENS, "INT64", (1, -1)),),
+        instance_groups=instances,
+        parameters={"window": str(window)},
+    )
+    model = ModelConfig(
+        SEED_MODEL,
+        (TensorSpec(SEED_MODEL_INPUT, "INT64", (-1,)),),
+        (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+        max_batch_size=1,
+        instance_groups=instances,
+    )
+    post = ModelConfig(
+        SEED_POSTPROCESSING,
+        (TensorSpec(SEED_INDICES, "INT64", (1, SEED_K)), TensorSpec(SEED_TOP_SCORES, "FP32", (1, SEED_K))),
+        (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+        instance_groups=instances,
+    )
     ensemble = ModelConfig(
-        SEED_ENSEMBLE, (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
+        SEED_ENSEMBLE,
+        (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
         (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
         platform="ensemble",
         ensemble_steps=(
-            EnsembleStep(SEED_PREPROCESSING, {SEED_INPUT: SEED_INPUT}, {"tokens": "tokens"}),
-            EnsembleStep(SEED_MODEL, {"input__0": "tokens"}, {SEED_OUTPUT_IDS: "indices", SEED_OUTPUT_SCORES: "top_scores"}),
-            EnsembleStep(SEED_POSTPROCESSING, {"indices": "indices", "top_scores": "top_scores"},
-                         {SEED_OUTPUT_IDS: SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES: SEED_OUTPUT_SCORES}),
+            EnsembleStep(SEED_PREPROCESSING, {SEED_INPUT: SEED_INPUT}, {SEED_TOKENS: SEED_TOKENS}),
+            EnsembleStep(
+                SEED_MODEL,
+                {SEED_MODEL_INPUT: SEED_TOKENS},
+                {SEED_OUTPUT_IDS: SEED_INDICES, SEED_OUTPUT_SCORES: SEED_TOP_SCORES},
+            ),
+            EnsembleStep(
+                SEED_POSTPROCESSING,
+                {SEED_INDICES: SEED_INDICES, SEED_TOP_SCORES: SEED_TOP_SCORES},
+                {SEED_OUTPUT_IDS: SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES: SEED_OUTPUT_SCORES},
+            ),
         ),
     )
     for config, source, files in (
@@ -204,8 +237,13 @@ def write_seed(repo: Path, export_dir: Path, manifest: ExportManifest, settings:
     _write_config(repo / SEED_ENSEMBLE, ensemble)
 
 
-def write_repository(export_dir: Path, repo: Path, layouts: tuple[str, ...] = ("fused",),
-                     settings: ServingSettings = ServingSettings(), version: int = 1) -> dict:
+def write_repository(
+    export_dir: Path,
+    repo: Path,
+    layouts: tuple[str, ...] = ("fused",),
+    settings: ServingSettings = ServingSettings(),
+    version: int = 1,
+) -> dict:
     """Writes (or adds to) a model repository from an export folder; returns a summary of what it holds.
 
     Raises:
@@ -219,15 +257,23 @@ def write_repository(export_dir: Path, repo: Path, layouts: tuple[str, ...] = ("
     if "fused" in layouts:
         _check_device(manifest, settings.device)
     if "seed" in layouts and not all((export_dir / name).is_file() for name in SEED_MODEL_FILES):
-        raise ServingError(f"{export_dir}: the seed layout rebuilds the model from its weights, which this "
-                           f"{manifest.backend} export does not hold; export with --backend eager for it")
+        raise ServingError(
+            f"{export_dir}: the seed layout rebuilds the model from its weights, which this "
+            f"{manifest.backend} export does not hold; export with --backend eager for it"
+        )
     repo = Path(repo)
     repo.mkdir(parents=True, exist_ok=True)
     summary: dict = {"repository": str(repo), "version": version, "models": []}
     if "fused" in layouts:
         write_fused(repo, export_dir, manifest, settings, version)
-        summary["models"].append({"name": FUSED_MODEL, "backend": manifest.backend, "precision": manifest.precision,
-                                  "validation_max_diff": manifest.validation.get("max_score_diff")})
+        summary["models"].append(
+            {
+                "name": FUSED_MODEL,
+                "backend": manifest.backend,
+                "precision": manifest.precision,
+                "validation_max_diff": manifest.validation.get("max_score_diff"),
+            }
+        )
     if "seed" in layouts:
         write_seed(repo, export_dir, manifest, settings, version)
         summary["models"] += [{"name": n} for n in (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING)]
@@ -257,16 +303,21 @@ def _check_device(manifest: ExportManifest, device: str) -> None:
 
     built_on_gpu = manifest.device != "cpu"
     if not backend_module(manifest.backend).PORTABLE and built_on_gpu != (device == "gpu"):
-        raise ServingError(f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
-                           f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again")
+        raise ServingError(
+            f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
+            f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again"
+        )
 
 
 def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
     """Adds the layouts just written, with the export each was built from, to the repository's record."""
     info = read_repository_info(repo)
     for layout in layouts:
-        info["layouts"][layout] = {"backend": manifest.backend, "precision": manifest.precision,
-                                   "device": manifest.device}
+        info["layouts"][layout] = {
+            "backend": manifest.backend,
+            "precision": manifest.precision,
+            "device": manifest.device,
+        }
     info["run"] = manifest.run
     (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 

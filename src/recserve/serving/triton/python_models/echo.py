@@ -34,8 +34,13 @@ class TritonPythonModel:
             rows = len(p.histories)
             ids = np.broadcast_to(self.ids[: p.k], (rows, p.k))
             scores = np.broadcast_to(self.scores[: p.k], (rows, p.k))
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor(OUTPUT_ITEM_IDS, np.ascontiguousarray(ids)),
-                 pb_utils.Tensor(OUTPUT_SCORES, np.ascontiguousarray(scores)),
-                 pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, np.zeros((rows, 1), dtype=np.int32))]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor(OUTPUT_ITEM_IDS, np.ascontiguousarray(ids)),
+                        pb_utils.Tensor(OUTPUT_SCORES, np.ascontiguousarray(scores)),
+                        pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, np.zeros((rows, 1), dtype=np.int32)),
+                    ]
+                )
+            )
         return responses

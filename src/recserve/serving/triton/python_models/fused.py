@@ -15,8 +15,8 @@ import triton_python_backend_utils as pb_utils
 if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carries its own copy of recserve
     sys.path.insert(0, str(Path(__file__).parent))
 
-from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS  # noqa: E402
-from recserve.errors import RequestError  # noqa: E402
+from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
+from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import exclude_flags, parse_triton_request
 from recserve.serving.triton.placement import instance_device
@@ -25,7 +25,9 @@ from recserve.serving.triton.placement import instance_device
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        folder = Path(args["model_repository"]) / args["model_version"] / config["parameters"]["export_dir"]["string_value"]
+        folder = (
+            Path(args["model_repository"]) / args["model_version"] / config["parameters"]["export_dir"]["string_value"]
+        )
         self.predictor = Predictor.load(folder, instance_device(args))
 
     def _parse(self, request):
@@ -51,8 +53,11 @@ class TritonPythonModel:
                 continue
             stop = row + len(p.histories)
             ids, scores = answers.rows(row, stop, p.k)
-            outputs = [pb_utils.Tensor(OUTPUT_ITEM_IDS, ids), pb_utils.Tensor(OUTPUT_SCORES, scores),
-                       pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, unknown[row:stop])]
+            outputs = [
+                pb_utils.Tensor(OUTPUT_ITEM_IDS, ids),
+                pb_utils.Tensor(OUTPUT_SCORES, scores),
+                pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, unknown[row:stop]),
+            ]
             responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             row = stop
         return responses

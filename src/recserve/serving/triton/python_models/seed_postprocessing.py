@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import ITEM_TABLE_FILE, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES
+from recserve.constants import ITEM_TABLE_FILE, SEED_INDICES, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES, SEED_TOP_SCORES
 from recserve.data.vocab import Vocab
 
 
@@ -17,12 +17,17 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            indices = pb_utils.get_input_tensor_by_name(request, "indices").as_numpy().reshape(-1)
-            scores = pb_utils.get_input_tensor_by_name(request, "top_scores").as_numpy().reshape(-1)
+            indices = pb_utils.get_input_tensor_by_name(request, SEED_INDICES).as_numpy().reshape(-1)
+            scores = pb_utils.get_input_tensor_by_name(request, SEED_TOP_SCORES).as_numpy().reshape(-1)
             ids = self.vocab.to_ids(indices)
             if ids.dtype.kind == "U":
                 ids = np.char.encode(ids, "utf-8").astype(np.object_)
-            responses.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor(SEED_OUTPUT_IDS, ids), pb_utils.Tensor(SEED_OUTPUT_SCORES, scores.astype(np.float32))
-            ]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    [
+                        pb_utils.Tensor(SEED_OUTPUT_IDS, ids),
+                        pb_utils.Tensor(SEED_OUTPUT_SCORES, scores.astype(np.float32)),
+                    ]
+                )
+            )
         return responses

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import ITEM_TABLE_FILE, SEED_INPUT
+from recserve.constants import ITEM_TABLE_FILE, SEED_INPUT, SEED_TOKENS
 from recserve.data.vocab import Vocab
 
 
@@ -24,5 +24,5 @@ class TritonPythonModel:
         for request in requests:
             ids = pb_utils.get_input_tensor_by_name(request, SEED_INPUT).as_numpy().reshape(-1)[-self.history_limit :]
             tokens = np.append(self.vocab.lookup(ids), self.vocab.mask_index)[None, :]  # (1, L + 1)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("tokens", tokens.astype(np.int64))]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(SEED_TOKENS, tokens.astype(np.int64))]))
         return responses

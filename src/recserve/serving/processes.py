@@ -1,0 +1,51 @@
+"""Linux process and port helpers for the servers recserve starts: free loopback ports, /proc children and
+command lines, and tying a child's life to its parent's."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import socket
+from pathlib import Path
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that are free on loopback right now (for tests and benchmarks that start their own server)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...), or None when it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := proc_stat(int(entry.name))) is not None and int(fields[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def stop_with_parent() -> None:
+    """In the child before exec: SIGTERM the server when the process that started it dies (Linux)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
