@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
@@ -31,11 +32,8 @@ def test_data_on_a_missing_file_exits_non_zero_with_the_path(tmp_path):
     assert "nope.csv: no such file" in result.output
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_serve_on_a_machine_without_a_gpu_says_so(tmp_path):
-    import torch
-
-    if torch.cuda.is_available():
-        return
     result = runner.invoke(app, ["serve", "--repo", str(tmp_path), "--gpu"])
     assert result.exit_code != 0 and "no CUDA device" in result.output
 

@@ -64,8 +64,17 @@ def test_bounded_retries_with_backoff_get_through_after_a_burst(small_queue_serv
     assert len(client.recommend([1, 2, 3], k=5).item_ids) == 5
 
 
-def test_busy_errors_are_retryable_and_typed():
-    assert issubclass(ServerBusyError, Exception)
-    from recserve.client.triton import BUSY_STATUSES
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_no_server_at_the_address_is_retried_then_named(protocol):
+    """Nothing listening: each retry waits its backoff (doubling, with jitter), then the error says so."""
+    import time
 
-    assert {"503", "StatusCode.UNAVAILABLE"} <= BUSY_STATUSES
+    from recserve.client import ServerUnreachableError
+    from recserve.serving.processes import free_ports
+
+    [port] = free_ports(1)
+    client = RecommenderClient(f"127.0.0.1:{port}", protocol, retries=3, backoff_s=0.05, timeout_s=2)
+    started = time.monotonic()
+    with pytest.raises(ServerUnreachableError, match=f"no server answers at 127.0.0.1:{port} \\({protocol}\\)"):
+        client.recommend([1, 2, 3])
+    assert time.monotonic() - started >= 0.05 * (1 + 2 + 4)  # three backoffs: retried, not given up at once

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from recserve.client import AsyncRecommenderClient, RecommenderClient, RecommendError
 from recserve.errors import ServingError
+from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
@@ -97,12 +99,17 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
         write_repository(tiny_export, tmp_path / "d", ("nope",))
 
 
-def test_fused_answers_match_the_predictor_and_count_unknown_ids(int_server, tiny_run):
+def test_fused_answers_match_the_predictor_and_count_unknown_ids(int_server, int_repo):
+    from recserve.serving.predictor import Predictor
+
     with RecommenderClient(int_server.grpc_url) as client:
         answer = client.recommend([1, 2, 3, 999_999], k=5)
         clean = client.recommend([1, 2, 3], k=5)
     assert answer.unknown_ids == 1 and len(answer.item_ids) == 5
     np.testing.assert_array_equal(answer.item_ids, clean.item_ids)
+    expected = Predictor.load(int_repo / "recommender" / "1" / "export").predict([np.array([1, 2, 3])], k=5)[0]
+    np.testing.assert_array_equal(answer.item_ids, expected.item_ids)
+    np.testing.assert_allclose(answer.scores, expected.scores, atol=FP32_SCORE_TOL)  # other threads, other sums
     assert not {1, 2, 3} & set(answer.item_ids.tolist()) and np.all(np.diff(answer.scores) <= 0)
 
 
@@ -228,10 +235,26 @@ def test_a_model_that_fails_to_load_stops_the_server_with_its_error(int_repo, tm
         pass
 
 
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on ``port``."""
+    addresses = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                addresses.add(address)
+    return addresses
+
+
 def test_the_server_listens_on_loopback_and_restricts_the_repository_api(int_server):
-    assert int_server.settings.host == "127.0.0.1"
+    s = int_server.settings
+    for port in (s.http_port, s.grpc_port, s.metrics_port):
+        addresses = _listening(port)  # 127.0.0.1, or ::ffff:127.0.0.1 on a dual-stack socket; no wildcard
+        assert addresses and addresses <= {"0100007F", "0000000000000000FFFF00000100007F"}, (port, addresses)
     client = grpcclient.InferenceServerClient(int_server.grpc_url)
-    with pytest.raises(Exception, match="restricted|Unauthenticated|UNAVAILABLE|not allowed"):
+    assert client.is_server_ready()  # so the refusal below is the restriction, not a dead server
+    with pytest.raises(Exception, match="restricted"):
         client.get_model_repository_index()
 
 

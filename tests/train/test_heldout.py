@@ -30,15 +30,20 @@ def test_split_holds_out_disjoint_users_and_splits_their_items_80_20():
     rows = [list(rng.choice(np.arange(1, 40), size=rng.integers(5, 15), replace=False)) for _ in range(50)]
     split = split_heldout(sequences(rows), heldout_share=0.1, seed=3)
     assert split.train.num_users == 40 and split.valid.fed.num_users == 5 and split.test.fed.num_users == 5
-    all_users = {frozenset(r) for r in rows}
-    train_users = {frozenset(s) for s in user_sets(split.train)}
-    assert train_users <= all_users
+    all_users = [frozenset(r) for r in rows]
+    train_users = [frozenset(s) for s in user_sets(split.train)]
+    assert set(train_users) <= set(all_users)
+    train_items = set(split.train.items.tolist())
+    held_out = []
     for fold in (split.valid, split.test):
         for fed, targets in zip(user_sets(fold.fed), user_sets(fold.targets)):
             assert not fed & targets
             whole = fed | targets
-            assert frozenset(whole) in all_users or whole <= set(split.train.items.tolist())
+            # one user's row, less only the items no training user has
+            (original,) = [r for r in all_users if whole <= r and not (r - whole) & train_items]
+            held_out.append(original)
             assert len(targets) == int(len(whole) * 0.2)
+    assert len(set(held_out)) == 10 and not set(held_out) & set(train_users)  # ten users, none trained on
 
 
 def test_split_drops_heldout_items_no_training_user_has():

@@ -19,6 +19,7 @@ from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
+from recserve.serving.requests import check_k
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,7 @@ class Predictor:
         return self.vocab_ids[pos] == ids if ids.size else np.zeros(ids.shape, dtype=bool)
 
     def check_k(self, k: int) -> int:
-        if not 1 <= k <= self.max_k:
-            raise RequestError(f"k: {k} is out of range; allowed 1..{self.max_k}")
-        return int(k)
+        return check_k(k, self.max_k)
 
     def answer(self, histories: Sequence[np.ndarray], k: int, exclude_seen: np.ndarray | bool = True) -> Answers:
         """The top ``k`` of each history as arrays: one graph call for the whole batch.

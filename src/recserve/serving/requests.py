@@ -30,6 +30,13 @@ def _column(values: np.ndarray, rows: int, name: str, kinds: str) -> np.ndarray:
     return np.broadcast_to(values.reshape(-1), (rows,))
 
 
+def check_k(k: int, max_k: int) -> int:
+    """``k`` as an int if it lies in 1..max_k (the one k check: Triton requests, SageMaker, the predictor)."""
+    if not 1 <= k <= max_k:
+        raise RequestError(f"{INPUT_K}: {k} is out of range; allowed 1..{max_k}")
+    return int(k)
+
+
 def parse_request(
     item_ids: np.ndarray, k: np.ndarray | None, exclude_seen: np.ndarray | None, max_k: int, string_ids: bool
 ) -> ParsedRequest:
@@ -55,8 +62,7 @@ def parse_request(
         if rows > 1 and np.any(ks != ks[0]):
             raise RequestError(f"{INPUT_K}: one k per request, got {sorted(set(ks.tolist()))}")
         k_value = int(ks[0])
-    if not 1 <= k_value <= max_k:
-        raise RequestError(f"{INPUT_K}: {k_value} is out of range; allowed 1..{max_k}")
+    k_value = check_k(k_value, max_k)
     if exclude_seen is not None:
         exclude_seen = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b").astype(bool)
     histories = [item_ids[0]] if rows == 1 else list(item_ids)

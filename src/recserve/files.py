@@ -1,0 +1,46 @@
+"""Writing a stage's artifact so that it appears whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def replaced_on_success(out: Path, folder: bool = True) -> Iterator[Path]:
+    """Yields a hidden temporary sibling of ``out`` (a folder, or a file path) to write into.
+
+    When the block succeeds the temporary takes ``out``'s place (a previous ``out`` is removed only then);
+    when it fails the temporary is deleted and ``out`` is left as it was. Readers never see a half-written
+    artifact: a Triton polling the repository, a second command reading the folder.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if folder:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    else:
+        handle, name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        os.close(handle)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if not folder:
+            os.replace(tmp, out)
+            return
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
