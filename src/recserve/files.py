@@ -10,6 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def replaced_on_success(out: Path, folder: bool = True) -> Iterator[Path]:
     """Yields a hidden temporary sibling of ``out`` (a folder, or a file path) to write into.
@@ -26,6 +32,7 @@ def replaced_on_success(out: Path, folder: bool = True) -> Iterator[Path]:
         handle, name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
         os.close(handle)
         tmp = Path(name)
+    tmp.chmod((0o777 if folder else 0o666) & ~_umask())  # what a plain mkdir or open would give, not 0700
     try:
         yield tmp
         if not folder:

@@ -59,3 +59,15 @@ def test_explicit_mode_loads_models_only_with_the_key_and_never_logs_it(int_repo
         assert _request(load, "POST", headers={HEADER: key}) == 200
         assert _request(f"http://{server.http_url}/v2/models/echo/ready") == 200
     assert key not in (tmp_path / "server.log").read_text()
+
+
+def test_the_bundled_server_gets_a_backend_folder_of_its_own(tmp_path, monkeypatch):
+    """The installed nvidia-pytriton package is never written to: the stub goes into recserve's cache."""
+    from recserve.serving.triton.launcher import find_bundle
+
+    monkeypatch.delenv("TRITONSERVER_BIN", raising=False)
+    monkeypatch.setenv("RECSERVE_CACHE", str(tmp_path))
+    bundle = find_bundle()
+    assert bundle.backend_dir.is_relative_to(tmp_path)
+    assert (bundle.backend_dir / "python" / "triton_python_backend_stub").is_file()
+    assert (bundle.backend_dir / "python" / "libtriton_python.so").resolve().is_file()

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from recserve.cli.console import console, handle_errors
-
-# Where the models' usual settings differ; an option given on the command line wins.
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
-    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=2),
-    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
-}
 
 
 @handle_errors
@@ -131,7 +124,7 @@ def train(
     trains on held-out-user splits and validates NDCG@100 (the paper's protocol). Values in brackets are
     the defaults of the models named (BERT4Rec first), where they differ.
     """
-    from recserve.train.trainer import TrainConfig, write_metrics
+    from recserve.train.trainer import MODEL_DEFAULTS, TrainConfig, write_metrics
     from recserve.train.trainer import train as run_training
 
     if model not in MODEL_DEFAULTS:

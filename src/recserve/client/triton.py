@@ -25,6 +25,7 @@ from recserve.constants import (
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
 )
+from recserve.data.vocab import as_str_ids
 from recserve.errors import ServingError
 
 BUSY_STATUSES = {"503", "StatusCode.UNAVAILABLE", "UNAVAILABLE"}
@@ -115,7 +116,7 @@ def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendE
 def _result(reply, has_unknown: bool) -> Recommendations:
     ids = reply.as_numpy(OUTPUT_ITEM_IDS)[0]
     if ids.dtype == object:
-        ids = np.array([x.decode() for x in ids])
+        ids = as_str_ids(ids)
     unknown = int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]) if has_unknown else 0
     return Recommendations(ids, reply.as_numpy(OUTPUT_SCORES)[0], unknown)
 

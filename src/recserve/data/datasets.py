@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from recserve.data.io import Columns, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame
 from recserve.data.vocab import Vocab, build_vocab
 from recserve.errors import ConfigError, DataError
+from recserve.files import replaced_on_success
 
 log = logging.getLogger(__name__)
 
@@ -120,23 +118,10 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
 
 def _write_atomically(out: Path, tables: dict[str, pl.DataFrame], info: dict) -> None:
     """Writes into a temporary sibling folder, then swaps it in: a failed run leaves OUT as it was."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with replaced_on_success(out) as tmp:
         for name, table in tables.items():
             table.write_parquet(tmp / name, statistics=False)
         (tmp / DATASET_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_prepared(folder: Path) -> PreparedData:

@@ -82,6 +82,14 @@ def build_vocab(item_ids: np.ndarray) -> Vocab:
     return Vocab(ids=ids)
 
 
+def as_bytes_ids(item_ids: np.ndarray) -> np.ndarray:
+    """Item IDs as Triton's BYTES tensors hold them: an object array of UTF-8 bytes; integer IDs unchanged."""
+    item_ids = np.asarray(item_ids)
+    if item_ids.dtype.kind in "iu":
+        return item_ids
+    return np.char.encode(as_str_ids(item_ids), "utf-8").astype(np.object_)
+
+
 def as_str_ids(item_ids) -> np.ndarray:
     """String IDs as a numpy str array, decoding UTF-8 bytes (what Triton's BYTES tensors hold)."""
     item_ids = np.asarray(item_ids)

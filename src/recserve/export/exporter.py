@@ -6,7 +6,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from recserve.export.graph import PRECISIONS, build_graph, load_spec
 from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.export.validate import check_parity, serving_ndcg10
+from recserve.files import replaced_on_success
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,7 @@ def export_run(
         id_mapping=spec.id_mapping,
         run=str(run_dir),
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with replaced_on_success(out) as tmp:
         for name in CATALOGUE_FILES:
             if (run_dir / name).exists():
                 shutil.copyfile(run_dir / name, tmp / name)
@@ -92,12 +90,6 @@ def export_run(
             validation |= _quality_change(reference, runner, spec, run_dir, data_dir)
         manifest = dataclasses.replace(manifest, validation=validation)
         manifest.write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 

@@ -8,6 +8,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,15 @@ from recserve.train.runfolder import LAST_CHECKPOINT, prepare_run_folder, run_id
 log = logging.getLogger(__name__)
 
 CURVES_FILE = "curves.png"
+
+
+# The training settings where the models' usual values differ (TrainConfig's own defaults are BERT4Rec's);
+# `recserve train` starts from these, an option given on the command line wins.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
+    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=2),
+    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
+}
 
 
 @dataclass(frozen=True)

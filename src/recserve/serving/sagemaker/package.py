@@ -22,6 +22,7 @@ from pathlib import Path
 from recserve.constants import FUSED_MODEL, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
+from recserve.files import replaced_on_success
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,10 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
             _write_pytorch(export_dir, root)
         else:
             _write_triton(export_dir, manifest, root)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_name(f".{out.name}.partial")
-        with tarfile.open(partial, "w:gz") as tar:
+        with replaced_on_success(out, folder=False) as partial, tarfile.open(partial, "w:gz") as tar:
             for path in sorted(root.rglob("*")):
                 if "__pycache__" not in path.parts:
                     tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
-        partial.rename(out)
     return {
         "package": str(out),
         "runtime": runtime,

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import urllib.error
@@ -74,19 +75,48 @@ def find_bundle() -> Bundle:
         raise ServingError("the Triton server ships in nvidia-pytriton: `pip install nvidia-pytriton==0.7.0`")
     root = Path(next(iter(spec.submodule_search_locations)))
     server = root / "tritonserver"
-    bundle = Bundle(server / "bin" / "tritonserver", server / "backends", root.parent / "nvidia_pytriton.libs")
-    _install_stub(server, bundle.backend_dir)
-    return bundle
+    return Bundle(server / "bin" / "tritonserver", backend_folder(server), root.parent / "nvidia_pytriton.libs")
 
 
-def _install_stub(server: Path, backend_dir: Path) -> None:
+def backend_folder(server: Path) -> Path:
+    """recserve's own backend folder for the bundled server (the installed package is never written to):
+    the bundle's backends linked in, and its python backend with the stub for this Python beside it.
+
+    It lives under ``RECSERVE_CACHE`` (default ``~/.cache/recserve``, else the temporary folder).
+    """
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
-    target = backend_dir / "python" / "triton_python_backend_stub"
     if not stub.is_file():
         raise ServingError(f"the bundled Triton has no python-backend stub for Python {version}")
+    folder = _cache() / "triton-backends" / f"{server.resolve().as_posix().replace('/', '_')}-py{version}"
+    (folder / "python").mkdir(parents=True, exist_ok=True)
+    for source in (server / "backends").iterdir():
+        if source.name == "python":
+            for item in source.iterdir():
+                if item.name != stub.name:
+                    _link(folder / "python" / item.name, item)
+        else:
+            _link(folder / source.name, source)
+    target = folder / "python" / stub.name
     if not target.is_file() or target.stat().st_size != stub.stat().st_size:
         shutil.copy2(stub, target)
+    return folder
+
+
+def _cache() -> Path:
+    preferred = Path(os.environ.get("RECSERVE_CACHE") or Path.home() / ".cache" / "recserve")
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    except OSError:
+        return Path(tempfile.gettempdir()) / "recserve-cache"
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() and link.resolve() == target.resolve():
+        return
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
 
 
 def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:

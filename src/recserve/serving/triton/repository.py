@@ -45,6 +45,7 @@ from recserve.constants import (
 )
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
+from recserve.files import replaced_on_success
 from recserve.serving.triton.model_config import (
     DynamicBatching,
     EnsembleStep,
@@ -155,16 +156,13 @@ def write_fused(
     """The ``recommender`` model: the export (copied whole) behind a batched python model."""
     model_dir = repo / FUSED_MODEL
     # the version folder appears whole (a polling server must never load a half-written one): built
-    # under a name Triton ignores, then renamed
-    staging = model_dir / f".staging-{version}"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(export_dir, staging / EXPORT_SUBDIR, ignore=shutil.ignore_patterns(".*"))
-    _python_model("fused", staging)
+    # under a hidden name Triton ignores, then renamed
     config = _batched_config(FUSED_MODEL, _id_type(export_dir), settings, {"export_dir": EXPORT_SUBDIR})
     if not (model_dir / "config.pbtxt").exists() or (model_dir / "config.pbtxt").read_text() != to_pbtxt(config):
         _write_config(model_dir, config)
-    shutil.rmtree(model_dir / str(version), ignore_errors=True)
-    staging.rename(model_dir / str(version))
+    with replaced_on_success(model_dir / str(version)) as staging:
+        shutil.copytree(export_dir, staging / EXPORT_SUBDIR, ignore=shutil.ignore_patterns(".*"))
+        _python_model("fused", staging)
 
 
 def write_echo(

@@ -9,6 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
+from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError
 from recserve.serving.requests import parse_triton_request
 
@@ -19,7 +20,7 @@ class TritonPythonModel:
         self.max_k = int(params["max_k"]["string_value"])
         self.string_ids = params["item_id_type"]["string_value"] == "string"
         ids = np.arange(1, self.max_k + 1)
-        self.ids = np.char.encode(ids.astype(str)).astype(np.object_) if self.string_ids else ids
+        self.ids = as_bytes_ids(ids.astype(str)) if self.string_ids else ids
         self.scores = np.linspace(1.0, 0.0, self.max_k, dtype=np.float32)
 
     def execute(self, requests):

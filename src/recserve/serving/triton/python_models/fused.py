@@ -16,6 +16,7 @@ if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carri
     sys.path.insert(0, str(Path(__file__).parent))
 
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
+from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import exclude_flags, parse_triton_request
@@ -44,7 +45,7 @@ class TritonPythonModel:
         histories = [h for p in good for h in p.histories]
         answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good))
         if answers.item_ids.dtype.kind == "U":  # string IDs go out as BYTES
-            answers = replace(answers, item_ids=np.char.encode(answers.item_ids, "utf-8").astype(np.object_))
+            answers = replace(answers, item_ids=as_bytes_ids(answers.item_ids))
         unknown = answers.unknown.astype(np.int32)[:, None]  # Triton 2.51 has no response parameters
         responses, row = [], 0
         for p in parsed:

@@ -6,7 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from recserve.constants import ITEM_TABLE_FILE, SEED_INDICES, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES, SEED_TOP_SCORES
-from recserve.data.vocab import Vocab
+from recserve.data.vocab import Vocab, as_bytes_ids
 
 
 class TritonPythonModel:
@@ -20,8 +20,7 @@ class TritonPythonModel:
             indices = pb_utils.get_input_tensor_by_name(request, SEED_INDICES).as_numpy().reshape(-1)
             scores = pb_utils.get_input_tensor_by_name(request, SEED_TOP_SCORES).as_numpy().reshape(-1)
             ids = self.vocab.to_ids(indices)
-            if ids.dtype.kind == "U":
-                ids = np.char.encode(ids, "utf-8").astype(np.object_)
+            ids = as_bytes_ids(ids)
             responses.append(
                 pb_utils.InferenceResponse(
                     [
