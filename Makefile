@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[all]"
 	$(PIP) install -q --no-deps recbole  # only for the ML-100K files it ships
 	bash scripts/install_perf_analyzer.sh $(PY)
+	bash scripts/install_prometheus.sh  # Debian's prometheus and promtool, for tests/deploy
 	touch $(STAMP)
 
 demo: $(STAMP)

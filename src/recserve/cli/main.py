@@ -9,6 +9,7 @@ import typer
 from recserve.cli.bench import bench
 from recserve.cli.console import setup_logging
 from recserve.cli.data import data
+from recserve.cli.deploy import app as deploy_app
 from recserve.cli.evaluate import evaluate
 from recserve.cli.export import export
 from recserve.cli.recommend import recommend
@@ -33,6 +34,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug lo
 for command in (data, train, evaluate, export, repo, serve, recommend, bench):
     app.command()(command)
 app.add_typer(sagemaker_app, name="sagemaker")
+app.add_typer(deploy_app, name="deploy")
 
 if __name__ == "__main__":
     app()

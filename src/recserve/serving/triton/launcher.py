@@ -146,6 +146,7 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
         f"--exit-timeout-secs={s.exit_timeout_secs}",
         f"--log-verbose={s.log_verbose}",
         "--strict-readiness=true",
+        "--metrics-config=summary_latencies=true",  # latency quantiles: what the p99 alert reads
     ]
     if s.model_control_mode == "poll":
         args.append(f"--repository-poll-secs={s.repository_poll_secs}")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian's prometheus package (the server and promtool) for the monitoring tests, unless promtool is there.
+set -euo pipefail
+if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+  exit 0
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "promtool and prometheus are missing and apt-get is not available: install Prometheus 2.x yourself" >&2
+  exit 1
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+  || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+promtool --version | head -n 1

@@ -1,0 +1,62 @@
+"""``recserve deploy``: Kubernetes manifests and monitoring for a model repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from recserve.cli.console import console, handle_errors
+
+app = typer.Typer(
+    help="Deployment: Kubernetes manifests (kustomize overlays, KServe) and Prometheus/Grafana files.",
+    no_args_is_help=True,
+)
+
+
+@app.command()
+@handle_errors
+def k8s(
+    repo: Annotated[
+        Path,
+        typer.Option(
+            "--repo", help="Model repository written by `recserve repo` (baked into the serving image, or on a volume)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the manifests.")] = Path("k8s"),
+    image: Annotated[str | None, typer.Option(help="Serving image (deploy/docker/Dockerfile.serve).")] = None,
+    name: Annotated[str | None, typer.Option(help="Name of the Deployment, Service and the rest.")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Kubernetes namespace.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Replicas, and the autoscaler's minimum.")] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="The autoscaler's maximum.")] = None,
+    repository: Annotated[
+        str | None, typer.Option(help="image (baked in) or volume (a PersistentVolumeClaim).")
+    ] = None,
+    repository_claim: Annotated[str | None, typer.Option(help="With --repository volume: the claim's name.")] = None,
+    env_file: Annotated[Path, typer.Option(help="Settings file (RECSERVE_K8S_<NAME>=value lines).")] = Path(".env.k8s"),
+) -> None:
+    """Write Deployment, Service, HorizontalPodAutoscaler, PodDisruptionBudget (kustomize base with cpu and
+    gpu overlays, and rendered), a KServe InferenceService, and Prometheus/Grafana files. Settings not given
+    here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
+    from pydantic import ValidationError
+
+    from recserve.deploy.k8s import K8sSettings, write_manifests
+    from recserve.errors import ServingError
+
+    given: dict[str, Any] = dict(
+        image=image,
+        name=name,
+        namespace=namespace,
+        replicas=replicas,
+        max_replicas=max_replicas,
+        repository=repository,
+        repository_claim=repository_claim,
+    )
+    try:
+        settings = K8sSettings(_env_file=env_file, **{k: v for k, v in given.items() if v is not None})  # type: ignore[call-arg]
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ServingError(f"bad deployment settings ({problems})") from err
+    files = write_manifests(repo, out, settings)
+    console.print(f"{len(files)} files in {out}: kubectl apply -k {out}/overlays/gpu (or overlays/cpu)")

