@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,28 @@ def string_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def string_run(string_data_dir, tmp_path_factory) -> Path:
     return _train_tiny(string_data_dir, tmp_path_factory.mktemp("string-run") / "run", window=8)
+
+
+def start_serve(repo: Path, *options: str) -> tuple[subprocess.Popen, int, int, int]:
+    """`recserve serve` on free loopback ports in its own process, as a user starts it (output piped).
+    Returns the process and its HTTP, gRPC and metrics ports."""
+    http, grpc, metrics = free_ports(3)
+    command = [
+        sys.executable,
+        "-m",
+        "recserve.cli.main",
+        "serve",
+        "--repo",
+        str(repo),
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        *options,
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), http, grpc, metrics
 
 
 def server_settings(**overrides) -> ServerSettings:

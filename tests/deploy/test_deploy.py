@@ -21,6 +21,7 @@ from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
 from recserve.errors import ServingError
 from recserve.serving.processes import free_ports
 from recserve.serving.triton.repository import write_repository
+from tests.conftest import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.32.0"
@@ -212,28 +213,11 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
     prometheus = _tool("prometheus")
     repo = tmp_path / "repo"
     shutil.copytree(int_repo / "echo", repo / "echo")
-    http, grpc, metrics, web = free_ports(4)
+    serve, http, _, metrics = start_serve(repo)
+    [web] = free_ports(1)
     config = scrape_config(targets=[f"127.0.0.1:{metrics}"], interval_s=1)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules()))
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "recserve.cli.main",
-            "serve",
-            "--repo",
-            str(repo),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
     scraper = subprocess.Popen(
         [
             prometheus,

@@ -4,12 +4,11 @@ only during that window (Triton 2.51 neither restarts the process nor stops repo
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from recserve.client import RecommenderClient, RecommendError
-from recserve.serving.processes import free_ports
+from tests.conftest import start_serve
 from tests.reliability.test_shutdown import _wait_ready
 
 RECOVERY_BOUND_S = 90
@@ -26,30 +25,7 @@ def test_a_killed_model_process_is_recovered_within_a_bounded_window(int_repo, t
 
     repo = tmp_path / "repo"
     shutil.copytree(int_repo / "echo", repo / "echo")
-    http, grpc, metrics = free_ports(3)
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "recserve.cli.main",
-            "serve",
-            "--repo",
-            str(repo),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--watch-secs",
-            "1",
-            "--exit-timeout-secs",
-            "5",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    serve, http, grpc, metrics = start_serve(repo, "--watch-secs", "1", "--exit-timeout-secs", "5")
     try:
         _wait_ready(http)
         client = RecommenderClient(f"127.0.0.1:{http}", "http", model="echo", timeout_s=5)

@@ -4,14 +4,13 @@ repository-polling mode) switches to it with zero failed requests."""
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
 from recserve.pipeline import repository_from_run
-from recserve.serving.processes import free_ports
 from recserve.serving.triton.repository import ServingSettings
+from tests.conftest import start_serve
 from tests.reliability.test_shutdown import _wait_ready
 
 
@@ -29,30 +28,7 @@ def _infer(port: int) -> str:
 def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tmp_path):
     repo = tmp_path / "repo"
     repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=1)
-    http, grpc, metrics = free_ports(3)
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "recserve.cli.main",
-            "serve",
-            "--repo",
-            str(repo),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--model-control",
-            "poll",
-            "--poll-secs",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    serve, http, grpc, metrics = start_serve(repo, "--model-control", "poll", "--poll-secs", "1")
     versions, failures, stop = [], [], threading.Event()
 
     def load():

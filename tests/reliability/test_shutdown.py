@@ -1,14 +1,12 @@
 """Graceful shutdown: SIGTERM to `recserve serve` under load; accepted requests are answered, exit code 0."""
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
 from recserve.client import RecommenderClient, RecommendError, ServerBusyError
-from recserve.serving.processes import free_ports
+from tests.conftest import start_serve
 
 LOAD_S = 4.0
 
@@ -26,28 +24,7 @@ def _wait_ready(port: int, timeout_s: float = 120) -> None:
 
 
 def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, tmp_path):
-    http, grpc, metrics = free_ports(3)
-    serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "recserve.cli.main",
-            "serve",
-            "--repo",
-            str(int_repo),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--exit-timeout-secs",
-            "10",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    serve, http, grpc, metrics = start_serve(int_repo, "--exit-timeout-secs", "10")
     try:
         _wait_ready(http)
         outcomes = {"ok": 0, "refused": 0, "failed": []}
