@@ -100,7 +100,19 @@ def backend_folder(server: Path) -> Path:
     target = folder / "python" / stub.name
     if not target.is_file() or target.stat().st_size != stub.stat().st_size:
         shutil.copy2(stub, target)
+    for native in native_backends():
+        _link(folder / native.name, native)
     return folder
+
+
+def native_backends() -> list[Path]:
+    """Backends built from source beside the bundled python one (``scripts/build_triton_backends.sh``):
+    the folders under ``RECSERVE_TRITON_BACKENDS``, default ``build/triton-backends`` of a source checkout."""
+    root = os.environ.get("RECSERVE_TRITON_BACKENDS")
+    folder = Path(root) if root else Path(__file__).resolve().parents[4] / "build" / "triton-backends"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and any(p.glob("libtriton_*.so")))
 
 
 def _cache() -> Path:
