@@ -26,7 +26,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP)
-	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch backend, once (about 30 s)
+	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch and ONNX Runtime backends, once
 	$(PY) -m pytest -q
 
 # ruff (lint and format check) and mypy, configured in pyproject.toml
