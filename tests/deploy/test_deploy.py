@@ -251,3 +251,15 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def test_a_repository_on_a_volume_is_mounted_read_only_and_validates():
+    from recserve.deploy.k8s import deployment, inference_service
+
+    settings = K8sSettings(_env_file=None, repository="volume", repository_claim="recserve-models")
+    manifest = deployment(settings)
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "recserve-models", "readOnly": True}
+    assert pod["containers"][0]["volumeMounts"][0] == {"name": "models", "mountPath": "/models", "readOnly": True}
+    assert inference_service(settings)["spec"]["predictor"]["triton"]["storageUri"] == "pvc://recserve-models"
