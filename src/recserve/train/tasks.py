@@ -8,7 +8,7 @@ so that importing recserve needs no Lightning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -27,6 +27,9 @@ from recserve.train.metrics import ranking_metrics
 from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.schedule import cosine_with_warmup
 
+if TYPE_CHECKING:  # the trainer imports this module lazily; the config is only a type here
+    from recserve.train.trainer import TrainConfig
+
 MODELS = ("bert4rec", "sasrec", "multvae")
 SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec)}
 
@@ -39,7 +42,7 @@ class Task:
     protocol: dict[str, Any]  # how validation (and later test) is measured, for metrics.json
 
 
-def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool = False) -> Task:
+def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, refit: bool = False) -> Task:
     """The task of ``model`` (one of ``MODELS``) on a prepared data folder.
 
     Args:
@@ -72,7 +75,7 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg, refit: bool
     raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
 
 
-def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg, total_steps: int):
+def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
     """The optimizer alone (constant LR), or with a per-step cosine schedule after a 5% linear warm-up."""
     if cfg.lr_schedule == "constant":
         return opt
@@ -100,7 +103,12 @@ class SequenceModule(_DeviceBatchesModule):
     item."""
 
     def __init__(
-        self, name: str, model_cfg: Bert4RecConfig | SASRecConfig, data: PreparedData, train_seq: Sequences, cfg
+        self,
+        name: str,
+        model_cfg: Bert4RecConfig | SASRecConfig,
+        data: PreparedData,
+        train_seq: Sequences,
+        cfg: TrainConfig,
     ):
         super().__init__()
         self.model = SEQUENCE_MODELS[name][1](model_cfg)
@@ -164,7 +172,7 @@ class SequenceModule(_DeviceBatchesModule):
 class MultVAEModule(_DeviceBatchesModule):
     """Mult-VAE on the training users' bags of items; validation ranks for the held-out validation users."""
 
-    def __init__(self, model_cfg: MultVAEConfig, split: HeldOutSplit, cfg):
+    def __init__(self, model_cfg: MultVAEConfig, split: HeldOutSplit, cfg: TrainConfig):
         super().__init__()
         self.model = MultVAE(model_cfg)
         self.model_cfg, self.split, self.cfg = model_cfg, split, cfg
