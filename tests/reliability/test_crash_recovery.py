@@ -54,3 +54,36 @@ def test_a_killed_model_process_is_recovered_within_a_bounded_window(int_repo, t
             serve.wait(timeout=30)
         except subprocess.TimeoutExpired:
             serve.kill()
+
+
+def test_a_model_process_that_died_before_supervision_began_is_still_noticed(int_repo, tmp_path):
+    """The dead stub stays a zombie child of the server: supervision started after the kill restarts it too."""
+    import shutil
+    import threading
+
+    from recserve.serving.triton.launcher import TritonServer
+    from tests.conftest import server_settings
+
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo / "echo", repo / "echo")
+    reports: list[str] = []
+    with TritonServer(repo, server_settings()) as server:
+        (stub,) = [pid for pid in _stubs_of("echo") if str(repo) in Path(f"/proc/{pid}/cmdline").read_text()]
+        os.kill(stub, signal.SIGKILL)
+        time.sleep(0.5)
+        assert server.dead_stubs() == 1
+        stop = threading.Event()
+
+        def stop_once_recovered() -> None:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not any(r.startswith("recovered") for r in reports):
+                time.sleep(0.2)
+            stop.set()
+
+        # supervised from this thread: the server it restarts is tied to the life of the thread that starts it
+        threading.Thread(target=stop_once_recovered, daemon=True).start()
+        server.supervise(stop, 0.5, 120, reports.append)
+        assert reports and reports[0] == "1 model process(es) died: restarting the server", reports
+        assert server.dead_stubs() == 0 and server.stub_count() == 1
+        client = RecommenderClient(server.http_url, "http", model="echo", timeout_s=5)
+        assert len(client.recommend([1, 2]).item_ids) == 10

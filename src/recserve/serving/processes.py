@@ -29,6 +29,15 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def proc_name(pid: int) -> str:
+    """The command name of ``/proc/PID/stat`` (what the kernel keeps, at most 15 characters), "" when gone."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.find("(") + 1 : stat.rfind(")")]
+
+
 def child_pids(pid: int) -> list[int]:
     """The direct children of a process (Linux /proc)."""
     children = []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
-from recserve.serving.processes import child_pids, cmdline, stop_with_parent
+from recserve.serving.processes import child_pids, cmdline, proc_name, proc_stat, stop_with_parent
 from recserve.serving.triton.placement import DEVICE_ENV
 
 log = logging.getLogger(__name__)
@@ -262,6 +262,16 @@ class TritonServer:
             return 0
         return sum(b"triton_python_backend_stub" in cmdline(pid) for pid in child_pids(self.process.pid))
 
+    def dead_stubs(self) -> int:
+        """Python-backend stubs of this server that died and were not reaped (zombies: Triton 2.51 keeps them)."""
+        if self.process is None or self.process.poll() is not None:
+            return 0
+        dead = 0
+        for pid in child_pids(self.process.pid):
+            fields = proc_stat(pid)
+            dead += fields is not None and fields[0] == "Z" and proc_name(pid).startswith("triton_python")
+        return dead
+
     def restart(self, timeout_s: float = 300) -> float:
         """Stops and starts the server on the same repository; returns the seconds it took."""
         started = time.monotonic()
@@ -288,9 +298,9 @@ class TritonServer:
             if (code := self.exit_code()) is not None:
                 return code
             if watch_secs and self.settings.model_control_mode == "none" and time.monotonic() >= next_check:
-                alive = self.stub_count()
-                if alive < stubs:
-                    report(f"{stubs - alive} model process(es) died: restarting the server")
+                alive, dead = self.stub_count(), self.dead_stubs()
+                if alive < stubs or dead:  # dead: also one that died before the first count
+                    report(f"{max(stubs - alive, dead)} model process(es) died: restarting the server")
                     report(f"recovered in {self.restart(ready_timeout_s):.1f} s")
                     alive = self.stub_count()
                 stubs, next_check = alive, time.monotonic() + watch_secs
