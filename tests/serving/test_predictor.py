@@ -146,3 +146,28 @@ def test_encode_refuses_non_integer_ids_for_an_integer_vocabulary():
     encoder = Predictor(runner=None, vocab_ids=np.array([1, 2, 3]), window=5, max_k=3, map_ids=False)
     with pytest.raises(RequestError, match="item_ids: integer IDs expected for this model, got float64"):
         encoder.encode([np.array([1, 2]), np.array([1.5])])
+
+
+def test_an_onnx_export_is_served_without_torch(tiny_run, tmp_path):
+    """What a Triton image for the fused layout over ONNX holds: numpy, onnxruntime and recserve, no torch."""
+    import json
+    import subprocess
+    import sys
+
+    from recserve.export.exporter import export_run
+    from recserve.serving.predictor import Predictor
+
+    export_run(tiny_run, "onnx", "fp32", tmp_path / "onnx")
+    expected = Predictor.load(tmp_path / "onnx").predict([np.array([1, 2, 3])], k=5)[0].item_ids.tolist()
+    script = (
+        "import json, sys\n"
+        "sys.modules['torch'] = sys.modules['polars'] = sys.modules['lightning'] = None  # importing them fails\n"
+        "import numpy as np\n"
+        "import recserve.serving.requests, recserve.serving.triton.placement\n"
+        "from recserve.serving.predictor import Predictor\n"
+        "answer = Predictor.load(sys.argv[1]).predict([np.array([1, 2, 3])], k=5)[0]\n"
+        "print(json.dumps(answer.item_ids.tolist()))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "onnx")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected

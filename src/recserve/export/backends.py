@@ -10,9 +10,9 @@ import numpy as np
 
 from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.errors import ExportError
-from recserve.export.graph import GraphSpec
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Backend, Runner
+from recserve.export.spec import GraphSpec
 
 # backend -> module under recserve.export that has PORTABLE, save() and load()
 MODULES = {

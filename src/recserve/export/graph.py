@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,22 +10,12 @@ import torch
 from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError
+from recserve.export.spec import GraphSpec
 from recserve.models.inference import InferenceGraph
 from recserve.models.runs import load_config, load_run, model_name
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    """What an export is built from."""
-
-    vocab_ids: np.ndarray  # (N,) sorted IDs, int64 or str
-    popularity: np.ndarray  # (N + 2,)
-    window: int
-    model: str  # bert4rec or multvae
-    id_mapping: str  # "graph": the graph maps IDs; "predictor": the predictor maps them and the graph sees 1..N
 
 
 def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:

@@ -1,6 +1,7 @@
 """``onnx``: dynamic batch and length axes, int64 inputs, run with onnxruntime; int8 by its dynamic quantization.
 
-ONNX has no search operator, so sparse integer IDs and string IDs are mapped by the predictor.
+ONNX has no search operator, so sparse integer IDs and string IDs are mapped by the predictor. Loading needs
+numpy and onnxruntime only (no torch): what a Triton image serving the fused layout over ONNX installs.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from recserve.errors import ExportError
-from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
+from recserve.export.spec import GraphSpec
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ PORTABLE = True  # onnxruntime picks the CUDA or the CPU provider at load
 
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     import torch
+
+    from recserve.export.graph import build_graph, example_inputs
 
     precision = manifest.precision
     if precision not in ("fp32", "int8"):

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from recserve.export.graph import GraphSpec
     from recserve.export.manifest import ExportManifest
+    from recserve.export.spec import GraphSpec
 
 Runner = Callable[..., tuple[np.ndarray, np.ndarray]]
 
