@@ -39,10 +39,8 @@ def k8s(
     """Write Deployment, Service, HorizontalPodAutoscaler, PodDisruptionBudget (kustomize base with cpu and
     gpu overlays, and rendered), a KServe InferenceService, and Prometheus/Grafana files. Settings not given
     here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
-    from pydantic import ValidationError
-
     from recserve.deploy.k8s import K8sSettings, write_manifests
-    from recserve.errors import ServingError
+    from recserve.settings import read_settings
 
     given: dict[str, Any] = dict(
         image=image,
@@ -53,10 +51,6 @@ def k8s(
         repository=repository,
         repository_claim=repository_claim,
     )
-    try:
-        settings = K8sSettings(_env_file=env_file, **{k: v for k, v in given.items() if v is not None})  # type: ignore[call-arg]
-    except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ServingError(f"bad deployment settings ({problems})") from err
+    settings = read_settings(K8sSettings, env_file, **given)
     files = write_manifests(repo, out, settings)
     console.print(f"{len(files)} files in {out}: kubectl apply -k {out}/overlays/gpu (or overlays/cpu)")

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recserve.errors import ServingError
 from recserve.serving.sagemaker.package import ENVIRONMENT
+from recserve.settings import read_settings
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +67,7 @@ class DeploySettings(BaseSettings):
 
 def load_settings(env_file: Path | None = None, **overrides) -> DeploySettings:
     """Reads the settings, reporting every missing or bad one in a single error."""
-    from pydantic import ValidationError
-
-    try:
-        given = {k: v for k, v in overrides.items() if v is not None}
-        return DeploySettings(_env_file=env_file or ENV_FILE, **given)  # type: ignore[call-arg]
-    except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ServingError(
-            f"bad deployment settings ({problems}); set them as RECSERVE_SAGEMAKER_<NAME> or in {env_file or ENV_FILE}"
-        ) from err
+    return read_settings(DeploySettings, env_file or ENV_FILE, **overrides)
 
 
 def _client(service: str, settings: DeploySettings):
