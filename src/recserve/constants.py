@@ -50,6 +50,14 @@ SEED_TOP_SCORES = "top_scores"  # model -> postprocessing: their scores
 
 ECHO_MODEL = "echo"
 
+# Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
+NATIVE_MODEL = "recommender_native"
+NATIVE_PAD_ID = -1  # fills item_ids on the left up to the model's fixed length, and the answer past k
+NATIVE_TORCHSCRIPT_FILE = "native.pt"  # in a torchscript export: the native graph
+NATIVE_ONNX_FILE = "native.onnx"  # in an onnx export: the native graph (dense integer IDs only)
+NATIVE_ONNX_OUTPUT_IDS = "top_item_ids"  # an ONNX graph cannot name an output like its input item_ids
+SEED_TORCHSCRIPT_FILE = "seed.pt"  # in a torchscript export: the seed layout's model step
+
 # Server ports (recserve serve, the clients' defaults)
 HTTP_PORT = 8000
 GRPC_PORT = 8001

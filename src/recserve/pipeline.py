@@ -15,6 +15,8 @@ from recserve.export.backends import default_backend
 from recserve.export.exporter import export_run
 from recserve.serving.triton.repository import ServingSettings, check_request, write_repository
 
+NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
+
 
 def repository_from_run(
     run_dir: Path,
@@ -27,21 +29,24 @@ def repository_from_run(
     max_k: int = DEFAULT_MAX_K,
 ) -> dict:
     """``write_repository`` from a run: the fused and echo layouts from one export of ``backend`` (default:
-    the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the seed layout from an eager fp32 export
-    (its model step rebuilds the model from the weights)."""
+    the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from a torchscript export
+    (or the onnx one, when ``backend`` is onnx), the seed layout's model step from a torchscript fp32 export."""
     settings = settings or ServingSettings()
     check_request(layouts, settings, version)  # before the export, which takes a while
     device = "cuda" if settings.device == "gpu" else "cpu"
-    backend = backend or default_backend(device)
+    chosen = backend or default_backend(device)
+    groups: dict[tuple[str, str], tuple[str, ...]] = {}
+    for layout in layouts:
+        if layout == "seed":
+            key = ("torchscript", "fp32")
+        elif layout == "native":
+            key = (backend if backend in NATIVE_BACKENDS else "torchscript", precision)
+        else:
+            key = (chosen, precision)
+        groups[key] = groups.get(key, ()) + (layout,)
     summary: dict = {"models": []}
     with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
-        groups = {(backend, precision): tuple(x for x in layouts if x != "seed")}
-        if "seed" in layouts:
-            groups.setdefault(("eager", "fp32"), ())
-            groups[("eager", "fp32")] += ("seed",)
         for (group_backend, group_precision), group in groups.items():
-            if not group:
-                continue
             export_dir = Path(tmp) / f"{group_backend}-{group_precision}"
             export_run(run_dir, group_backend, group_precision, export_dir, device=device, max_k=max_k)
             written = write_repository(export_dir, repo, group, settings, version)

@@ -17,6 +17,7 @@ from recserve.constants import EXPORT_MANIFEST
 from recserve.errors import ExportError
 
 EXPORT_FORMAT_VERSION = 1
+BACKEND_FIELDS = {"fixed_length", "batch_buckets", "native_model", "seed_model"}  # what a backend's save may add
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,15 @@ class ExportManifest:
     run: str  # the training run it came from
     fixed_length: int | None = None  # backends compiled for one padded history length
     batch_buckets: tuple[int, ...] = ()  # cudagraph: the batch sizes captured
+    native_model: str | None = None  # the native layout's model file (torchscript, onnx), if the catalogue allows
+    seed_model: str | None = None  # the seed layout's TorchScript model step (torchscript)
     build_s: float | None = None
     validation: Mapping[str, Any] = field(default_factory=dict)  # parity (and quality) against eager fp32
     format_version: int = EXPORT_FORMAT_VERSION
 
     def with_backend_fields(self, added: Mapping[str, Any]) -> ExportManifest:
-        """This manifest with the fields a backend's ``save`` returned (``fixed_length``, ``batch_buckets``)."""
-        unknown = set(added) - {"fixed_length", "batch_buckets"}
+        """This manifest with the fields a backend's ``save`` returned (``BACKEND_FIELDS``)."""
+        unknown = set(added) - BACKEND_FIELDS
         if unknown:
             raise ExportError(f"backend {self.backend} returned unknown manifest fields: {', '.join(sorted(unknown))}")
         fields: dict[str, Any] = {k: tuple(v) if k == "batch_buckets" else v for k, v in added.items()}

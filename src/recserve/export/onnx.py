@@ -12,6 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.constants import (
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    NATIVE_ONNX_FILE,
+    NATIVE_ONNX_OUTPUT_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+)
 from recserve.errors import ExportError
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
@@ -23,6 +32,10 @@ FILE = "model.onnx"
 INPUTS = ("item_ids", "lengths", "exclude_seen")
 OUTPUTS = ("top_item_ids", "top_scores")  # ONNX names must differ from the inputs' names
 K_INPUT = "k"  # how many items to select: the batch's largest k (see _k_as_input)
+# the native graph's (recserve.models.inference.NativeGraph): the recommender contract's names, but for the IDs
+# out, which an ONNX graph cannot name like an input
+NATIVE_INPUTS = (INPUT_ITEM_IDS, INPUT_K, INPUT_EXCLUDE_SEEN)
+NATIVE_OUTPUTS = (NATIVE_ONNX_OUTPUT_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS)
 
 
 PORTABLE = True  # onnxruntime picks the CUDA or the CPU provider at load
@@ -31,7 +44,9 @@ PORTABLE = True  # onnxruntime picks the CUDA or the CPU provider at load
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     import torch
 
+    from recserve.export import native
     from recserve.export.graph import build_graph, example_inputs
+    from recserve.models.inference import NativeGraph
 
     precision = manifest.precision
     if precision not in ("fp32", "int8"):
@@ -39,27 +54,80 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     graph = build_graph(run_dir, spec, manifest.max_k, "fp32")
     example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9))
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
-    target = out / (FILE if precision == "fp32" else "model.fp32.onnx")
+    shapes = {"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
+    _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
+    _k_as_input(out / FILE)
+    added = {}
+    reason = native.unsupported(spec)
+    if reason is None:
+        inputs = native.example(4, spec.window - 1, spec)
+        shapes = {name: {0: batch} for name in NATIVE_INPUTS}
+        target = out / NATIVE_ONNX_FILE
+        _export(NativeGraph(graph, dynamic_k=False), inputs, target, NATIVE_INPUTS, NATIVE_OUTPUTS, shapes, precision)
+        _k_from_batch(target)
+        added["native_model"] = NATIVE_ONNX_FILE
+    else:
+        log.info("no native model: %s", reason)
+    for extra in out.glob("*.onnx.data"):
+        log.debug("external weights in %s", extra)
+    return added
+
+
+def _export(module, example, target: Path, inputs, outputs, dynamic_shapes: dict, precision: str) -> None:
+    """torch.onnx (dynamo) into ``target``; int8: onnxruntime's dynamic quantization of its matrix products."""
+    import torch
+
+    fp32 = target if precision == "fp32" else target.with_suffix(".fp32.onnx")
     torch.onnx.export(
-        graph,
+        module,
         example,
-        target,
-        input_names=list(INPUTS),
-        output_names=list(OUTPUTS),
+        fp32,
+        input_names=list(inputs),
+        output_names=list(outputs),
         dynamo=True,
-        dynamic_shapes={"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}},
+        dynamic_shapes=dynamic_shapes,
         optimize=True,
         verbose=False,
     )
     if precision == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(target, out / FILE, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
-        target.unlink()
-    _k_as_input(out / FILE)
-    for extra in out.glob("*.onnx.data"):
-        log.debug("external weights in %s", extra)
-    return {}
+        quantize_dynamic(fp32, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        fp32.unlink()
+        for data in fp32.parent.glob(fp32.name + ".data"):
+            data.unlink()
+
+
+def _top_k_node(graph):
+    topk = [node for node in graph.node if node.op_type == "TopK"]
+    if len(topk) != 1:
+        raise ExportError(f"onnx: expected one TopK node in the exported graph, found {len(topk)}")
+    return topk[0]
+
+
+def _retarget_top_k(path: Path, width: str, new_nodes: list, new_inputs: list) -> None:
+    """Makes the graph's one TopK select ``width`` items (a tensor name) instead of its constant; ``new_nodes``
+    compute ``width`` from the graph's inputs and ``new_inputs`` are added to them."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # weights stay in their external file
+    graph = model.graph
+    topk = _top_k_node(graph)
+    constant = topk.input[1]
+    topk.input[1] = width
+    graph.input.extend(new_inputs)
+    if not any(constant in node.input for node in graph.node):
+        for initializer in [i for i in graph.initializer if i.name == constant]:
+            graph.initializer.remove(initializer)
+    for output in graph.output:
+        if len(output.type.tensor_type.shape.dim) > 1:
+            output.type.tensor_type.shape.dim[1].dim_param = K_INPUT
+    del graph.value_info[:]  # shape hints from the export, some of them with the old constant width
+    nodes = list(new_nodes) + list(graph.node)  # topological order: what computes the width comes first
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def _k_as_input(path: Path) -> None:
@@ -70,22 +138,40 @@ def _k_as_input(path: Path) -> None:
     """
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)  # weights stay in their external file
-    graph = model.graph
-    topk = [node for node in graph.node if node.op_type == "TopK"]
-    if len(topk) != 1:
-        raise ExportError(f"onnx: expected one TopK node in the exported graph, found {len(topk)}")
-    constant = topk[0].input[1]
-    topk[0].input[1] = K_INPUT
-    graph.input.append(onnx.helper.make_tensor_value_info(K_INPUT, onnx.TensorProto.INT64, [1]))
-    if not any(constant in node.input for node in graph.node):
-        for initializer in [i for i in graph.initializer if i.name == constant]:
-            graph.initializer.remove(initializer)
-    for output in graph.output:
-        output.type.tensor_type.shape.dim[1].dim_param = K_INPUT
-    del graph.value_info[:]  # shape hints from the export, some of them with the old constant width
-    onnx.save(model, str(path))
-    onnx.checker.check_model(str(path))
+    _retarget_top_k(path, K_INPUT, [], [onnx.helper.make_tensor_value_info(K_INPUT, onnx.TensorProto.INT64, [1])])
+
+
+def _k_from_batch(path: Path) -> None:
+    """The native graph selects the largest k of its batch, clipped to 1..max_k, instead of ``max_k``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    max_k = int(onnx.numpy_helper.to_array(_constant(model.graph, _top_k_node(model.graph).input[1])).reshape(-1)[0])
+    const = lambda name, dims, value: helper.make_node(  # noqa: E731
+        "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, dims, [value])
+    )
+    nodes = [
+        helper.make_node("Cast", [K_INPUT], ["native_k64"], to=TensorProto.INT64),
+        helper.make_node("ReduceMax", ["native_k64"], ["native_kmax"], keepdims=0),
+        const("native_one", [], 1),
+        const("native_max_k", [], max_k),
+        helper.make_node("Max", ["native_kmax", "native_one"], ["native_k_low"]),
+        helper.make_node("Min", ["native_k_low", "native_max_k"], ["native_k_clipped"]),
+        const("native_shape", [1], 1),
+        helper.make_node("Reshape", ["native_k_clipped", "native_shape"], ["native_width"]),
+    ]
+    _retarget_top_k(path, "native_width", nodes, [])
+
+
+def _constant(graph, name: str):
+    for initializer in graph.initializer:
+        if initializer.name == name:
+            return initializer
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            return node.attribute[0].t
+    raise ExportError(f"onnx: the TopK size {name} is not a constant")
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:

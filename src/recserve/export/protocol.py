@@ -10,8 +10,9 @@ A backend module (``recserve.export.backends.MODULES`` names them) provides:
     Writes the backend's files into the folder ``out`` (which already holds the item table, popularity and
     model config) from the training run ``run_dir``, for ``spec`` (``recserve.export.graph.GraphSpec``) and
     the settings in ``manifest`` (an ``ExportManifest`` without validation yet). Returns the manifest fields
-    it adds, only ``fixed_length`` (a backend compiled for one padded history length) and ``batch_buckets``;
-    an empty dict when none. Raises ``ExportError`` for a request it cannot build (wrong device or precision).
+    it adds (``manifest.BACKEND_FIELDS``): ``fixed_length`` (a backend compiled for one padded history
+    length), ``batch_buckets``, ``native_model`` and ``seed_model`` (files of the native and seed layouts'
+    models); an empty dict when none. Raises ``ExportError`` for a request it cannot build (wrong device or precision).
 
 ``load(out, spec, manifest, device) -> Runner``
     The export in ``out`` as a runner on ``device`` (cpu, cuda or cuda:N).

@@ -1,15 +1,26 @@
-"""``torchscript``: a traced ``model.pt``, what Triton's ``pytorch_libtorch`` backend loads."""
+"""``torchscript``: traced TorchScript, what Triton's ``pytorch_libtorch`` backend loads.
+
+Three files from one graph: ``model.pt`` (the fused graph, for the predictor), ``native.pt`` (the native
+layout's model, where the catalogue allows one: ``recserve.export.native``) and ``seed.pt`` (the seed
+layout's model step, the PoC's TorchScript ``bert4rec``).
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
+from recserve.constants import NATIVE_TORCHSCRIPT_FILE, SEED_K, SEED_TORCHSCRIPT_FILE
+from recserve.export import native
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.manifest import ExportManifest
 from recserve.export.protocol import Runner
 from recserve.export.runner import torch_runner
+from recserve.models.inference import NativeGraph, SeedStep
+
+log = logging.getLogger(__name__)
 
 FILE = "model.pt"
 
@@ -21,10 +32,21 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     device = manifest.device
     graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).to(device)
     example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
+    added: dict = {"seed_model": SEED_TORCHSCRIPT_FILE}
     with torch.inference_mode():
-        traced = torch.jit.trace(graph, example, check_trace=False)
-    torch.jit.save(traced, out / FILE)
-    return {}
+        torch.jit.save(torch.jit.trace(graph, example, check_trace=False), out / FILE)
+        tokens = torch.nn.functional.pad(example[0] % (len(spec.vocab_ids) + 1), (0, 1), value=graph.mask_index)
+        seed = SeedStep(graph.head, SEED_K)
+        torch.jit.save(torch.jit.trace(seed, (tokens,), check_trace=False), out / SEED_TORCHSCRIPT_FILE)
+        reason = native.unsupported(spec)
+        if reason is None:
+            inputs = tuple(t.to(device) for t in native.example(4, spec.window - 1, spec))
+            traced = torch.jit.trace(NativeGraph(graph), inputs, check_trace=False)
+            torch.jit.save(traced, out / NATIVE_TORCHSCRIPT_FILE)
+            added["native_model"] = NATIVE_TORCHSCRIPT_FILE
+        else:
+            log.info("no native model: %s", reason)
+    return added
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:

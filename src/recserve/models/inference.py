@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recserve.constants import PAD_INDEX
+from recserve.constants import NATIVE_PAD_ID, PAD_INDEX
 from recserve.data.vocab import lookup_table, use_lookup_table
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.multvae import MultVAE
@@ -64,18 +64,40 @@ class TopKHead(nn.Module):
         pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32))
         self.register_buffer("popular_scores", pop, persistent=False)
 
+    def scores(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
+
+        Returns:
+            (B, V) float32 scores, -inf for padding, the mask token and (where asked) the seen items.
+        """
+        scores = self.encoder(tokens).float()  # (B, V): the mask position only
+        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+        scores = torch.where(known, scores, self.popular_scores) + self.special
+        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
+        return scores.scatter(1, seen, float("-inf"))
+
     def forward(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
 
         Returns:
             Top-k vocabulary indices (B, K) int64 and scores (B, K) float32, best first.
         """
-        scores = self.encoder(tokens).float()  # (B, V): the mask position only
-        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
-        scores = torch.where(known, scores, self.popular_scores) + self.special
-        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
-        scores = scores.scatter(1, seen, float("-inf"))
-        top_scores, top_indices = scores.topk(self.max_k, dim=1)
+        top_scores, top_indices = self.scores(tokens, exclude_seen).topk(self.max_k, dim=1)
+        return top_indices, top_scores
+
+
+class SeedStep(nn.Module):
+    """The seed layout's model step (the PoC's ``bert4rec`` on ``pytorch_libtorch``): tokens with the mask
+    token last in, the top-k vocabulary indices and their scores out; seen items stay in, as the PoC had it."""
+
+    def __init__(self, head: TopKHead, k: int):
+        super().__init__()
+        self.head = head
+        self.k = min(k, head.max_k)
+
+    def forward(self, input__0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keep_seen = torch.zeros_like(input__0[:, 0], dtype=torch.bool)
+        top_scores, top_indices = self.head.scores(input__0, keep_seen).topk(self.k, dim=1)
         return top_indices, top_scores
 
 
@@ -127,3 +149,59 @@ class InferenceGraph(nn.Module):
         tokens = F.pad(indices, (0, 1), value=self.mask_index)  # (B, L + 1): the mask token last; L may be 0
         top_indices, top_scores = self.head(tokens, exclude_seen)
         return self.index_to_id[top_indices], top_scores
+
+
+@torch.jit.script_if_tracing
+def _top_k(scores: torch.Tensor, k: torch.Tensor, max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top max(k) of each row (clamped to 1..max_k): a traced graph keeps the width data-dependent."""
+    width = int(k.max().clamp(1, max_k).item())
+    return scores.topk(width, dim=1)
+
+
+class NativeGraph(nn.Module):
+    """The serving graph behind the ``recommender`` contract for Triton's native backends (no Python).
+
+    Native backends batch requests of one shape, so histories arrive padded to a fixed length: the most
+    recent ``window - 1`` IDs, filled on the left with ``NATIVE_PAD_ID``, which the graph treats as empty.
+    ``k`` and ``exclude_seen`` are per-request inputs of shape (1,). The answer is as wide as the largest k
+    in the batch; a row's columns past its own k, and every column of a row whose k is outside
+    1..max_k, hold ``NATIVE_PAD_ID`` and score -inf (a native model cannot fail one request of a batch).
+    """
+
+    def __init__(self, graph: InferenceGraph, dynamic_k: bool = True):
+        """
+        Args:
+            graph: the fused graph; its ID table must hold the real item IDs (``id_mapping`` "graph").
+            dynamic_k: select the batch's largest k (TorchScript); False selects ``max_k`` and leaves the
+                width to a later edit of the exported graph (ONNX, ``recserve.export.onnx``).
+        """
+        super().__init__()
+        self.fused = graph  # not "graph": torch.export's modules have an attribute of that name
+        self.max_k = graph.head.max_k
+        self.dynamic_k = dynamic_k
+        self.train(graph.training)
+
+    def forward(
+        self, item_ids: torch.Tensor, k: torch.Tensor, exclude_seen: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """item_ids: (B, L) int64, left-padded with NATIVE_PAD_ID; k: (B, 1) int32; exclude_seen: (B, 1) bool.
+
+        Returns:
+            item IDs (B, K) int64, scores (B, K) float32 and unknown IDs (B, 1) int32 (history IDs that are
+            neither padding nor in the catalogue).
+        """
+        g = self.fused
+        valid = item_ids != NATIVE_PAD_ID
+        indices = ids_to_indices(g.table, g.lut, item_ids, valid, g.lut_last)
+        unknown = (valid & (indices == PAD_INDEX)).sum(1, keepdim=True).to(torch.int32)
+        tokens = F.pad(indices, (0, 1), value=g.mask_index)
+        scores = g.head.scores(tokens, exclude_seen[:, 0])
+        if self.dynamic_k:
+            top_scores, top_indices = _top_k(scores, k, self.max_k)
+        else:
+            top_scores, top_indices = scores.topk(self.max_k, dim=1)
+        rank = torch.ones_like(top_scores).cumsum(1)  # 1..K without a shape constant (ONNX edits K)
+        usable = (k >= 1) & (k <= self.max_k)
+        keep = (rank <= k) & usable
+        ids = torch.where(keep, g.index_to_id[top_indices], torch.full_like(top_indices, NATIVE_PAD_ID))
+        return ids, torch.where(keep, top_scores, torch.full_like(top_scores, float("-inf"))), unknown

@@ -1,7 +1,8 @@
-"""``recserve repo``: writes a Triton model repository (fused, seed and echo layouts) from an export folder.
+"""``recserve repo``: writes a Triton model repository (fused, native, seed and echo layouts) from an export.
 
 The repository serves the export that ``recserve export`` validated: the fused model's version folder holds a
-copy of it. ``recserve.pipeline.repository_from_run`` is the shortcut that exports a run first.
+copy of it; the native layout and the seed layout's model step serve the TorchScript or ONNX files the export
+wrote and checked. ``recserve.pipeline.repository_from_run`` is the shortcut that exports a run first.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from recserve.constants import (
     INPUT_ITEM_IDS,
     INPUT_K,
     ITEM_TABLE_FILE,
-    MODEL_CONFIG_FILE,
+    NATIVE_MODEL,
+    NATIVE_ONNX_FILE,
+    NATIVE_ONNX_OUTPUT_IDS,
+    NATIVE_PAD_ID,
+    NATIVE_TORCHSCRIPT_FILE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
-    POPULARITY_FILE,
     REPOSITORY_FILE,
     SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
@@ -41,7 +45,6 @@ from recserve.constants import (
     SEED_PREPROCESSING,
     SEED_TOKENS,
     SEED_TOP_SCORES,
-    WEIGHTS_FILE,
 )
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
@@ -58,9 +61,13 @@ from recserve.serving.triton.model_config import (
 
 log = logging.getLogger(__name__)
 
-LAYOUTS = ("fused", "seed", "echo")
+LAYOUTS = ("fused", "native", "seed", "echo")
 EXPORT_SUBDIR = "export"
-SEED_MODEL_FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE)  # what the seed layout's model step loads
+# the native model's file in an export -> (Triton platform, the file name that platform loads)
+NATIVE_PLATFORMS = {
+    NATIVE_TORCHSCRIPT_FILE: ("pytorch_libtorch", "model.pt"),
+    NATIVE_ONNX_FILE: ("onnxruntime_onnx", "model.onnx"),
+}
 GPU_QUEUE_DELAY_US = 300
 
 
@@ -116,8 +123,34 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
     return inputs, outputs
 
 
-def _batched_config(name: str, id_type: str, settings: ServingSettings, parameters: dict) -> ModelConfig:
-    inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
+def _native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The ``recommender`` contract as native batching allows it: histories padded to one length (with
+    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k."""
+    ids_out = NATIVE_ONNX_OUTPUT_IDS if manifest.native_model == NATIVE_ONNX_FILE else OUTPUT_ITEM_IDS
+    inputs = (
+        TensorSpec(INPUT_ITEM_IDS, "INT64", (manifest.window - 1,)),
+        TensorSpec(INPUT_K, "INT32", (1,)),
+        TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
+    )
+    outputs = (
+        TensorSpec(ids_out, "INT64", (-1,)),
+        TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
+        TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
+    )
+    return inputs, outputs
+
+
+def _batched_config(
+    name: str, id_type: str, settings: ServingSettings, parameters: dict, manifest: ExportManifest | None = None
+) -> ModelConfig:
+    """A dynamically batched model of the ``recommender`` contract: a python model, or (``manifest`` given)
+    the export's native model on its backend."""
+    if manifest is None:
+        inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
+        platform = ""
+    else:
+        inputs, outputs = _native_contract(manifest)
+        platform = NATIVE_PLATFORMS[str(manifest.native_model)][0]
     policy = None
     if settings.max_queue_size or settings.queue_timeout_microseconds:
         policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
@@ -125,6 +158,7 @@ def _batched_config(name: str, id_type: str, settings: ServingSettings, paramete
         name=name,
         inputs=inputs,
         outputs=outputs,
+        platform=platform,
         max_batch_size=settings.max_batch_size,
         dynamic_batching=DynamicBatching(settings.preferred_batch_sizes, settings.queue_delay_microseconds, policy),
         instance_groups=_instances(settings),
@@ -165,6 +199,34 @@ def write_fused(
         _python_model("fused", staging)
 
 
+def _native_parameters(platform: str, settings: ServingSettings) -> dict[str, str]:
+    """The backends' own settings: no autograd in TorchScript, and on CPUs one thread an instance (the
+    instances are the parallelism, as for the python models)."""
+    if platform == "pytorch_libtorch":
+        # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
+        threads = {"INTRA_OP_THREAD_COUNT": "1"} if settings.device == "cpu" else {}
+        return {"INFERENCE_MODE": "true", **threads}
+    return {"intra_op_thread_count": "1", "inter_op_thread_count": "1"} if settings.device == "cpu" else {}
+
+
+def write_native(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+) -> None:
+    """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on Triton's own backend."""
+    platform, target = NATIVE_PLATFORMS[str(manifest.native_model)]
+    parameters = {
+        **_native_parameters(platform, settings),
+        "padding_id": str(NATIVE_PAD_ID),
+        "max_k": str(min(manifest.max_k, manifest.num_items)),
+    }
+    config = _batched_config(NATIVE_MODEL, "INT64", settings, parameters, manifest)
+    _write_config(repo / NATIVE_MODEL, config)
+    with replaced_on_success(repo / NATIVE_MODEL / str(version)) as staging:
+        shutil.copyfile(Path(export_dir) / str(manifest.native_model), staging / target)
+        for data in Path(export_dir).glob(f"{manifest.native_model}.data"):  # ONNX weights kept outside
+            shutil.copyfile(data, staging / data.name)
+
+
 def write_echo(
     repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
 ) -> None:
@@ -178,7 +240,8 @@ def write_echo(
 def write_seed(
     repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
 ) -> None:
-    """The PoC's layout and names: python pre- and postprocessing around the model at batch size 1."""
+    """The PoC's layout and names: python pre- and postprocessing around the TorchScript model step on the
+    PyTorch backend (``pytorch_libtorch``), at batch size 1."""
     id_type = _id_type(export_dir)
     window = manifest.window
     instances = _instances(settings)
@@ -190,12 +253,14 @@ def write_seed(
         instance_groups=instances,
         parameters={"window": str(window)},
     )
-    model = ModelConfig(
+    model = ModelConfig(  # the PoC's TorchScript model on Triton's PyTorch backend
         SEED_MODEL,
         (TensorSpec(SEED_MODEL_INPUT, "INT64", (-1,)),),
         (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+        platform="pytorch_libtorch",
         max_batch_size=1,
         instance_groups=instances,
+        parameters=_native_parameters("pytorch_libtorch", settings),
     )
     post = ModelConfig(
         SEED_POSTPROCESSING,
@@ -222,15 +287,13 @@ def write_seed(
             ),
         ),
     )
-    for config, source, files in (
-        (pre, "seed_preprocessing", (ITEM_TABLE_FILE,)),
-        (model, "seed_model", SEED_MODEL_FILES),
-        (post, "seed_postprocessing", (ITEM_TABLE_FILE,)),
-    ):
+    for config, source in ((pre, "seed_preprocessing"), (post, "seed_postprocessing")):
         _write_config(repo / config.name, config)
         _python_model(source, repo / config.name / str(version))
-        for name in files:
-            shutil.copyfile(Path(export_dir) / name, repo / config.name / str(version) / name)
+        shutil.copyfile(Path(export_dir) / ITEM_TABLE_FILE, repo / config.name / str(version) / ITEM_TABLE_FILE)
+    _write_config(repo / SEED_MODEL, model)
+    with replaced_on_success(repo / SEED_MODEL / str(version)) as staging:
+        shutil.copyfile(Path(export_dir) / str(manifest.seed_model), staging / "model.pt")
     (repo / SEED_ENSEMBLE / str(version)).mkdir(parents=True, exist_ok=True)
     _write_config(repo / SEED_ENSEMBLE, ensemble)
 
@@ -254,11 +317,10 @@ def write_repository(
     manifest = ExportManifest.read(export_dir)
     if "fused" in layouts:
         _check_device(manifest, settings.device)
-    if "seed" in layouts and not all((export_dir / name).is_file() for name in SEED_MODEL_FILES):
-        raise ServingError(
-            f"{export_dir}: the seed layout rebuilds the model from its weights, which this "
-            f"{manifest.backend} export does not hold; export with --backend eager for it"
-        )
+    if "native" in layouts:
+        _check_native(export_dir, manifest, settings.device)
+    if "seed" in layouts:
+        _check_seed(export_dir, manifest, settings.device)
     repo = Path(repo)
     repo.mkdir(parents=True, exist_ok=True)
     summary: dict = {"repository": str(repo), "version": version, "models": []}
@@ -270,6 +332,16 @@ def write_repository(
                 "backend": manifest.backend,
                 "precision": manifest.precision,
                 "validation_max_diff": manifest.validation.get("max_score_diff"),
+            }
+        )
+    if "native" in layouts:
+        write_native(repo, export_dir, manifest, settings, version)
+        summary["models"].append(
+            {
+                "name": NATIVE_MODEL,
+                "backend": NATIVE_PLATFORMS[str(manifest.native_model)][0],
+                "precision": manifest.precision,
+                "validation_max_diff": manifest.validation.get("native", {}).get("max_score_diff"),
             }
         )
     if "seed" in layouts:
@@ -305,6 +377,44 @@ def _check_device(manifest: ExportManifest, device: str) -> None:
             f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
             f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again"
         )
+
+
+def _traced_for(manifest: ExportManifest, device: str, what: str) -> None:
+    """A traced TorchScript graph runs on the device it was traced on (its constants live there)."""
+    if (manifest.device != "cpu") != (device == "gpu"):
+        raise ServingError(
+            f"{what} was traced on {manifest.device} and runs there only; serve it with --device "
+            f"{'gpu' if manifest.device != 'cpu' else 'cpu'} or export again with --device "
+            f"{'cuda' if device == 'gpu' else 'cpu'}"
+        )
+
+
+def _check_native(export_dir: Path, manifest: ExportManifest, device: str) -> None:
+    if not manifest.native_model:
+        from recserve.export.backends import spec_of
+        from recserve.export.native import unsupported
+
+        reason = unsupported(spec_of(export_dir, manifest)) if manifest.backend in ("torchscript", "onnx") else None
+        raise ServingError(
+            f"{export_dir}: this {manifest.backend} export holds no native model"
+            + (f" ({reason})" if reason else "; export with --backend torchscript (or onnx, CPU only)")
+        )
+    if manifest.native_model == NATIVE_ONNX_FILE and device == "gpu":
+        raise ServingError(
+            "the onnxruntime backend built here runs on CPUs only; serve a torchscript export on GPUs "
+            "(recserve export --backend torchscript --device cuda)"
+        )
+    if manifest.native_model == NATIVE_TORCHSCRIPT_FILE:
+        _traced_for(manifest, device, "the native TorchScript model")
+
+
+def _check_seed(export_dir: Path, manifest: ExportManifest, device: str) -> None:
+    if not manifest.seed_model:
+        raise ServingError(
+            f"{export_dir}: the seed layout's model step is TorchScript on the PyTorch backend, which this "
+            f"{manifest.backend} export does not hold; export with --backend torchscript for it"
+        )
+    _traced_for(manifest, device, "the seed layout's TorchScript model step")
 
 
 def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
