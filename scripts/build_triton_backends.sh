@@ -4,7 +4,9 @@
 # build/triton-backends/{pytorch,onnxruntime}/. The server loads them from recserve's backend folder beside
 # the python backend (serving.triton.launcher). Sources: $TRITON_NATIVE_SRC/triton-r24.10-src.tar.gz and
 # onnxruntime-1.29-c-api-headers.tar.gz (default ../shared/triton-native). About 45 s on 2 cores; Debian's
-# rapidjson-dev and patchelf are installed when missing.
+# rapidjson-dev and patchelf are installed when missing, or unpacked from the .deb files in
+# $TRITON_NATIVE_DEBS on a machine without network (apt-get download rapidjson-dev patchelf).
+# TRITON_BACKENDS_GPU=1 builds the PyTorch backend with CUDA (for the GPU machine, against its torch).
 # Usage: scripts/build_triton_backends.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
 py=${1:-.venv/bin/python}
@@ -17,15 +19,30 @@ if [ ! -f "$src/triton-r24.10-src.tar.gz" ]; then
        "set TRITON_NATIVE_SRC to the folder holding Triton's r24.10 sources" >&2
   exit 0
 fi
-missing=""
-for pkg in rapidjson-dev patchelf; do dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"; done
-if [ -n "$missing" ]; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null \
-    || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null; }
-fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+if [ -n "${TRITON_NATIVE_DEBS:-}" ]; then
+  # offline: the packages' files unpacked into the work folder, used from there
+  for deb in "$TRITON_NATIVE_DEBS"/*.deb; do dpkg -x "$deb" "$work/debs"; done
+  export PATH="$work/debs/usr/bin:$PATH"
+  extra_flags="-isystem $work/debs/usr/include"
+else
+  missing=""
+  for pkg in rapidjson-dev patchelf; do dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"; done
+  if [ -n "$missing" ]; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null \
+      || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null; }
+  fi
+  extra_flags=""
+fi
 tar -xzf "$src/triton-r24.10-src.tar.gz" -C "$work"
+gpu=OFF
+if [ "${TRITON_BACKENDS_GPU:-0}" = 1 ]; then
+  gpu=ON
+  # nvcc 13 refuses the oldest architectures the backend library lists; Hopper is what the GPU machine has
+  sed -i 's/CUDA_ARCHITECTURES "53;[^"]*"/CUDA_ARCHITECTURES "90-real"/' "$work/backend/CMakeLists.txt"
+  extra_flags="$extra_flags -Wno-error=deprecated-declarations"  # newer g++ warns inside rapidjson
+fi
 # common/ fetches googletest for its own tests whatever the options: an empty stand-in
 mkdir -p "$work/gtest"
 cat > "$work/gtest/CMakeLists.txt" <<'CMAKE'
@@ -39,11 +56,12 @@ CMAKE
 torch=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 abi=$("$py" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-libs=$("$py" -c 'import os, pytriton; print(os.path.join(os.path.dirname(os.path.dirname(pytriton.__file__)), "nvidia_pytriton.libs"))')
+# the server's libraries (TRITON_SERVER_LIBS where the server is not pip-installed, as on the GPU machine)
+libs=${TRITON_SERVER_LIBS:-$("$py" -c 'import os, pytriton; print(os.path.join(os.path.dirname(os.path.dirname(pytriton.__file__)), "nvidia_pytriton.libs"))')}
 fetch=(-DFETCHCONTENT_FULLY_DISCONNECTED=ON "-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON=$work/common"
        "-DFETCHCONTENT_SOURCE_DIR_REPO-CORE=$work/core" "-DFETCHCONTENT_SOURCE_DIR_REPO-BACKEND=$work/backend"
        "-DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=$work/gtest" "-DPython3_INCLUDE_DIR=$pyinc"
-       "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi" -DCMAKE_BUILD_TYPE=Release -DTRITON_ENABLE_GPU=OFF)
+       "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi $extra_flags" -DCMAKE_BUILD_TYPE=Release "-DTRITON_ENABLE_GPU=$gpu")
 server=$(ls "$libs"/libtritonserver-*.so)
 
 # build NAME TARGET CMAKE-ARGS...: configure and build one backend, patch its library, copy it into $out/NAME

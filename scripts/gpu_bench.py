@@ -1,4 +1,4 @@
-"""GPU benchmark: the fused, seed and echo layouts side by side on one GPU, written under OUT.
+"""GPU benchmark: the fused, native, seed and echo layouts side by side on one GPU, written under OUT.
 
 Run on the GPU machine through scripts/gpu_bench.sh (which sets up the carried server and perf_analyzer).
 Models: a BERT4Rec with random weights at production size (100,000 items, hidden 256, 2 layers, 4 heads,
@@ -46,16 +46,40 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
         }
         for gpus in ((0,), (0, 1))
     }
-    return on_gpus | {
-        "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
-        "echo": {"layout": "echo", "settings": batched},
-        "fused-eager-fp32": {"layout": "fused", "backend": "eager", "precision": "fp32", "settings": batched},
-        "fused-eager-bf16": {"layout": "fused", "backend": "eager", "precision": "bf16", "settings": batched},
-        "fused-compile-bf16": {"layout": "fused", "backend": "compile", "precision": "bf16", "settings": batched},
-        "fused-aoti-bf16": {"layout": "fused", "backend": "aoti", "precision": "bf16", "settings": batched},
-        "fused-cudagraph-fp32": {"layout": "fused", "backend": "cudagraph", "precision": "fp32", "settings": batched},
-        "fused-cudagraph-bf16": {"layout": "fused", "backend": "cudagraph", "precision": "bf16", "settings": batched},
+    native = {  # the whole graph in TorchScript on Triton's PyTorch backend; answers checked against fused bf16
+        f"native-torchscript-{precision}": {
+            "layout": "native",
+            "backend": "torchscript",
+            "precision": precision,
+            "settings": batched,
+            "check": True,
+        }
+        for precision in ("bf16", "fp32")
     }
+    return (
+        on_gpus
+        | native
+        | {
+            "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
+            "echo": {"layout": "echo", "settings": batched},
+            "fused-eager-fp32": {"layout": "fused", "backend": "eager", "precision": "fp32", "settings": batched},
+            "fused-eager-bf16": {"layout": "fused", "backend": "eager", "precision": "bf16", "settings": batched},
+            "fused-compile-bf16": {"layout": "fused", "backend": "compile", "precision": "bf16", "settings": batched},
+            "fused-aoti-bf16": {"layout": "fused", "backend": "aoti", "precision": "bf16", "settings": batched},
+            "fused-cudagraph-fp32": {
+                "layout": "fused",
+                "backend": "cudagraph",
+                "precision": "fp32",
+                "settings": batched,
+            },
+            "fused-cudagraph-bf16": {
+                "layout": "fused",
+                "backend": "cudagraph",
+                "precision": "bf16",
+                "settings": batched,
+            },
+        }
+    )
 
 
 def gpu_name() -> str:
@@ -94,7 +118,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
-    run = make_random_run(args.work / "run-100k", num_items=args.items)
+    run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
     histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
     if args.export_report:
@@ -104,7 +128,7 @@ def main() -> None:
         build_report(
             run, args.out / "export-report", device, seconds=0.5, backends=tuple(args.export_report.split(","))
         )
-    rows, notes = [], {}
+    rows, notes, checks = [], {}, {}
     for name in filter(None, args.variants.split(",")):
         spec = table[name]
         repo = args.work / f"repo-{name}"
@@ -118,6 +142,8 @@ def main() -> None:
                 spec.get("backend", "eager"),
                 spec.get("precision", "fp32"),
             )
+            if spec.get("check"):  # the fused layout beside it, eager bf16, for compare_with_fused
+                repository_from_run(run, repo, ("fused",), spec["settings"], "eager", "bf16")
             summary = sweep(
                 [spec["layout"]],
                 levels,
@@ -127,13 +153,16 @@ def main() -> None:
                 measurement_ms=args.measurement_ms,
                 slo_p99_ms=10.0,
                 client_threads=args.client_threads,
+                compare_with_fused=bool(spec.get("check")),
             )
+            if "native_vs_fused" in summary:
+                checks[name] = summary["native_vs_fused"]
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"
             continue
         for row in summary["results"]:
-            rows.append(row | {"variant": name, "model": "100k-random"})
+            rows.append(row | {"variant": name, "model": "random"})
         notes[name] = f"ok in {time.time() - started:.0f} s"
         log.info("%s done", name)
     if args.ml100k:
@@ -153,9 +182,13 @@ def main() -> None:
         )
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
     per_variant = {}
-    for name in {r["variant"] for r in rows if r["layout"] == "fused" and r["model"] == "100k-random"}:
-        chosen = [r | {"layout": "fused"} for r in rows if r["variant"] == name]
+    candidates = {r["variant"]: r["layout"] for r in rows if r["layout"] in ("fused", "native")}
+    for name, layout in candidates.items():
+        chosen = [r for r in rows if r["variant"] == name and r["model"] == "random"]
         others = [r for r in rows if r["variant"] in ("seed", "echo")]
+        if layout == "native":  # against the fused variant of the same precision, where it ran
+            fused = f"fused-eager-{name.rsplit('-', 1)[-1]}"
+            others += [r for r in rows if r["variant"] == fused]
         per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
     result = {
         "gpu": gpu_name(),
@@ -174,11 +207,12 @@ def main() -> None:
         },
         "results": rows,
         "ratios": per_variant,
+        "native_vs_fused": checks,
         "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     write_report(result | {"ratios": next(iter(per_variant.values()), ratios(rows, 10.0))}, args.out / "report.md")
-    print(json.dumps({"notes": notes, "ratios": per_variant}, indent=1))
+    print(json.dumps({"notes": notes, "ratios": per_variant, "native_vs_fused": checks}, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ if [ ! -d "$deps" ]; then
 fi
 export PYTHONPATH="$PWD/src:$deps"
 export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer
+if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend built here, with CUDA, against this torch
+  started=$(date +%s)
+  TRITON_NATIVE_SRC=.gpu/native TRITON_NATIVE_DEBS=.gpu/native/debs TRITON_BACKENDS_GPU=1 \
+    TRITON_BACKENDS_OUT="$TRITON_BACKEND_DIR" TRITON_SERVER_LIBS=/tmp/gpu-bundle/nvidia_pytriton.libs \
+    bash scripts/build_triton_backends.sh python3
+  echo "native backends built in $(( $(date +%s) - started )) s"
+fi
 out=${OUT:-runs/gpu-bench}
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
 python3 scripts/gpu_bench.py --out "$out" "$@"

@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Adds to .gpu/ what the GPU machine's Python 3.12 lacks for building repositories there (the protobuf schema
-# of config.pbtxt), and the trained ML-100K run with its test histories. Usage: scripts/gpu_wheels.sh [RUN DATA]
+# of config.pbtxt), the native backends' sources and the .deb files their build needs offline (.gpu/native,
+# built there by scripts/gpu_bench.sh), and the trained ML-100K run with its test histories.
+# Usage: scripts/gpu_wheels.sh [RUN DATA]
 set -euo pipefail
+src=${TRITON_NATIVE_SRC:-../shared/triton-native}
+if [ -f "$src/triton-r24.10-src.tar.gz" ]; then
+  mkdir -p .gpu/native/debs
+  cp "$src/triton-r24.10-src.tar.gz" "$src/onnxruntime-1.29-c-api-headers.tar.gz" .gpu/native/
+  (cd .gpu/native/debs && apt-get download -q rapidjson-dev patchelf 2>/dev/null)
+fi
 mkdir -p .gpu/wheels
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \

@@ -11,7 +11,7 @@ import pytest
 from recserve.data.datasets import prepare
 from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
-from recserve.serving.triton.launcher import ServerSettings, TritonServer
+from recserve.serving.triton.launcher import ServerSettings, TritonServer, native_backends
 from recserve.serving.triton.repository import ServingSettings
 
 
@@ -105,11 +105,23 @@ def server_settings(**overrides) -> ServerSettings:
     return ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5, **overrides)
 
 
+BUILT_BACKENDS = {p.name for p in native_backends()}
+# Triton's PyTorch backend, built by scripts/build_triton_backends.sh (make test runs it) from the r24.10 sources
+# in ../shared/triton-native or $TRITON_NATIVE_SRC: the seed layout's model step and the native layout need it
+PYTORCH_BACKEND = "pytorch" in BUILT_BACKENDS
+needs_pytorch_backend = pytest.mark.skipif(
+    not PYTORCH_BACKEND, reason="Triton's PyTorch backend is not built: scripts/build_triton_backends.sh"
+)
+# the layouts a test server can hold here
+SERVED_LAYOUTS = ("fused", "seed", "native", "echo") if PYTORCH_BACKEND else ("fused", "echo")
+
+
 @pytest.fixture(scope="session")
 def int_repo(tiny_run, tmp_path_factory):
+    """Every layout of ``tiny_run``: fused from an eager export, native and seed from a torchscript one."""
     repo = tmp_path_factory.mktemp("repo-int") / "repo"
     repository_from_run(
-        tiny_run, repo, ("fused", "seed", "echo"), ServingSettings(max_queue_delay_microseconds=2000), backend="eager"
+        tiny_run, repo, SERVED_LAYOUTS, ServingSettings(max_queue_delay_microseconds=2000), backend="eager"
     )
     return repo
 
@@ -123,7 +135,8 @@ def int_server(int_repo):
 @pytest.fixture(scope="session")
 def string_server(string_run, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo-str") / "repo"
-    repository_from_run(string_run, repo, ("fused", "seed", "echo"), backend="onnx")
+    layouts = tuple(x for x in SERVED_LAYOUTS if x != "native")  # string IDs have no native layout
+    repository_from_run(string_run, repo, layouts, backend="onnx")
     with TritonServer(repo, server_settings()) as server:
         yield server
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from tests.conftest import SERVED_LAYOUTS, needs_pytorch_backend
 
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
 from recserve.bench.report import ratios
@@ -19,7 +20,7 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     histories, string_ids = real_histories(ml100k_dir)
     result = sweep(
-        ["fused", "seed", "echo"],
+        list(SERVED_LAYOUTS),
         [LoadLevel("concurrency", 4)],
         out,
         histories,
@@ -37,18 +38,21 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
     for name in ("summary.json", "report.md", "throughput_latency.png", "steps.png"):
         assert (out / name).stat().st_size > 0, name
     rows = json.loads((out / "summary.json").read_text())["results"]
-    assert [r["layout"] for r in rows] == ["fused", "seed", "echo"]
+    assert [r["layout"] for r in rows] == list(SERVED_LAYOUTS)
     for row in rows:
         assert row["errors"] == 0, row
         assert row["concurrency"] == 4 and row["throughput_rps"] > 10
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] < 5000
         cpu = row["cpu_us_per_request"]  # every process group did work for every request
-        assert 0 < cpu["client"] < 1e5 and 0 < cpu["server"] < 1e5 and 0 < cpu["models"] < 1e5, cpu
-    assert result["server_failures"] == {"fused": 0, "seed": 0, "echo": 0}
+        assert 0 < cpu["client"] < 1e5 and 0 < cpu["server"] < 1e5, cpu
+        # a native model runs inside the server process: no model processes
+        assert (cpu["models"] == 0) if row["layout"] == "native" else (0 < cpu["models"] < 1e5), cpu
+    assert result["server_failures"] == dict.fromkeys(SERVED_LAYOUTS, 0)
     assert "## CPU per request" in (out / "report.md").read_text()
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
 
 
+@needs_pytorch_backend
 def test_per_step_breakdown_covers_every_ensemble_step(summary):
     _, result = summary
     seed = next(r for r in result["results"] if r["layout"] == "seed")
@@ -57,6 +61,16 @@ def test_per_step_breakdown_covers_every_ensemble_step(summary):
     assert fused["steps"]["recommender"]["requests"] > 0 and fused["steps"]["recommender"]["compute_infer_ms"] > 0
 
 
+@needs_pytorch_backend
+def test_the_bench_checks_native_answers_against_fused(summary):
+    out, result = summary
+    agreement = result["native_vs_fused"]
+    assert agreement["histories"] == 200 and agreement["same_top10_ties_aside"] == 1.0, agreement
+    assert "native against fused, 200 real histories" in (out / "report.md").read_text()
+    assert set(result["ratios"]["native_over_fused"]) == {"concurrency=4"}
+
+
+@needs_pytorch_backend
 def test_ratios_compare_layouts_at_the_same_level(summary):
     _, result = summary
     assert set(result["ratios"]["fused_over_seed"]) == {"concurrency=4"}
@@ -69,8 +83,11 @@ def test_ratios_formula():
         {"layout": "fused", "concurrency": 8, "throughput_rps": 300.0, "p99_ms": 10.0, "errors": 0},
         {"layout": "seed", "concurrency": 8, "throughput_rps": 100.0, "p99_ms": 40.0, "errors": 0},
         {"layout": "echo", "concurrency": 8, "throughput_rps": 400.0, "p99_ms": 5.0, "errors": 0},
+        {"layout": "native", "concurrency": 8, "throughput_rps": 600.0, "p99_ms": 2.0, "errors": 0},
     ]
     r = ratios(rows, slo_p99_ms=20)
+    assert r["native_over_fused"]["concurrency=8"] == {"throughput": 2.0, "p99": 0.2}
+    assert r["native_over_echo"]["concurrency=8"]["throughput"] == 1.5 and r["best_native_over_best_echo"] == 1.5
     assert r["fused_over_seed"]["concurrency=8"] == {"throughput": 3.0, "p99": 0.25}
     assert r["fused_over_echo"]["concurrency=8"]["throughput"] == 0.75
     assert r["best_within_slo"]["seed"] is None and r["best_within_slo"]["fused"]["throughput_rps"] == 300.0

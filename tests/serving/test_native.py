@@ -1,6 +1,8 @@
 """Triton's native PyTorch and ONNX Runtime backends (built from source by scripts/build_triton_backends.sh,
-which `make test` runs) serve TorchScript and ONNX models in the bundled server beside the python backend."""
+which `make test` runs) serve TorchScript and ONNX models in the bundled server beside the python backend;
+the native layout (``recommender_native``) serves the whole graph on them."""
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 from tests.conftest import server_settings
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from recserve.serving.triton.launcher import TritonServer, native_backends
 from recserve.serving.triton.model_config import InstanceGroup, ModelConfig, TensorSpec, to_pbtxt
@@ -86,3 +89,152 @@ def test_the_onnxruntime_backend_serves_an_onnx_model_like_onnxruntime_runs_it(t
     expected_ids, expected_scores = session.run(None, {"history": HISTORY})
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5)
+
+
+# The native layout: recommender_native, the whole serving graph on Triton's own backends
+
+
+@pytest.fixture(scope="module", params=["torchscript", "onnx"])
+def native_server(request, tiny_run, tmp_path_factory):
+    """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export."""
+    from tests.conftest import BUILT_BACKENDS
+
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton.repository import ServingSettings
+
+    needed = "pytorch" if request.param == "torchscript" else "onnxruntime"
+    if needed not in BUILT_BACKENDS:
+        pytest.skip(f"the native {needed} backend is not built: scripts/build_triton_backends.sh")
+    repo = tmp_path_factory.mktemp(f"native-{request.param}") / "repo"
+    settings = ServingSettings(instance_count=2, max_queue_delay_microseconds=2000)
+    repository_from_run(tiny_run, repo, ("native",), settings, backend=request.param)
+    repository_from_run(tiny_run, repo, ("fused",), settings, backend="eager")
+    with TritonServer(repo, server_settings()) as server:
+        yield server
+
+
+def _histories(tiny_run) -> list[np.ndarray]:
+    """Real-looking requests: short, long (past the window), empty, with unknown IDs, with negative IDs."""
+    ids = np.load(tiny_run / "item_ids.npy")
+    rng = np.random.default_rng(3)
+    out = [ids[rng.integers(0, len(ids), n)] for n in (1, 2, 5, 12, 19, 30, 60)]
+    return out + [ids[:0], np.array([ids[4], 999_999, ids[9]]), np.array([-7, ids[1]]), np.array([999_999])]
+
+
+def test_native_answers_are_the_fused_answers(native_server, tiny_run):
+    from recserve.client import RecommenderClient
+
+    fused = RecommenderClient(native_server.grpc_url)
+    native = RecommenderClient(native_server.grpc_url, model="recommender_native")
+    for history in _histories(tiny_run):
+        for k, exclude in ((10, True), (3, False), (100, True)):
+            a, b = fused.recommend(history, k, exclude), native.recommend(history, k, exclude)
+            assert len(b.item_ids) == k and b.unknown_ids == a.unknown_ids, (history, k)
+            tied = np.abs(a.scores - b.scores) <= 1e-3  # an eager and a compiled graph may swap equal scores
+            assert np.all((a.item_ids == b.item_ids) | tied), (history, k, a.item_ids, b.item_ids)
+    assert native.recommend([999_999, -3, 5]).unknown_ids == 2  # padding (-1) aside, every ID not in the catalogue
+
+
+def test_native_requests_of_different_k_share_batches(native_server, tiny_run):
+    """Concurrent requests are batched (equal shapes: padded histories) and each gets its own k."""
+    from recserve.client import AsyncRecommenderClient
+
+    histories = _histories(tiny_run)
+
+    async def ask():
+        client = AsyncRecommenderClient(native_server.grpc_url, model="recommender_native")
+        try:
+            jobs = [client.recommend(histories[i % len(histories)], k=1 + i % 20) for i in range(120)]
+            return await asyncio.gather(*jobs)
+        finally:
+            await client.close()
+
+    answers = asyncio.run(ask())
+    assert [len(a.item_ids) for a in answers] == [1 + i % 20 for i in range(120)]
+    stats = httpclient.InferenceServerClient(native_server.http_url).get_inference_statistics("recommender_native")
+    model = stats["model_stats"][0]
+    assert int(model["execution_count"]) < int(model["inference_count"])  # some executions ran several requests
+
+
+def _raw(url: str, **arrays):
+    client = httpclient.InferenceServerClient(url)
+    inputs = []
+    for name, value in arrays.items():
+        tensor = httpclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return client.infer("recommender_native", inputs)
+
+
+def _good(length: int = 19) -> dict:
+    ids = np.full((1, length), -1, dtype=np.int64)
+    ids[0, -2:] = [1, 2]
+    return {"item_ids": ids, "k": np.array([[5]], np.int32), "exclude_seen": np.array([[True]])}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"item_ids": np.array([[1, 2, 3]], np.int64)}, "unexpected shape for input 'item_ids'"),
+        ({"item_ids": np.ones((1, 19), np.int32)}, "inference input 'item_ids' data-type is 'INT32'"),
+        ({"k": np.array([[5]], np.int64)}, "inference input 'k' data-type is 'INT64'"),
+        ({"exclude_seen": np.array([[1]], np.int32)}, "inference input 'exclude_seen' data-type is 'INT32'"),
+        ({"item_ids": np.array([[b"sku"] * 19], object)}, "data-type is 'BYTES'"),
+        ({"k": None}, "expected 3 inputs but got 2 inputs"),
+    ],
+)
+def test_bad_native_requests_get_a_clear_400_and_the_server_stays_ready(native_server, change, message):
+    arrays = _good() | change
+    with pytest.raises(InferenceServerException) as err:
+        _raw(native_server.http_url, **{k: v for k, v in arrays.items() if v is not None})
+    assert err.value.status() == "400" and message in err.value.message(), err.value.message()
+    assert native_server.is_ready()
+    assert _raw(native_server.http_url, **_good()).as_numpy("scores").shape == (1, 5)
+
+
+@pytest.mark.parametrize("k", [0, -4, 101])
+def test_k_out_of_range_gets_no_items_from_the_server_and_an_error_from_the_client(native_server, k):
+    """A native model cannot fail one request of a batch: a k outside 1..max_k gets only padding (its
+    neighbours are answered), and RecommenderClient refuses such a k before sending."""
+    from recserve.client import RecommenderClient, RecommendError
+
+    reply = _raw(native_server.http_url, **(_good() | {"k": np.array([[k]], np.int32)}))
+    names = [o["name"] for o in reply.get_response()["outputs"]]
+    ids = reply.as_numpy(names[0] if names[0] != "scores" else names[1])
+    assert np.all(ids == -1) and np.all(np.isneginf(reply.as_numpy("scores")))
+    with pytest.raises(RecommendError, match=f"k: {k} is out of range; allowed 1..100"):
+        RecommenderClient(native_server.grpc_url, model="recommender_native").recommend([1, 2], k=k)
+    with pytest.raises(RecommendError, match="the native layout takes integer IDs"):
+        RecommenderClient(native_server.grpc_url, model="recommender_native").recommend(["sku-1"], k=3)
+    assert native_server.is_ready()
+
+
+def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_path):
+    """An export without a native model (eager; string IDs) and a traced model asked for another device."""
+    from recserve.errors import ServingError
+    from recserve.export.exporter import export_run
+    from recserve.serving.triton.repository import ServingSettings, write_repository
+
+    with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
+        write_repository(tiny_export, tmp_path / "a", ("native",))
+    strings = tmp_path / "strings"
+    export_run(string_run, "torchscript", "fp32", strings)
+    with pytest.raises(ServingError, match="string IDs cannot be tensors.*fused layout"):
+        write_repository(strings, tmp_path / "b", ("native",))
+    with pytest.raises(ServingError, match="traced on cpu and runs there only; serve it with --device cpu"):
+        write_repository(strings, tmp_path / "c", ("seed",), ServingSettings(device="gpu"))
+
+
+def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_starts(tmp_path):
+    from recserve.errors import ServingError
+    from recserve.serving.triton.launcher import check_backends
+
+    folder = tmp_path / "backends"
+    (folder / "python").mkdir(parents=True)
+    repo = tmp_path / "repo"
+    (repo / "bert4rec").mkdir(parents=True)
+    (repo / "bert4rec" / "config.pbtxt").write_text('name: "bert4rec"\nplatform: "pytorch_libtorch"\n')
+    with pytest.raises(ServingError, match="bert4rec need.* Triton's pytorch backend.*scripts/build_triton_backends"):
+        check_backends(repo, folder)
+    (folder / "pytorch").mkdir()
+    check_backends(repo, folder)

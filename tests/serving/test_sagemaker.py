@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 import pytest
-from tests.conftest import server_settings
+from tests.conftest import needs_pytorch_backend, server_settings
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
@@ -138,17 +138,33 @@ def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
     assert all(f"    {fn}," in shim.read_text() for fn in ("model_fn", "input_fn", "predict_fn", "output_fn"))
 
 
-def test_triton_package_is_a_repository_that_a_real_triton_serves(tiny_run, tmp_path):
-    summary = package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")  # through an onnx export
-    assert summary["backend"] == "onnx"
-    assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender"}
+@needs_pytorch_backend
+def test_triton_package_is_the_native_layout_that_a_real_triton_serves(tiny_run, tmp_path):
+    summary = package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")  # through a torchscript export
+    assert summary["backend"] == "torchscript" and summary["layout"] == "native"
+    assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender_native"}
     repo = unpack(tmp_path / "model.tar.gz", tmp_path / "repo")
-    assert sorted(p.name for p in repo.iterdir()) == ["recommender"]  # model folders only, none at the top
-    assert (repo / "recommender" / "config.pbtxt").is_file() and (repo / "recommender" / "1" / "recserve").is_dir()
+    assert sorted(p.name for p in repo.iterdir()) == ["recommender_native"]  # model folders only
+    assert sorted(p.name for p in (repo / "recommender_native" / "1").iterdir()) == ["model.pt"]  # no Python at all
     history = np.load(tiny_run / "item_ids.npy")[:4].tolist()
-    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
+    with (
+        TritonServer(repo, server_settings()) as server,
+        RecommenderClient(server.grpc_url, model="recommender_native") as client,
+    ):
         answer = client.recommend(history, k=5)
     assert len(answer.item_ids) == 5 and not set(history) & set(answer.item_ids.tolist())
+
+
+def test_triton_package_of_string_ids_is_the_fused_layout_over_onnx(string_run, tmp_path):
+    summary = package_from_run(string_run, "triton", tmp_path / "model.tar.gz")
+    assert summary["backend"] == "onnx" and summary["layout"] == "fused"
+    assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender"}
+    repo = unpack(tmp_path / "model.tar.gz", tmp_path / "repo")
+    assert sorted(p.name for p in repo.iterdir()) == ["recommender"]
+    assert "onnxruntime" in (repo / "recommender" / "1" / "requirements.txt").read_text()
+    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
+        answer = client.recommend(["sku-001", "sku-002"], k=3)
+    assert len(answer.item_ids) == 3 and all(x.startswith("sku-") for x in answer.item_ids)
 
 
 @pytest.mark.parametrize(
@@ -163,7 +179,7 @@ def test_bad_package_requests_are_refused(tiny_export, tiny_run, tmp_path, runti
     assert not (tmp_path / out).exists()
 
 
-def test_a_package_takes_only_exports_its_container_can_run(tiny_run, tmp_path):
+def test_a_package_takes_only_exports_its_container_can_run(tiny_run, string_run, tmp_path):
     from recserve.errors import ExportError
     from recserve.export.exporter import export_run
 
@@ -174,6 +190,9 @@ def test_a_package_takes_only_exports_its_container_can_run(tiny_run, tmp_path):
         package(tmp_path / "onnx", "pytorch", tmp_path / "m.tar.gz")
     with pytest.raises(ExportError, match="no export.json"):
         package(tiny_run, "pytorch", tmp_path / "m.tar.gz")
+    export_run(string_run, "torchscript", "fp32", tmp_path / "strings")
+    with pytest.raises(ServingError, match="no native model.*needs torch in the container; export with --backend onnx"):
+        package(tmp_path / "strings", "triton", tmp_path / "m.tar.gz")
     assert not (tmp_path / "m.tar.gz").exists()
 
 

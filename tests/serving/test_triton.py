@@ -1,4 +1,7 @@
-"""End to end against a real Triton: the fused, seed and echo layouts, integer and string IDs, bad input."""
+"""End to end against a real Triton: the fused, seed and echo layouts, integer and string IDs, bad input.
+
+The seed layout's model step runs on Triton's PyTorch backend: its tests skip where that is not built.
+The native layout has its own file (test_native.py)."""
 
 import asyncio
 import json
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests.conftest import server_settings
+from tests.conftest import needs_pytorch_backend, server_settings
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -44,6 +47,10 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     assert fused.dynamic_batching.max_queue_delay_microseconds == 2000
     assert not fused.dynamic_batching.HasField("default_queue_policy")  # off by default (Triton 2.51 stalls)
     assert fused.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+
+
+@needs_pytorch_backend
+def test_the_seed_layout_is_the_pocs_ensemble_around_a_torchscript_model(int_repo):
     ensemble = parse_pbtxt((int_repo / "bert4rec_ensemble" / "config.pbtxt").read_text())
     assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
     assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
@@ -53,7 +60,10 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     ]
     assert list(ensemble.input[0].dims) == [39] and ensemble.input[0].data_type == pb.TYPE_INT64
     model = parse_pbtxt((int_repo / "bert4rec" / "config.pbtxt").read_text())
+    assert model.platform == "pytorch_libtorch" and (int_repo / "bert4rec" / "1" / "model.pt").is_file()
     assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
+    assert [i.name for i in model.input] == ["input__0"] and [o.name for o in model.output] == ["output__0", "output__1"]
+    assert not (int_repo / "bert4rec" / "1" / "model.py").exists()  # no python imitation left
 
 
 def test_instances_on_named_gpus_are_written_for_each_gpu(tiny_export, tiny_run, tmp_path):
@@ -79,7 +89,8 @@ def test_the_repository_serves_the_export_it_was_given(tiny_export, tmp_path):
 
 
 def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, tiny_run, tmp_path):
-    """Not an export; the seed layout from an export without weights; an export compiled for another device."""
+    """Not an export; the seed and native layouts from exports without their TorchScript; an export compiled
+    for another device."""
     from recserve.errors import ExportError
     from recserve.export.exporter import export_run
 
@@ -87,8 +98,10 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
         write_repository(tiny_run, tmp_path / "a", ("fused",))
     onnx = tmp_path / "onnx"
     export_run(tiny_run, "onnx", "fp32", onnx)
-    with pytest.raises(ServingError, match="seed layout rebuilds the model from its weights.*--backend eager"):
+    with pytest.raises(ServingError, match="seed layout's model step is TorchScript.*--backend torchscript"):
         write_repository(onnx, tmp_path / "b", ("seed",))
+    with pytest.raises(ServingError, match="this eager export holds no native model; export with --backend torchscript"):
+        write_repository(tiny_export, tmp_path / "b", ("native",))
     compiled = tmp_path / "compiled"  # a manifest that says: compiled ahead of time, for the CPU
     shutil.copytree(tiny_export, compiled)
     manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti"}
@@ -168,6 +181,7 @@ def test_a_batch_mixing_good_and_bad_requests_fails_only_the_bad_ones(int_server
     assert int_server.is_ready()
 
 
+@needs_pytorch_backend
 def test_poc_client_code_works_unchanged_and_agrees_with_fused(int_server):
     # the PoC's client, verbatim in spirit: tritonclient.http, 39 INT64 IDs in `inputs`
     client = httpclient.InferenceServerClient(url=int_server.http_url)
@@ -194,6 +208,8 @@ def test_string_ids_end_to_end_on_fused_and_seed(string_server):
     with RecommenderClient(string_server.grpc_url) as client:
         answer = client.recommend(["sku-001", "sku-002", "unknown-sku"], k=4)
     assert answer.unknown_ids == 1 and all(x.startswith("sku-") for x in answer.item_ids)
+    if not (Path(string_server.repo) / "bert4rec_ensemble").is_dir():
+        pytest.skip("the seed layout needs Triton's PyTorch backend, not built here")
     history = np.array([f"sku-{i % 30:03d}".encode() for i in range(39)], dtype=object)
     reply = _infer(string_server.http_url, "bert4rec_ensemble", inputs=history)
     assert all(x.startswith(b"sku-") for x in reply.as_numpy("output__0"))
@@ -271,6 +287,7 @@ def test_multvae_is_served_by_the_fused_layout(vae_run, tmp_path):
     assert not set(history.tolist()) & set(answer.item_ids.tolist())
 
 
+@needs_pytorch_backend
 def test_sasrec_is_served_by_the_fused_and_seed_layouts(sasrec_run, tmp_path):
     from recserve.serving.predictor import Predictor
 

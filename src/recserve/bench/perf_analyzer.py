@@ -14,12 +14,24 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.constants import ECHO_MODEL, FUSED_MODEL, INPUT_ITEM_IDS, SEED_ENSEMBLE, SEED_HISTORY_LENGTH, SEED_INPUT
+from recserve.client.triton import NativeShape
+from recserve.constants import (
+    DEFAULT_K,
+    ECHO_MODEL,
+    FUSED_MODEL,
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    NATIVE_MODEL,
+    SEED_ENSEMBLE,
+    SEED_HISTORY_LENGTH,
+    SEED_INPUT,
+)
 from recserve.errors import ServingError
 
 log = logging.getLogger(__name__)
 
-LAYOUT_MODELS = {"fused": FUSED_MODEL, "seed": SEED_ENSEMBLE, "echo": ECHO_MODEL}
+LAYOUT_MODELS = {"fused": FUSED_MODEL, "native": NATIVE_MODEL, "seed": SEED_ENSEMBLE, "echo": ECHO_MODEL}
 TOOLS_DIR = Path("tools/perf_analyzer")
 
 
@@ -37,17 +49,32 @@ def find_perf_analyzer() -> Path:
     raise ServingError("perf_analyzer not found: run `scripts/install_perf_analyzer.sh` (or set PERF_ANALYZER)")
 
 
-def write_input_data(histories: list[np.ndarray], layout: str, path: Path, string_ids: bool, limit: int = 1000) -> int:
-    """perf_analyzer's JSON input from real histories; the seed layout takes exactly 39 IDs per request."""
+def write_input_data(
+    histories: list[np.ndarray],
+    layout: str,
+    path: Path,
+    string_ids: bool,
+    limit: int = 1000,
+    native: NativeShape | None = None,
+) -> int:
+    """perf_analyzer's JSON input from real histories: the seed layout takes exactly 39 IDs per request; the
+    native layout (``native``: its model's shape) padded histories with k 10 and seen items excluded, as
+    ``RecommenderClient`` sends them."""
     rows = []
     for history in histories:
         if layout == "seed":
             if len(history) < SEED_HISTORY_LENGTH:
                 continue
             history = history[-SEED_HISTORY_LENGTH:]
+        if native is not None:
+            history = native.history(np.asarray(history))[0]
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
         name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
-        rows.append({name: {"content": values, "shape": [len(values)]}})
+        row: dict = {name: {"content": values, "shape": [len(values)]}}
+        if native is not None:  # native models take every input
+            row[INPUT_K] = {"content": [DEFAULT_K], "shape": [1]}
+            row[INPUT_EXCLUDE_SEEN] = {"content": [True], "shape": [1]}
+        rows.append(row)
         if len(rows) == limit:
             break
     if not rows:

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PAIRS = (("fused", "seed"), ("fused", "echo"), ("native", "fused"), ("native", "echo"))  # the ratios reported
+
 
 def _level(row: dict) -> tuple[str, float]:
     return ("concurrency", row["concurrency"]) if "concurrency" in row else ("request_rate", row["request_rate"])
 
 
 def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
-    """fused over seed and fused over echo at each shared load level, and the best throughput within the SLO."""
+    """fused over seed and echo, native over fused and echo, at each shared load level; the best throughput
+    within the SLO per layout, and best over best."""
     ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
     by = {(r["layout"], _level(r)): r for r in ok}
-    out: dict = {"fused_over_seed": {}, "fused_over_echo": {}, "best_within_slo": {}}
+    out: dict = {f"{a}_over_{b}": {} for a, b in PAIRS} | {"best_within_slo": {}}
     for (layout, level), row in by.items():
-        if layout != "fused":
-            continue
         key = f"{level[0]}={level[1]:g}"
-        for other in ("seed", "echo"):
-            if (other, level) in by:
-                out[f"fused_over_{other}"][key] = {
+        for a, other in PAIRS:
+            if layout == a and (other, level) in by:
+                out[f"{a}_over_{other}"][key] = {
                     "throughput": row["throughput_rps"] / by[(other, level)]["throughput_rps"],
                     "p99": row["p99_ms"] / by[(other, level)]["p99_ms"],
                 }
@@ -36,10 +37,12 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
                 "level": "=".join(map(str, _level(best))),
             }
         )
-    best_seed = max((r["throughput_rps"] for r in ok if r["layout"] == "seed"), default=None)
-    best_fused = max((r["throughput_rps"] for r in ok if r["layout"] == "fused"), default=None)
-    if best_seed and best_fused:
-        out["best_fused_over_best_seed"] = best_fused / best_seed
+    best = {
+        layout: max(r["throughput_rps"] for r in ok if r["layout"] == layout) for layout in {r["layout"] for r in ok}
+    }
+    for a, b in PAIRS:
+        if a in best and b in best:
+            out[f"best_{a}_over_best_{b}"] = best[a] / best[b]
     return out
 
 
@@ -74,13 +77,19 @@ def write_report(summary: dict, path: Path) -> None:
         )
     lines += ["", "## Ratios", ""]
     ratios_ = summary["ratios"]
-    for name in ("fused_over_seed", "fused_over_echo"):
-        for level, v in ratios_[name].items():
-            lines.append(
-                f"- {name.replace('_', ' ')} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}"
-            )
-    if "best_fused_over_best_seed" in ratios_:
-        lines.append(f"- best fused over best seed throughput: x{ratios_['best_fused_over_best_seed']:.1f}")
+    for a, b in PAIRS:
+        for level, v in ratios_.get(f"{a}_over_{b}", {}).items():
+            lines.append(f"- {a} over {b} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}")
+    for a, b in PAIRS:
+        if f"best_{a}_over_best_{b}" in ratios_:
+            lines.append(f"- best {a} over best {b} throughput: x{ratios_[f'best_{a}_over_best_{b}']:.2f}")
+    if "native_vs_fused" in summary:
+        v = summary["native_vs_fused"]
+        lines.append(
+            f"- native against fused, {v['histories']} real histories: the same top 10 (ties within "
+            f"{v['tolerance']:g} aside) for {v['same_top10_ties_aside']:.1%}, top-10 overlap "
+            f"{v['top10_overlap']:.3f}, largest score difference {v['max_score_diff']:.2e}"
+        )
     for layout, best in ratios_["best_within_slo"].items():
         lines.append(
             f"- {layout}: best throughput within the SLO: "

@@ -28,10 +28,13 @@ from recserve.constants import (
 )
 from recserve.errors import ServingError
 
+TOP = 10  # what check_answers and compare_native ask for
+
 log = logging.getLogger(__name__)
 
 STEPS = {
     "fused": [LAYOUT_MODELS["fused"]],
+    "native": [LAYOUT_MODELS["native"]],
     "echo": [LAYOUT_MODELS["echo"]],
     "seed": [LAYOUT_MODELS["seed"], SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING],
 }
@@ -50,29 +53,67 @@ def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:
 
 
 def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: bool) -> None:
-    """One real request per layout over HTTP/JSON: outputs must be full.
+    """One real request per layout: outputs must be full.
 
     An empty answer means a broken stub environment (numpy 2), which perf_analyzer alone would not notice.
     """
-    values = [str(x) for x in history] if string_ids else [int(x) for x in history]
-    if layout == "seed":
-        values = values[-SEED_HISTORY_LENGTH:]
-    name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
-    shape = [len(values)] if layout == "seed" else [1, len(values)]
-    body = {"inputs": [{"name": name, "shape": shape, "datatype": "BYTES" if string_ids else "INT64", "data": values}]}
-    request = urllib.request.Request(
-        f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            outputs = {o["name"]: o for o in json.load(reply)["outputs"]}
-    except urllib.error.HTTPError as err:
-        raise ServingError(f"layout {layout}: HTTP {err.code}: {err.read().decode(errors='replace')}") from err
-    ids = outputs.get(SEED_OUTPUT_IDS if layout == "seed" else OUTPUT_ITEM_IDS, {}).get("data", [])
-    if len(ids) != 10:
-        raise ServingError(f"layout {layout}: the server answered {ids!r} instead of 10 items; see the server log")
+    if layout in ("fused", "native"):
+        ids = _client(http_url, layout).recommend(history, k=TOP).item_ids.tolist()
+    else:
+        values = [str(x) for x in history] if string_ids else [int(x) for x in history]
+        if layout == "seed":
+            values = values[-SEED_HISTORY_LENGTH:]
+        name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
+        shape = [len(values)] if layout == "seed" else [1, len(values)]
+        data = {"name": name, "shape": shape, "datatype": "BYTES" if string_ids else "INT64", "data": values}
+        request = urllib.request.Request(
+            f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
+            data=json.dumps({"inputs": [data]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                outputs = {o["name"]: o for o in json.load(reply)["outputs"]}
+        except urllib.error.HTTPError as err:
+            raise ServingError(f"layout {layout}: HTTP {err.code}: {err.read().decode(errors='replace')}") from err
+        ids = outputs.get(SEED_OUTPUT_IDS if layout == "seed" else OUTPUT_ITEM_IDS, {}).get("data", [])
+    if len(ids) != TOP:
+        raise ServingError(f"layout {layout}: the server answered {ids!r} instead of {TOP} items; see the server log")
+
+
+def _client(http_url: str, layout: str):
+    from recserve.client.triton import RecommenderClient
+
+    return RecommenderClient(http_url, "http", model=LAYOUT_MODELS[layout], timeout_s=60)
+
+
+def compare_native(http_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
+    """The native layout's top 10 against the fused layout's for ``count`` real histories.
+
+    A position where the two lists differ counts as a tie when the fused scores there are within
+    ``tolerance`` of the native ones (reduced precision reorders near-equal scores).
+
+    Raises:
+        ServingError: on average fewer than 9 of the fused top 10 in the native answer (a broken model).
+    """
+    fused, native = _client(http_url, "fused"), _client(http_url, "native")
+    same, overlap, worst = 0, [], 0.0
+    for history in histories[:count]:
+        a, b = fused.recommend(history, k=TOP), native.recommend(history, k=TOP)
+        diff = np.abs(a.scores - b.scores) if len(a.scores) == len(b.scores) else np.array([np.inf])
+        worst = max(worst, float(diff.max(initial=0.0)))
+        same += bool(np.all((a.item_ids == b.item_ids) | (diff <= tolerance))) if len(diff) == TOP else 0
+        overlap.append(len(set(a.item_ids.tolist()) & set(b.item_ids.tolist())) / TOP)
+    result = {
+        "histories": len(overlap),
+        "same_top10_ties_aside": same / max(len(overlap), 1),
+        "top10_overlap": float(np.mean(overlap)),
+        "max_score_diff": worst,
+        "tolerance": tolerance,
+    }
+    if result["top10_overlap"] < 0.9:
+        raise ServingError(f"the native layout's answers differ from the fused layout's: {result}")
+    return result
 
 
 def sweep(
@@ -88,6 +129,7 @@ def sweep(
     slo_p99_ms: float = 50.0,
     client_threads: int | None = None,
     progress: Callable[[str, int, int], None] = lambda *_: None,
+    compare_with_fused: bool = False,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -96,6 +138,8 @@ def sweep(
         repo: a model repository to serve for the run (started on free loopback ports), or
         url: a running server as ``host:http_port,host:grpc_port,host:metrics_port`` (HTTP, gRPC, metrics).
         client_threads: perf_analyzer threads (``--max-threads``); one per usable core when None.
+        compare_with_fused: check the native layout's answers against the repository's fused layout even
+            when only the native one is swept (they are compared whenever both are).
     """
     from recserve.bench.report import ratios, write_report
 
@@ -116,7 +160,10 @@ def sweep(
             for layout in layouts:
                 check_answers(layout, http_url, next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH), string_ids)
                 inputs[layout] = Path(tmp) / f"{layout}.json"
-                pa.write_input_data(histories, layout, inputs[layout], string_ids)
+                native = _client(http_url, layout).native_shape() if layout == "native" else None
+                pa.write_input_data(histories, layout, inputs[layout], string_ids, native=native)
+            compare = "native" in layouts and ("fused" in layouts or compare_with_fused)
+            agreement = compare_native(http_url, histories) if compare else None
             # level by level, every layout in turn: the runs a ratio compares are minutes apart at most,
             # so a shared host's drift moves both sides of it
             for level in levels:
@@ -161,6 +208,8 @@ def sweep(
         },
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }
+    if agreement is not None:
+        summary["native_vs_fused"] = agreement
     summary["ratios"] = ratios(rows, slo_p99_ms)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(summary, out / "report.md")

@@ -37,7 +37,9 @@ def bench(
     out: Annotated[Path, typer.Option("--out", "-o", help="Report folder: summary.json, report.md, PNGs.")],
     repo: Annotated[Path | None, typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
     url: Annotated[str | None, typer.Option(help="A running server: host:http,host:grpc,host:metrics.")] = None,
-    layouts: Annotated[str, typer.Option(help="Comma-separated layouts: fused, seed, echo.")] = "fused,seed,echo",
+    layouts: Annotated[
+        str, typer.Option(help="Comma-separated layouts the repository holds: fused, native, seed, echo.")
+    ] = "fused,seed,echo",
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
     request_rate: Annotated[str | None, typer.Option(help="Comma-separated request rates (instead).")] = None,
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors, history_ids
-from recserve.constants import GRPC_PORT, HTTP_PORT, OUTPUT_UNKNOWN_IDS
+from recserve.constants import FUSED_MODEL, GRPC_PORT, HTTP_PORT, NATIVE_MODEL, OUTPUT_UNKNOWN_IDS
 
 
 def _titles(path: Path | None) -> dict:
@@ -33,14 +33,18 @@ def recommend(
     string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
     items: Annotated[Path | None, typer.Option(help="items.parquet for titles (a data or run folder's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    model: Annotated[
+        str,
+        typer.Option(help=f"The served model: {FUSED_MODEL} (fused layout) or {NATIVE_MODEL} (native layout)."),
+    ] = FUSED_MODEL,
 ) -> None:
-    """Ask the `recommender` model for the next items after ITEM_IDS."""
+    """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS."""
     from rich.table import Table
 
     from recserve.client import RecommenderClient
 
     history = history_ids(item_ids, string_ids)
-    with RecommenderClient(url, protocol) as client:
+    with RecommenderClient(url, protocol, model=model) as client:
         answer = client.recommend(history, k=k, exclude_seen=not include_seen)
     if as_json:
         print(

@@ -19,9 +19,8 @@ def repo(
         typer.Option(
             "--export",
             "-e",
-            help="Export folder written by `recserve "
-            "export`: served as validated (the seed layout needs an eager "
-            "export).",
+            help="Export folder written by `recserve export`: served as validated (the native layout needs a "
+            "torchscript or onnx export, the seed layout a torchscript one).",
         ),
     ] = None,
     run: Annotated[
@@ -35,14 +34,16 @@ def repo(
     layout: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: fused (model `recommender`), seed (the PoC's "
-            "ensemble), echo (fixed answer, the server-stack ceiling)."
+            help="Comma-separated: fused (model `recommender`, python), native (`recommender_native`: "
+            "TorchScript or ONNX on Triton's own backends, integer IDs, no Python), seed (the PoC's ensemble), "
+            "echo (fixed answer, the python server-stack ceiling)."
         ),
     ] = "fused",
     backend: Annotated[
         str | None,
         typer.Option(
-            help="With --run: the fused model's export backend (see `recserve export`) [onnx on cpu, eager on gpu]."
+            help="With --run: the fused model's export backend (see `recserve export`) [onnx on cpu, eager on "
+            "gpu]; the native layout uses torchscript unless this is onnx."
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
@@ -73,7 +74,11 @@ def repo(
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
     response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
 ) -> None:
-    """Write a Triton model repository: config.pbtxt, python models and the validated export."""
+    """Write a Triton model repository: config.pbtxt, the models and the validated export.
+
+    Layouts: fused serves any export and string IDs through a python model; native serves the whole graph
+    without Python (integer IDs, histories padded to a fixed length by the client); seed is the PoC's
+    ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
     from recserve.serving.triton.repository import ServingSettings, write_repository
 
     source = export_or_run(export, run)

@@ -1,5 +1,9 @@
 """``recommend(item_ids, k, exclude_seen)`` against the ``recommender`` model, built on tritonclient.
 
+The same call serves the native layout (``model="recommender_native"``): the client reads that model's
+config once and pads each history on the left to its fixed length with the padding ID, refuses a k outside
+1..max_k before sending (the native model cannot fail one request of a batch), and trims the answer to k.
+
 Rejections for overload (HTTP 503 / gRPC UNAVAILABLE, a full queue or a queue timeout) raise
 ``ServerBusyError``, which is retryable: ``retries`` > 0 retries them with exponential backoff.
 """
@@ -9,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -65,6 +70,11 @@ class Recommendations:
     unknown_ids: int = 0
 
 
+def _as_json(protocol: str) -> dict:
+    """get_model_config's argument that makes the gRPC client answer JSON like the HTTP one."""
+    return {"as_json": True} if protocol == "grpc" else {}
+
+
 def _module(protocol: str, aio: bool = False):
     if protocol == "grpc":
         import tritonclient.grpc as module
@@ -85,12 +95,46 @@ def default_url(protocol: str) -> str:
     return f"127.0.0.1:{GRPC_PORT}" if protocol == "grpc" else f"127.0.0.1:{HTTP_PORT}"
 
 
-def _inputs(module, item_ids, k: int, exclude_seen: bool):
+@dataclass(frozen=True)
+class NativeShape:
+    """What a native-layout model takes (read from its config): the fixed history length, the padding ID,
+    the largest k and the name of its item-ID output."""
+
+    length: int
+    padding_id: int
+    max_k: int
+    ids_output: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> NativeShape | None:
+        """From the model config as JSON (HTTP) or a dict of it (gRPC ``as_json``); None for python models."""
+        config = config.get("config", config)
+        parameters = {key: value.get("string_value") for key, value in (config.get("parameters") or {}).items()}
+        if "padding_id" not in parameters:
+            return None
+        dims = next(i["dims"] for i in config["input"] if i["name"] == INPUT_ITEM_IDS)
+        return cls(int(dims[0]), int(parameters["padding_id"]), int(parameters["max_k"]), config["output"][0]["name"])
+
+    def history(self, ids: np.ndarray) -> np.ndarray:
+        """The most recent ``length`` IDs, left-padded with the padding ID to ``length``: (1, length) int64."""
+        if ids.dtype.kind not in "iu":
+            raise RecommendError(f"{INPUT_ITEM_IDS}: the native layout takes integer IDs, got {ids.dtype}")
+        out = np.full((1, self.length), self.padding_id, dtype=np.int64)
+        recent = ids[-self.length :] if self.length else ids[:0]
+        out[0, self.length - len(recent) :] = recent
+        return out
+
+
+def _inputs(module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None):
     ids = np.asarray(item_ids)
     if ids.dtype.kind in "US" or ids.dtype == object:
         ids = np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
     else:
         ids = ids.astype(np.int64)
+    if native is not None:
+        if not 1 <= k <= native.max_k:
+            raise RecommendError(f"{INPUT_K}: {k} is out of range; allowed 1..{native.max_k}")
+        ids = native.history(ids.reshape(-1))
     ids = ids.reshape(1, -1)
     tensors = []
     for name, value in (
@@ -113,16 +157,23 @@ def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendE
     return cls(message, status)
 
 
-def _result(reply, has_unknown: bool) -> Recommendations:
-    ids = reply.as_numpy(OUTPUT_ITEM_IDS)[0]
+def _result(reply, has_unknown: bool, native: NativeShape | None = None, k: int = 0) -> Recommendations:
+    ids = reply.as_numpy(native.ids_output if native else OUTPUT_ITEM_IDS)[0]
+    scores = reply.as_numpy(OUTPUT_SCORES)[0]
+    if native is not None:  # the batch's widest k; padding where fewer items remain
+        ids, scores = ids[:k], scores[:k]
+        ids, scores = ids[ids != native.padding_id], scores[ids != native.padding_id]
     if ids.dtype == object:
         ids = as_str_ids(ids)
     unknown = int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]) if has_unknown else 0
-    return Recommendations(ids, reply.as_numpy(OUTPUT_SCORES)[0], unknown)
+    return Recommendations(ids, scores, unknown)
 
 
-def _outputs(module, model: str):
-    names = [OUTPUT_ITEM_IDS, OUTPUT_SCORES] + ([OUTPUT_UNKNOWN_IDS] if model == FUSED_MODEL else [])
+def _outputs(module, model: str, native: NativeShape | None = None):
+    if native is not None:
+        names = [native.ids_output, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS]
+    else:
+        names = [OUTPUT_ITEM_IDS, OUTPUT_SCORES] + ([OUTPUT_UNKNOWN_IDS] if model == FUSED_MODEL else [])
     return [module.InferRequestedOutput(n) for n in names]
 
 
@@ -143,6 +194,7 @@ class RecommenderClient:
         self.retries, self.backoff_s = retries, backoff_s
         self.url = url or default_url(protocol)
         self.client = self.module.InferenceServerClient(self.url)
+        self._native: NativeShape | None | bool = False  # False: not asked yet
 
     def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
         """Top-k item IDs and scores for one history, best first."""
@@ -155,20 +207,29 @@ class RecommenderClient:
                 time.sleep(self.backoff_s * 2**attempt * (1 + random.random()))
         raise AssertionError("unreachable")
 
+    def native_shape(self) -> NativeShape | None:
+        """What the model takes if it is a native-layout model (asked of the server once), else None."""
+        if self._native is False:
+            self._native = NativeShape.from_config(self.client.get_model_config(self.model, **_as_json(self.protocol)))
+        return cast(NativeShape | None, self._native)
+
     def _once(self, item_ids, k: int, exclude_seen: bool) -> Recommendations:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         try:
+            native = self.native_shape()
             reply = self.client.infer(
                 self.model,
-                _inputs(self.module, item_ids, k, exclude_seen),
-                outputs=_outputs(self.module, self.model),
+                _inputs(self.module, item_ids, k, exclude_seen, native),
+                outputs=_outputs(self.module, self.model, native),
                 **kwargs,
             )
         except InferenceServerException as err:
             raise _error(err, self.url, self.protocol) from err
+        except RecommendError:  # refused here, before sending (a k the native model cannot answer)
+            raise
         except Exception as err:  # the HTTP client's connection errors: OSError, its own parse errors, gevent's
             raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
-        return _result(reply, self.model == FUSED_MODEL)
+        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
 
     def is_ready(self) -> bool:
         try:
@@ -195,17 +256,26 @@ class AsyncRecommenderClient:
         self.model, self.protocol = model, protocol
         self.url = url or default_url(protocol)
         self.client = self.module.InferenceServerClient(self.url)
+        self._native: NativeShape | None | bool = False  # False: not asked yet
 
     async def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
         try:
+            if self._native is False:
+                config = await self.client.get_model_config(self.model, **_as_json(self.protocol))
+                self._native = NativeShape.from_config(config)
+            native = cast(NativeShape | None, self._native)
             reply = await self.client.infer(
-                self.model, _inputs(self.module, item_ids, k, exclude_seen), outputs=_outputs(self.module, self.model)
+                self.model,
+                _inputs(self.module, item_ids, k, exclude_seen, native),
+                outputs=_outputs(self.module, self.model, native),
             )
         except InferenceServerException as err:
             raise _error(err, self.url, self.protocol) from err
+        except RecommendError:  # refused here, before sending (a k the native model cannot answer)
+            raise
         except Exception as err:  # as in the synchronous client
             raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
-        return _result(reply, self.model == FUSED_MODEL)
+        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
 
     async def close(self) -> None:
         await self.client.close()

@@ -16,13 +16,21 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from recserve.constants import FUSED_MODEL, NATIVE_MODEL
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.package import ENVIRONMENT
+from recserve.serving.sagemaker.package import ENVIRONMENT, TRITON_MODEL_ENV
 from recserve.settings import read_settings
 
 log = logging.getLogger(__name__)
 
 ENV_FILE = ".env.inference"
+
+
+def environment(settings: DeploySettings) -> dict[str, str]:
+    """The container's environment: the entry point (pytorch) or the model to serve (triton)."""
+    if settings.runtime == "triton":
+        return {TRITON_MODEL_ENV: settings.triton_model}
+    return dict(ENVIRONMENT[settings.runtime])
 
 
 class DeploySettings(BaseSettings):
@@ -35,6 +43,12 @@ class DeploySettings(BaseSettings):
     image_uri: str | None = Field(None, description="inference container image (PyTorch or Triton, as the runtime)")
     model_data: str | None = Field(None, description="S3 URI of model.tar.gz")
     runtime: Literal["pytorch", "triton"] = "pytorch"
+    triton_model: str = Field(
+        NATIVE_MODEL,
+        description="triton runtime: the package's model (recserve sagemaker package prints it): "
+        "recommender_native for the native layout, recommender for the fused one (string IDs)",
+        pattern=f"^({NATIVE_MODEL}|{FUSED_MODEL})$",
+    )
     instance_type: str = "ml.g5.xlarge"  # one A10G, the PoC's GPU
     instance_count: int = Field(1, ge=1)
     endpoint_name: str = "recserve"
@@ -104,7 +118,7 @@ def deploy(settings: DeploySettings) -> dict:
             PrimaryContainer={
                 "Image": settings.image_uri,
                 "ModelDataUrl": settings.model_data,
-                "Environment": ENVIRONMENT[settings.runtime],
+                "Environment": environment(settings),
             },
         )
         sm.create_endpoint_config(

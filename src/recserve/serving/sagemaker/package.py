@@ -3,10 +3,12 @@
 - ``pytorch`` (SageMaker's PyTorch inference containers): the export at the top level (an eager export is
   rebuilt at load, so it runs on CPU or CUDA), ``code/inference.py`` with the four handler functions,
   ``code/requirements.txt`` and a copy of recserve under ``code/``, which the container puts on the path.
-- ``triton`` (SageMaker's Triton containers): a model repository whose top-level folder is the ``recommender``
-  model (the fused layout over the export, a copy of recserve beside its ``model.py``); the endpoint
-  names it through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``. Its python environment needs numpy < 2, and
-  onnxruntime for an ONNX export (listed in ``recommender/1/requirements.txt``).
+- ``triton`` (SageMaker's Triton containers): a model repository with one top-level model folder, which the
+  endpoint names through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``. From an export with a native model
+  (torchscript or onnx, integer IDs) that is ``recommender_native``, the native layout on the container's
+  own PyTorch or ONNX Runtime backend: no Python packages to add. Otherwise (string IDs; eager exports) it is
+  ``recommender``, the fused layout with a copy of recserve beside its ``model.py``, whose python
+  environment needs numpy < 2, and onnxruntime for an ONNX export (``recommender/1/requirements.txt``).
 
 ``RUNTIME_EXPORTS`` names the export each runtime takes by default (``recserve.pipeline.package_from_run``).
 """
@@ -19,7 +21,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from recserve.constants import FUSED_MODEL, REPOSITORY_FILE
+from recserve.constants import FUSED_MODEL, NATIVE_MODEL, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
@@ -27,14 +29,22 @@ from recserve.files import replaced_on_success
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("pytorch", "triton")
-RUNTIME_EXPORTS = {"pytorch": ("eager", "fp32"), "triton": ("onnx", "fp32")}  # (backend, precision)
-# the backends each container can run with what the package lists; the extra requirement of each
-RUNTIME_BACKENDS = {"pytorch": {"eager": ""}, "triton": {"onnx": "onnxruntime>=1.18\n", "eager": ""}}
+# (backend, precision); the triton runtime takes onnx for string IDs (no native model: fused over onnx)
+RUNTIME_EXPORTS = {"pytorch": ("eager", "fp32"), "triton": ("torchscript", "fp32")}
+STRING_ID_EXPORT = ("onnx", "fp32")
+# the backends each container can run with what the package lists; the extra requirement of each for the fused
+# layout (a torchscript export is packaged for triton only in the native layout: fused would need torch)
+RUNTIME_BACKENDS = {
+    "pytorch": {"eager": ""},
+    "triton": {"torchscript": "", "onnx": "onnxruntime>=1.18\n", "eager": ""},
+}
 ENTRY_POINT = "inference.py"
 # what each container needs beside the model; the endpoint's environment variables
+TRITON_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
 ENVIRONMENT = {
     "pytorch": {"SAGEMAKER_PROGRAM": ENTRY_POINT},
-    "triton": {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": FUSED_MODEL},
+    "triton": {TRITON_MODEL_ENV: FUSED_MODEL},
+    "triton-native": {TRITON_MODEL_ENV: NATIVE_MODEL},
 }
 HANDLER_SHIM = '''"""SageMaker entry point written by `recserve sagemaker package`; the handler lives in recserve."""
 
@@ -74,13 +84,19 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
             f"the {runtime} runtime serves {' or '.join(RUNTIME_BACKENDS[runtime])} exports, not "
             f"{manifest.backend}; export with --backend {RUNTIME_EXPORTS[runtime][0]}"
         )
+    native = runtime == "triton" and manifest.native_model is not None
+    if runtime == "triton" and manifest.backend == "torchscript" and not native:
+        raise ServingError(
+            "this torchscript export has no native model (string IDs), and the fused layout over TorchScript "
+            "needs torch in the container; export with --backend onnx for the triton runtime"
+        )
     with tempfile.TemporaryDirectory(prefix="recserve-package-") as tmp:
         root = Path(tmp) / "model"
         root.mkdir()
         if runtime == "pytorch":
             _write_pytorch(export_dir, root)
         else:
-            _write_triton(export_dir, manifest, root)
+            _write_triton(export_dir, manifest, root, native)
         with replaced_on_success(out, folder=False) as partial, tarfile.open(partial, "w:gz") as tar:
             for path in sorted(root.rglob("*")):
                 if "__pycache__" not in path.parts:
@@ -90,7 +106,8 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
         "runtime": runtime,
         "model": manifest.model,
         "backend": manifest.backend,
-        "environment": ENVIRONMENT[runtime],
+        "layout": "native" if native else ("fused" if runtime == "triton" else None),
+        "environment": ENVIRONMENT["triton-native" if native else runtime],
         "bytes": out.stat().st_size,
     }
 
@@ -104,11 +121,13 @@ def _write_pytorch(export_dir: Path, root: Path) -> None:
     copy_package(code)
 
 
-def _write_triton(export_dir: Path, manifest: ExportManifest, root: Path) -> None:
+def _write_triton(export_dir: Path, manifest: ExportManifest, root: Path, native: bool) -> None:
     from recserve.serving.triton.repository import write_repository
 
-    write_repository(export_dir, root, ("fused",))
+    write_repository(export_dir, root, ("native",) if native else ("fused",))
     (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
+    if native:  # Triton's own backend runs it: nothing to install
+        return
     version = root / FUSED_MODEL / "1"
     copy_package(version)
     (version / "requirements.txt").write_text(REQUIREMENTS + RUNTIME_BACKENDS["triton"][manifest.backend])

@@ -115,6 +115,34 @@ def native_backends() -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and any(p.glob("libtriton_*.so")))
 
 
+PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}  # Triton's own mapping
+
+
+def check_backends(repo: Path, backend_dir: Path) -> None:
+    """Refuses, before the server starts, a repository whose models need a backend the folder lacks.
+
+    Raises:
+        ServingError: naming the models, their backend and how to build it.
+    """
+    from recserve.serving.triton.model_config import parse_pbtxt
+
+    missing: dict[str, list[str]] = {}
+    for path in sorted(Path(repo).glob("*/config.pbtxt")):
+        try:
+            config = parse_pbtxt(path.read_text())
+        except Exception:  # the server reports a malformed config in its own words
+            continue
+        backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
+        if backend and not (backend_dir / backend).is_dir():
+            missing.setdefault(backend, []).append(path.parent.name)
+    if missing:
+        names = "; ".join(f"{', '.join(models)} need(s) Triton's {b} backend" for b, models in missing.items())
+        raise ServingError(
+            f"{repo}: {names}, which is not in {backend_dir}: build the native backends with "
+            "scripts/build_triton_backends.sh (make test does), or set RECSERVE_TRITON_BACKENDS to where they are"
+        )
+
+
 def _cache() -> Path:
     preferred = Path(os.environ.get("RECSERVE_CACHE") or Path.home() / ".cache" / "recserve")
     try:
@@ -194,6 +222,7 @@ class TritonServer:
         if not Path(self.repo).is_dir():
             raise ServingError(f"{self.repo}: no such model repository; write one with `recserve repo`")
         bundle = find_bundle()
+        check_backends(Path(self.repo), bundle.backend_dir)
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
         log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
         env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
