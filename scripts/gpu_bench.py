@@ -56,6 +56,12 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
         }
         for precision in ("bf16", "fp32")
     }
+    plain = dataclasses.replace(batched, max_queue_size=0, max_queue_delay_microseconds=300)  # no queue policy
+    native["native-torchscript-bf16-plain"] = native["native-torchscript-bf16"] | {"settings": plain}
+    native["echo-plain"] = {"layout": "echo", "settings": plain}
+    for gpus in ((0,), (0, 1)):  # the native layout's instances on one GPU, or on each of two
+        name = f"native-torchscript-bf16-plain-gpus{''.join(map(str, gpus))}"
+        native[name] = native["native-torchscript-bf16"] | {"settings": dataclasses.replace(plain, gpus=gpus)}
     return (
         on_gpus
         | native
@@ -142,8 +148,8 @@ def main() -> None:
                 spec.get("backend", "eager"),
                 spec.get("precision", "fp32"),
             )
-            if spec.get("check"):  # the fused layout beside it, eager bf16, for compare_with_fused
-                repository_from_run(run, repo, ("fused",), spec["settings"], "eager", "bf16")
+            if spec.get("check"):  # the fused layout beside it (eager, same precision) for compare_with_fused
+                repository_from_run(run, repo, ("fused",), spec["settings"], "eager", spec["precision"])
             summary = sweep(
                 [spec["layout"]],
                 levels,
@@ -185,9 +191,10 @@ def main() -> None:
     candidates = {r["variant"]: r["layout"] for r in rows if r["layout"] in ("fused", "native")}
     for name, layout in candidates.items():
         chosen = [r for r in rows if r["variant"] == name and r["model"] == "random"]
-        others = [r for r in rows if r["variant"] in ("seed", "echo")]
+        echo = "echo-plain" if "-plain" in name else "echo"
+        others = [r for r in rows if r["variant"] in ("seed", echo)]
         if layout == "native":  # against the fused variant of the same precision, where it ran
-            fused = f"fused-eager-{name.rsplit('-', 1)[-1]}"
+            fused = f"fused-eager-{name.split('-')[2]}"
             others += [r for r in rows if r["variant"] == fused]
         per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
     result = {
@@ -207,12 +214,16 @@ def main() -> None:
         },
         "results": rows,
         "ratios": per_variant,
-        "native_vs_fused": checks,
+        "native_checks": checks,
         "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     write_report(result | {"ratios": next(iter(per_variant.values()), ratios(rows, 10.0))}, args.out / "report.md")
-    print(json.dumps({"notes": notes, "ratios": per_variant, "native_vs_fused": checks}, indent=1))
+    with (args.out / "report.md").open("a") as report:
+        report.write("\n## Native answers against fused (eager, the same precision, the same repository)\n\n")
+        for name, check in checks.items():
+            report.write(f"- {name}: {json.dumps(check)}\n")
+    print(json.dumps({"notes": notes, "ratios": per_variant, "native_checks": checks}, indent=1))
 
 
 if __name__ == "__main__":

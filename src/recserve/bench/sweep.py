@@ -52,13 +52,13 @@ def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:
     return [histories[i] for i in order], data.vocab.is_string
 
 
-def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: bool) -> None:
+def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray, string_ids: bool) -> None:
     """One real request per layout: outputs must be full.
 
     An empty answer means a broken stub environment (numpy 2), which perf_analyzer alone would not notice.
     """
     if layout in ("fused", "native"):
-        ids = _client(http_url, layout).recommend(history, k=TOP).item_ids.tolist()
+        ids = _client(grpc_url, layout).recommend(history, k=TOP).item_ids.tolist()
     else:
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
         if layout == "seed":
@@ -81,13 +81,14 @@ def check_answers(layout: str, http_url: str, history: np.ndarray, string_ids: b
         raise ServingError(f"layout {layout}: the server answered {ids!r} instead of {TOP} items; see the server log")
 
 
-def _client(http_url: str, layout: str):
+def _client(grpc_url: str, layout: str):
+    """gRPC: its client needs no gevent, which the HTTP one does (absent where only the server's image is)."""
     from recserve.client.triton import RecommenderClient
 
-    return RecommenderClient(http_url, "http", model=LAYOUT_MODELS[layout], timeout_s=60)
+    return RecommenderClient(grpc_url, "grpc", model=LAYOUT_MODELS[layout], timeout_s=60)
 
 
-def compare_native(http_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
+def compare_native(grpc_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
     """The native layout's top 10 against the fused layout's for ``count`` real histories.
 
     A position where the two lists differ counts as a tie when the fused scores there are within
@@ -96,7 +97,7 @@ def compare_native(http_url: str, histories: list[np.ndarray], count: int = 200,
     Raises:
         ServingError: on average fewer than 9 of the fused top 10 in the native answer (a broken model).
     """
-    fused, native = _client(http_url, "fused"), _client(http_url, "native")
+    fused, native = _client(grpc_url, "fused"), _client(grpc_url, "native")
     same, overlap, worst = 0, [], 0.0
     for history in histories[:count]:
         a, b = fused.recommend(history, k=TOP), native.recommend(history, k=TOP)
@@ -158,12 +159,13 @@ def sweep(
         with tempfile.TemporaryDirectory() as tmp:
             inputs = {}
             for layout in layouts:
-                check_answers(layout, http_url, next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH), string_ids)
+                history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
+                check_answers(layout, http_url, grpc_url, history, string_ids)
                 inputs[layout] = Path(tmp) / f"{layout}.json"
-                native = _client(http_url, layout).native_shape() if layout == "native" else None
+                native = _client(grpc_url, layout).native_shape() if layout == "native" else None
                 pa.write_input_data(histories, layout, inputs[layout], string_ids, native=native)
             compare = "native" in layouts and ("fused" in layouts or compare_with_fused)
-            agreement = compare_native(http_url, histories) if compare else None
+            agreement = compare_native(grpc_url, histories) if compare else None
             # level by level, every layout in turn: the runs a ratio compares are minutes apart at most,
             # so a shared host's drift moves both sides of it
             for level in levels:

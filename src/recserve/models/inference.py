@@ -164,16 +164,18 @@ class NativeGraph(nn.Module):
     Native backends batch requests of one shape, so histories arrive padded to a fixed length: the most
     recent ``window - 1`` IDs, filled on the left with ``NATIVE_PAD_ID``, which the graph treats as empty.
     ``k`` and ``exclude_seen`` are per-request inputs of shape (1,). The answer is as wide as the largest k
-    in the batch; a row's columns past its own k, and every column of a row whose k is outside
-    1..max_k, hold ``NATIVE_PAD_ID`` and score -inf (a native model cannot fail one request of a batch).
+    in the batch (``dynamic_k``) or ``max_k``; a row's columns past its own k, and every column of a row
+    whose k is outside 1..max_k, hold ``NATIVE_PAD_ID`` and score -inf (a native model cannot fail one
+    request of a batch).
     """
 
     def __init__(self, graph: InferenceGraph, dynamic_k: bool = True):
         """
         Args:
             graph: the fused graph; its ID table must hold the real item IDs (``id_mapping`` "graph").
-            dynamic_k: select the batch's largest k (TorchScript); False selects ``max_k`` and leaves the
-                width to a later edit of the exported graph (ONNX, ``recserve.export.onnx``).
+            dynamic_k: select the batch's largest k (TorchScript on CPUs: it reads k on the host); False
+                selects ``max_k`` (TorchScript on GPUs), or leaves the width to a later edit of the exported
+                graph (ONNX, ``recserve.export.onnx``).
         """
         super().__init__()
         self.fused = graph  # not "graph": torch.export's modules have an attribute of that name

@@ -200,12 +200,13 @@ def write_fused(
 
 
 def _native_parameters(platform: str, settings: ServingSettings) -> dict[str, str]:
-    """The backends' own settings: no autograd in TorchScript, and on CPUs one thread an instance (the
-    instances are the parallelism, as for the python models)."""
+    """The backends' own settings: TorchScript without autograd and without the profiling executor (which
+    re-optimises the graph for every new batch size the batcher forms), and on CPUs one thread an instance
+    (the instances are the parallelism, as for the python models)."""
     if platform == "pytorch_libtorch":
         # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
         threads = {"INTRA_OP_THREAD_COUNT": "1"} if settings.device == "cpu" else {}
-        return {"INFERENCE_MODE": "true", **threads}
+        return {"INFERENCE_MODE": "true", "DISABLE_OPTIMIZED_EXECUTION": "true", **threads}
     return {"intra_op_thread_count": "1", "inter_op_thread_count": "1"} if settings.device == "cpu" else {}
 
 
