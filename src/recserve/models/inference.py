@@ -144,7 +144,8 @@ class InferenceGraph(nn.Module):
         if item_ids.shape[1] > self.window - 1:  # a shape test: exports bound the length and drop it
             item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
         width = item_ids.shape[1]
-        valid = torch.arange(width, device=item_ids.device)[None, :] >= (width - lengths)[:, None]  # (B, L)
+        column = torch.ones_like(item_ids[0]).cumsum(0) - 1  # (L,) 0..L-1, on the inputs' device
+        valid = column[None, :] >= (width - lengths)[:, None]  # (B, L)
         indices = ids_to_indices(self.table, self.lut, item_ids, valid, self.lut_last)
         tokens = F.pad(indices, (0, 1), value=self.mask_index)  # (B, L + 1): the mask token last; L may be 0
         top_indices, top_scores = self.head(tokens, exclude_seen)

@@ -90,7 +90,8 @@ class MultVAE(nn.Module):
     def multi_hot(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) item indices (padding and the reserved index allowed). Returns (B, V) in {0, 1}."""
         ones = torch.ones_like(tokens, dtype=self.item_columns.dtype)
-        hot = torch.zeros(tokens.shape[0], self.cfg.vocab_size, dtype=ones.dtype, device=tokens.device)
+        # zeros on the columns' device without naming it (a traced graph would keep a named device)
+        hot = torch.zeros_like(self.item_columns, dtype=ones.dtype)[None, :].repeat(tokens.shape[0], 1)
         return hot.scatter(1, tokens, ones) * self.item_columns
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

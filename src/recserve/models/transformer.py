@@ -148,19 +148,20 @@ class ItemTransformer(nn.Module):
 
     def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the embedded tokens (B, L, H) and which keys the last position attends, (B, 1, 1, L)."""
+        # no tensor is made with an explicit device: a traced graph would keep that device as a constant, and
+        # Triton's PyTorch backend runs one traced graph on every GPU
         length = tokens.shape[1]
-        positions = torch.arange(self.cfg.window - length, self.cfg.window, device=tokens.device)  # (L,)
-        x = self.drop(self.emb_norm(self.item_emb(tokens) + self.pos_emb(positions)))
-        keep = tokens != PAD_INDEX
-        keep = keep | (torch.arange(length, device=tokens.device) == length - 1)  # the last always attends itself
+        positions = self.pos_emb.weight[self.cfg.window - length :]  # (L, H): the last L positions
+        x = self.drop(self.emb_norm(self.item_emb(tokens) + positions))
+        keep = tokens[:, :-1] != PAD_INDEX
+        keep = torch.cat([keep, torch.ones_like(tokens[:, -1:], dtype=torch.bool)], 1)  # the last attends itself
         return x, keep[:, None, None, :]
 
     def _attention_mask(self, keep: torch.Tensor) -> torch.Tensor:
         """keep: (B, 1, 1, L). Returns the mask every position uses: (B, 1, 1, L), or (B, 1, L, L) if causal."""
         if not self.causal:
             return keep
-        length = keep.shape[-1]
-        order = torch.arange(length, device=keep.device)
+        order = torch.ones_like(keep[0, 0, 0], dtype=torch.long).cumsum(0)  # (L,) 1..L on keep's device
         earlier = order[None, :] <= order[:, None]  # (L, L): key position <= query position
         return (keep & earlier) | (order[None, :] == order[:, None])  # padding queries attend themselves
 
