@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch and ONNX Runtime backends, once
 	bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP)

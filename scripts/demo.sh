@@ -11,9 +11,19 @@ $rs data ml-100k --out "$out/data"
 $rs train --data "$out/data" --out "$out/run" --epochs "${DEMO_EPOCHS:-60}"
 $rs export --run "$out/run" --out "$out/export-onnx" --backend onnx
 $rs export --run "$out/run" --out "$out/export-eager" --backend eager
-# the repository serves the exports just validated: onnx behind the fused model, eager behind the seed layout
-$rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,echo
-$rs repo --export "$out/export-eager" --out "$out/repo" --layout seed
+$rs export --run "$out/run" --out "$out/export-torchscript" --backend torchscript
+# the repository serves the exports just validated: onnx behind the fused model and (as ONNX Runtime's own
+# model) the native layout, TorchScript as the seed layout's model step; the native and seed layouts need
+# Triton's native backends (make demo builds them when their sources are there)
+if [ -f build/triton-backends/pytorch/libtriton_pytorch.so ] && [ -f build/triton-backends/onnxruntime/libtriton_onnxruntime.so ]; then
+  $rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,native,echo
+  $rs repo --export "$out/export-torchscript" --out "$out/repo" --layout seed
+  native=1
+else
+  echo "Triton's native backends are not built: serving the fused and echo layouts only" >&2
+  $rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,echo
+  native=0
+fi
 
 # A real shopper: user 1's 20 most recent movies before the one held out for testing.
 history=$($bin/python - "$out/data" <<'PY'
@@ -36,10 +46,13 @@ for _ in $(seq 1 120); do
 done
 echo "history of user 1 (oldest first): $history"
 $rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
+if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
+  $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
+fi
 kill -TERM $server; wait $server 2>/dev/null || true
 trap - EXIT
 
-# A short load test of the three layouts side by side (the full sweep: docs/benchmarks.md)
+# A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md)
 $rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms 1000
 
 # Mult-VAE on implicit feedback (ratings of 4 and 5), by the paper's held-out-user protocol

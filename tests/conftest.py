@@ -106,14 +106,14 @@ def server_settings(**overrides) -> ServerSettings:
 
 
 BUILT_BACKENDS = {p.name for p in native_backends()}
-# Triton's PyTorch backend, built by scripts/build_triton_backends.sh (make test runs it) from the r24.10 sources
-# in ../shared/triton-native or $TRITON_NATIVE_SRC: the seed layout's model step and the native layout need it
-PYTORCH_BACKEND = "pytorch" in BUILT_BACKENDS
-needs_pytorch_backend = pytest.mark.skipif(
-    not PYTORCH_BACKEND, reason="Triton's PyTorch backend is not built: scripts/build_triton_backends.sh"
+# Triton's PyTorch and ONNX Runtime backends, built by scripts/build_triton_backends.sh (make test runs it) from
+# the r24.10 sources in ../shared/triton-native or $TRITON_NATIVE_SRC: the seed layout's model step runs on the
+# first, the native layout on either (ONNX Runtime's on CPUs, where IDs are dense)
+NATIVE_READY = {"pytorch", "onnxruntime"} <= BUILT_BACKENDS
+needs_native_backends = pytest.mark.skipif(
+    not NATIVE_READY, reason="Triton's native backends are not built: scripts/build_triton_backends.sh"
 )
-# the layouts a test server can hold here
-SERVED_LAYOUTS = ("fused", "seed", "native", "echo") if PYTORCH_BACKEND else ("fused", "echo")
+SERVED_LAYOUTS = ("fused", "seed", "native", "echo") if NATIVE_READY else ("fused", "echo")  # a test server's
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,9 @@ def repository_from_run(
     max_k: int = DEFAULT_MAX_K,
 ) -> dict:
     """``write_repository`` from a run: the fused and echo layouts from one export of ``backend`` (default:
-    the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from a torchscript export
-    (or the onnx one, when ``backend`` is onnx), the seed layout's model step from a torchscript fp32 export."""
+    the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from ``backend`` where it
+    is torchscript or onnx, else from onnx on CPUs (dense integer IDs) and torchscript on GPUs, and the seed
+    layout's model step from a torchscript fp32 export."""
     settings = settings or ServingSettings()
     check_request(layouts, settings, version)  # before the export, which takes a while
     device = "cuda" if settings.device == "gpu" else "cpu"
@@ -40,7 +41,7 @@ def repository_from_run(
         if layout == "seed":
             key = ("torchscript", "fp32")
         elif layout == "native":
-            key = (backend if backend in NATIVE_BACKENDS else "torchscript", precision)
+            key = (backend if backend in NATIVE_BACKENDS else _native_backend(run_dir, device), precision)
         else:
             key = (chosen, precision)
         groups[key] = groups.get(key, ()) + (layout,)
@@ -52,6 +53,18 @@ def repository_from_run(
             written = write_repository(export_dir, repo, group, settings, version)
             summary = written | {"models": summary["models"] + written["models"]}
     return summary
+
+
+def _native_backend(run_dir: Path, device: str) -> str:
+    """onnx on CPUs where the IDs allow it (the faster of the two there, docs/benchmarks.md), else torchscript."""
+    import numpy as np
+
+    from recserve.constants import ITEM_TABLE_FILE
+    from recserve.data.vocab import use_lookup_table
+
+    table = Path(run_dir) / ITEM_TABLE_FILE
+    dense = table.is_file() and use_lookup_table(np.load(table, allow_pickle=False))
+    return "onnx" if device == "cpu" and dense else "torchscript"
 
 
 def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAULT_MAX_K) -> dict:

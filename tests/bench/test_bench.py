@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from tests.conftest import SERVED_LAYOUTS, needs_pytorch_backend
+from tests.conftest import SERVED_LAYOUTS, needs_native_backends
 
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
 from recserve.bench.report import ratios
@@ -52,7 +52,7 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_per_step_breakdown_covers_every_ensemble_step(summary):
     _, result = summary
     seed = next(r for r in result["results"] if r["layout"] == "seed")
@@ -61,7 +61,7 @@ def test_per_step_breakdown_covers_every_ensemble_step(summary):
     assert fused["steps"]["recommender"]["requests"] > 0 and fused["steps"]["recommender"]["compute_infer_ms"] > 0
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_the_bench_checks_native_answers_against_fused(summary):
     out, result = summary
     agreement = result["native_vs_fused"]
@@ -70,7 +70,7 @@ def test_the_bench_checks_native_answers_against_fused(summary):
     assert set(result["ratios"]["native_over_fused"]) == {"concurrency=4"}
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_ratios_compare_layouts_at_the_same_level(summary):
     _, result = summary
     assert set(result["ratios"]["fused_over_seed"]) == {"concurrency=4"}

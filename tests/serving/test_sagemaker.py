@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 import pytest
-from tests.conftest import needs_pytorch_backend, server_settings
+from tests.conftest import needs_native_backends, server_settings
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
@@ -138,7 +138,7 @@ def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
     assert all(f"    {fn}," in shim.read_text() for fn in ("model_fn", "input_fn", "predict_fn", "output_fn"))
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_triton_package_is_the_native_layout_that_a_real_triton_serves(tiny_run, tmp_path):
     summary = package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")  # through a torchscript export
     assert summary["backend"] == "torchscript" and summary["layout"] == "native"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests.conftest import needs_pytorch_backend, server_settings
+from tests.conftest import needs_native_backends, server_settings
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -49,7 +49,7 @@ def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     assert fused.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_the_seed_layout_is_the_pocs_ensemble_around_a_torchscript_model(int_repo):
     ensemble = parse_pbtxt((int_repo / "bert4rec_ensemble" / "config.pbtxt").read_text())
     assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 0
@@ -62,7 +62,8 @@ def test_the_seed_layout_is_the_pocs_ensemble_around_a_torchscript_model(int_rep
     model = parse_pbtxt((int_repo / "bert4rec" / "config.pbtxt").read_text())
     assert model.platform == "pytorch_libtorch" and (int_repo / "bert4rec" / "1" / "model.pt").is_file()
     assert model.max_batch_size == 1 and not model.HasField("dynamic_batching")
-    assert [i.name for i in model.input] == ["input__0"] and [o.name for o in model.output] == ["output__0", "output__1"]
+    assert [i.name for i in model.input] == ["input__0"]
+    assert [o.name for o in model.output] == ["output__0", "output__1"]
     assert not (int_repo / "bert4rec" / "1" / "model.py").exists()  # no python imitation left
 
 
@@ -100,7 +101,7 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
     export_run(tiny_run, "onnx", "fp32", onnx)
     with pytest.raises(ServingError, match="seed layout's model step is TorchScript.*--backend torchscript"):
         write_repository(onnx, tmp_path / "b", ("seed",))
-    with pytest.raises(ServingError, match="this eager export holds no native model; export with --backend torchscript"):
+    with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
         write_repository(tiny_export, tmp_path / "b", ("native",))
     compiled = tmp_path / "compiled"  # a manifest that says: compiled ahead of time, for the CPU
     shutil.copytree(tiny_export, compiled)
@@ -181,7 +182,7 @@ def test_a_batch_mixing_good_and_bad_requests_fails_only_the_bad_ones(int_server
     assert int_server.is_ready()
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_poc_client_code_works_unchanged_and_agrees_with_fused(int_server):
     # the PoC's client, verbatim in spirit: tritonclient.http, 39 INT64 IDs in `inputs`
     client = httpclient.InferenceServerClient(url=int_server.http_url)
@@ -287,7 +288,7 @@ def test_multvae_is_served_by_the_fused_layout(vae_run, tmp_path):
     assert not set(history.tolist()) & set(answer.item_ids.tolist())
 
 
-@needs_pytorch_backend
+@needs_native_backends
 def test_sasrec_is_served_by_the_fused_and_seed_layouts(sasrec_run, tmp_path):
     from recserve.serving.predictor import Predictor
 

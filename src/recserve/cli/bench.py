@@ -38,8 +38,12 @@ def bench(
     repo: Annotated[Path | None, typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
     url: Annotated[str | None, typer.Option(help="A running server: host:http,host:grpc,host:metrics.")] = None,
     layouts: Annotated[
-        str, typer.Option(help="Comma-separated layouts the repository holds: fused, native, seed, echo.")
-    ] = "fused,seed,echo",
+        str | None,
+        typer.Option(
+            help="Comma-separated layouts to load: fused, native, seed, echo [every layout the repository holds; "
+            "fused,seed,echo with --url]."
+        ),
+    ] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
     request_rate: Annotated[str | None, typer.Option(help="Comma-separated request rates (instead).")] = None,
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
@@ -71,6 +75,12 @@ def bench(
     if repo is not None and not repo.is_dir():
         raise ServingError(f"{repo}: no such model repository; write one with `recserve repo`")
     data = data or _data_of(repo)
+    if layouts is None:
+        from recserve.bench.perf_analyzer import LAYOUT_MODELS
+        from recserve.serving.triton.repository import read_repository_info
+
+        held = read_repository_info(repo)["layouts"] if repo is not None else {}
+        layouts = ",".join(x for x in LAYOUT_MODELS if x in held) or "fused,seed,echo"
     if data is None:
         raise typer.BadParameter("no data folder known for the load's histories; pass --data", param_hint="--data")
     with Progress(

@@ -43,7 +43,8 @@ def repo(
         str | None,
         typer.Option(
             help="With --run: the fused model's export backend (see `recserve export`) [onnx on cpu, eager on "
-            "gpu]; the native layout uses torchscript unless this is onnx."
+            "gpu]; the native layout takes torchscript or onnx when named here, else onnx on cpu and torchscript "
+            "on gpu."
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",

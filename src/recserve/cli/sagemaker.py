@@ -26,7 +26,8 @@ def package(
         typer.Option(
             "--export",
             "-e",
-            help="Export folder written by `recserve export` (eager for pytorch; onnx or eager for triton).",
+            help="Export folder written by `recserve export` (eager for pytorch; torchscript or onnx for "
+            "triton: the native layout, or onnx/eager without a native model: the fused one).",
         ),
     ] = None,
     run: Annotated[
@@ -35,8 +36,8 @@ def package(
             "--run",
             "-r",
             help="Instead of --export: a run folder, exported "
-            "(and validated) first: eager fp32 for pytorch, onnx fp32 for "
-            "triton.",
+            "(and validated) first: eager fp32 for pytorch, torchscript fp32 for "
+            "triton (onnx for string IDs).",
         ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="The model.tar.gz to write.")] = Path("model.tar.gz"),
