@@ -222,11 +222,12 @@ def test_the_manifest_reads_back_what_was_written_and_refuses_other_files(tiny_e
         ExportManifest.read(folder)
 
 
-@pytest.mark.parametrize("run", ["tiny_run", "sasrec_run"])
+@pytest.mark.parametrize("run", ["tiny_run", "sasrec_run", "vae_run"])
 def test_torchscript_graphs_name_no_device_so_one_file_serves_every_gpu(run, request, tmp_path):
     """Triton's PyTorch backend loads one traced file onto each GPU of an instance group: a tensor made with
     a named device inside the graph would stay on the tracing device (cuda:0) and fail on cuda:1."""
-    exporter.export_run(request.getfixturevalue(run), "torchscript", "fp32", tmp_path / "ts")
+    manifest = exporter.export_run(request.getfixturevalue(run), "torchscript", "fp32", tmp_path / "ts")
+    assert manifest.validation["native"]["top10_overlap"] == 1.0  # the native graph checked like the fused one
     for name in ("model.pt", "native.pt", "seed.pt"):
         graph = str(torch.jit.load(tmp_path / "ts" / name).inlined_graph)
         assert "Device = prim::Constant" not in graph, name

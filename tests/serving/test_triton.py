@@ -90,8 +90,8 @@ def test_the_repository_serves_the_export_it_was_given(tiny_export, tmp_path):
 
 
 def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, tiny_run, tmp_path):
-    """Not an export; the seed and native layouts from exports without their TorchScript; an export compiled
-    for another device."""
+    """Not an export; the seed layout from an export without its TorchScript; an export compiled for another
+    device (the native layout's refusals: test_native.py)."""
     from recserve.errors import ExportError
     from recserve.export.exporter import export_run
 
@@ -101,8 +101,6 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
     export_run(tiny_run, "onnx", "fp32", onnx)
     with pytest.raises(ServingError, match="seed layout's model step is TorchScript.*--backend torchscript"):
         write_repository(onnx, tmp_path / "b", ("seed",))
-    with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
-        write_repository(tiny_export, tmp_path / "b", ("native",))
     compiled = tmp_path / "compiled"  # a manifest that says: compiled ahead of time, for the CPU
     shutil.copytree(tiny_export, compiled)
     manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti"}
