@@ -125,7 +125,8 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
 
 def _native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """The ``recommender`` contract as native batching allows it: histories padded to one length (with
-    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k."""
+    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or ``max_k``),
+    padded with ``NATIVE_PAD_ID`` past each request's k."""
     ids_out = NATIVE_ONNX_OUTPUT_IDS if manifest.native_model == NATIVE_ONNX_FILE else OUTPUT_ITEM_IDS
     inputs = (
         TensorSpec(INPUT_ITEM_IDS, "INT64", (manifest.window - 1,)),
