@@ -238,3 +238,22 @@ def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_st
         check_backends(repo, folder)
     (folder / "pytorch").mkdir()
     check_backends(repo, folder)
+
+
+def test_native_config_takes_padded_ids_and_its_own_instance_count(tiny_run, tmp_path):
+    import os
+
+    from recserve.export.exporter import export_run
+    from recserve.serving.triton.model_config import parse_pbtxt
+    from recserve.serving.triton.repository import ServingSettings, write_repository
+
+    export_run(tiny_run, "torchscript", "fp32", tmp_path / "ts")
+    write_repository(tmp_path / "ts", tmp_path / "a", ("native",), ServingSettings(instance_count=1))
+    config = parse_pbtxt((tmp_path / "a" / "recommender_native" / "config.pbtxt").read_text())
+    assert config.platform == "pytorch_libtorch" and list(config.input[0].dims) == [19]  # window 20 - the mask
+    assert [i.optional for i in config.input] == [False, False, False]  # native batching needs every input
+    assert config.parameters["padding_id"].string_value == "-1" and config.parameters["max_k"].string_value == "100"
+    assert config.instance_group[0].count == min(8, 4 * len(os.sched_getaffinity(0)))  # threads in the server
+    write_repository(tmp_path / "ts", tmp_path / "b", ("native",), ServingSettings(native_instance_count=3))
+    config = parse_pbtxt((tmp_path / "b" / "recommender_native" / "config.pbtxt").read_text())
+    assert config.instance_group[0].count == 3

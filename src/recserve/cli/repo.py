@@ -64,6 +64,14 @@ def repo(
     ] = 0,
     queue_timeout_ms: Annotated[int, typer.Option(help="Queued longer than this: rejected; 0: no timeout.")] = 0,
     instances: Annotated[int, typer.Option(help="Model instances (on each GPU that --gpus names).")] = 1,
+    native_instances: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="The native layout's instances [on cpu: at least --instances and 4 a core, at most 8 (threads in "
+            "the server: more cut the tail); on gpu: --instances].",
+        ),
+    ] = None,
     gpus: Annotated[
         str,
         typer.Option(
@@ -89,6 +97,7 @@ def repo(
         max_queue_size=max_queue_size,
         queue_timeout_microseconds=queue_timeout_ms * 1000,
         instance_count=instances,
+        native_instance_count=native_instances,
         device=device,
         response_cache=response_cache,
         versions_served=versions_served,

@@ -7,8 +7,10 @@ wrote and checked. ``recserve.pipeline.repository_from_run`` is the shortcut tha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -69,6 +71,7 @@ NATIVE_PLATFORMS = {
     NATIVE_ONNX_FILE: ("onnxruntime_onnx", "model.onnx"),
 }
 GPU_QUEUE_DELAY_US = 300
+NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,22 @@ class ServingSettings:
     max_queue_size: int = 0  # 0: unbounded
     queue_timeout_microseconds: int = 0  # 0: no timeout
     instance_count: int = 1  # per GPU where ``gpus`` names them
+    # The native layout's instances; None: on CPUs at least instance_count and 4 a core (at most 8), where
+    # they are threads inside the server and more of them cut the tail (docs/benchmarks.md); on GPUs
+    # instance_count. Each instance holds its own copy of the model.
+    native_instance_count: int | None = None
     device: str = "cpu"  # cpu or gpu: where model instances run
     gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
     response_cache: bool = False
     versions_served: int = 1  # the newest N versions are served
+
+    @property
+    def native_instances(self) -> int:
+        if self.native_instance_count is not None:
+            return self.native_instance_count
+        if self.device == "gpu":
+            return self.instance_count
+        return max(self.instance_count, min(NATIVE_CPU_INSTANCES_MAX, 4 * len(os.sched_getaffinity(0))))
 
     @property
     def queue_delay_microseconds(self) -> int:
@@ -221,7 +236,8 @@ def write_native(
         "padding_id": str(NATIVE_PAD_ID),
         "max_k": str(min(manifest.max_k, manifest.num_items)),
     }
-    config = _batched_config(NATIVE_MODEL, "INT64", settings, parameters, manifest)
+    instances = dataclasses.replace(settings, instance_count=settings.native_instances)
+    config = _batched_config(NATIVE_MODEL, "INT64", instances, parameters, manifest)
     _write_config(repo / NATIVE_MODEL, config)
     with replaced_on_success(repo / NATIVE_MODEL / str(version)) as staging:
         shutil.copyfile(Path(export_dir) / str(manifest.native_model), staging / target)
