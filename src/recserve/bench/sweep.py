@@ -58,7 +58,8 @@ def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray
     An empty answer means a broken stub environment (numpy 2), which perf_analyzer alone would not notice.
     """
     if layout in ("fused", "native"):
-        ids = _client(grpc_url, layout).recommend(history, k=TOP).item_ids.tolist()
+        with _client(grpc_url, layout) as client:
+            ids = client.recommend(history, k=TOP).item_ids.tolist()
     else:
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
         if layout == "seed":
@@ -97,14 +98,14 @@ def compare_native(grpc_url: str, histories: list[np.ndarray], count: int = 200,
     Raises:
         ServingError: on average fewer than 9 of the fused top 10 in the native answer (a broken model).
     """
-    fused, native = _client(grpc_url, "fused"), _client(grpc_url, "native")
     same, overlap, worst = 0, [], 0.0
-    for history in histories[:count]:
-        a, b = fused.recommend(history, k=TOP), native.recommend(history, k=TOP)
-        diff = np.abs(a.scores - b.scores) if len(a.scores) == len(b.scores) else np.array([np.inf])
-        worst = max(worst, float(diff.max(initial=0.0)))
-        same += bool(np.all((a.item_ids == b.item_ids) | (diff <= tolerance))) if len(diff) == TOP else 0
-        overlap.append(len(set(a.item_ids.tolist()) & set(b.item_ids.tolist())) / TOP)
+    with _client(grpc_url, "fused") as fused, _client(grpc_url, "native") as native:
+        for history in histories[:count]:
+            a, b = fused.recommend(history, k=TOP), native.recommend(history, k=TOP)
+            diff = np.abs(a.scores - b.scores) if len(a.scores) == len(b.scores) else np.array([np.inf])
+            worst = max(worst, float(diff.max(initial=0.0)))
+            same += bool(np.all((a.item_ids == b.item_ids) | (diff <= tolerance))) if len(diff) == TOP else 0
+            overlap.append(len(set(a.item_ids.tolist()) & set(b.item_ids.tolist())) / TOP)
     result = {
         "histories": len(overlap),
         "same_top10_ties_aside": same / max(len(overlap), 1),
@@ -162,7 +163,10 @@ def sweep(
                 history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
                 check_answers(layout, http_url, grpc_url, history, string_ids)
                 inputs[layout] = Path(tmp) / f"{layout}.json"
-                native = _client(grpc_url, layout).native_shape() if layout == "native" else None
+                native = None
+                if layout == "native":
+                    with _client(grpc_url, layout) as client:
+                        native = client.native_shape()
                 pa.write_input_data(histories, layout, inputs[layout], string_ids, native=native)
             compare = "native" in layouts and ("fused" in layouts or compare_with_fused)
             agreement = compare_native(grpc_url, histories) if compare else None
