@@ -224,11 +224,17 @@ def test_recommend_command_prints_json(int_server, tiny_run):
     assert result.exit_code == 0, result.output
     reply = json.loads(result.output)
     assert len(reply["item_id"]) == 4 and len(reply["score"]) == 4
-    if (Path(int_server.repo) / "recommender_native").is_dir():  # the same answer from the native layout
-        args = ["recommend", "1", "2", "3", "--url", int_server.grpc_url, "--json", "--k", "4"]
-        native = CliRunner().invoke(app, [*args, "--model", "recommender_native"])
-        assert native.exit_code == 0, native.output
-        assert json.loads(native.output)["item_id"] == reply["item_id"]
+
+
+@needs_native_backends
+def test_recommend_command_asks_the_native_model_for_the_same_answer(int_server):
+    from recserve.cli.main import app
+
+    args = ["recommend", "1", "2", "3", "--url", int_server.grpc_url, "--json", "--k", "4"]
+    fused = CliRunner().invoke(app, args)
+    native = CliRunner().invoke(app, [*args, "--model", "recommender_native"])
+    assert native.exit_code == 0, native.output
+    assert json.loads(native.output)["item_id"] == json.loads(fused.output)["item_id"]
 
 
 def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path):

@@ -26,10 +26,7 @@ from recserve.constants import (
     INPUT_K,
     ITEM_TABLE_FILE,
     NATIVE_MODEL,
-    NATIVE_ONNX_FILE,
-    NATIVE_ONNX_OUTPUT_IDS,
     NATIVE_PAD_ID,
-    NATIVE_TORCHSCRIPT_FILE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
@@ -60,16 +57,18 @@ from recserve.serving.triton.model_config import (
     TensorSpec,
     to_pbtxt,
 )
+from recserve.serving.triton.native_models import (
+    NATIVE_PLATFORMS,
+    backend_parameters,
+    check_native,
+    check_seed,
+    native_contract,
+)
 
 log = logging.getLogger(__name__)
 
 LAYOUTS = ("fused", "native", "seed", "echo")
 EXPORT_SUBDIR = "export"
-# the native model's file in an export -> (Triton platform, the file name that platform loads)
-NATIVE_PLATFORMS = {
-    NATIVE_TORCHSCRIPT_FILE: ("pytorch_libtorch", "model.pt"),
-    NATIVE_ONNX_FILE: ("onnxruntime_onnx", "model.onnx"),
-}
 GPU_QUEUE_DELAY_US = 300
 NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
 
@@ -138,24 +137,6 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
     return inputs, outputs
 
 
-def _native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """The ``recommender`` contract as native batching allows it: histories padded to one length (with
-    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or ``max_k``),
-    padded with ``NATIVE_PAD_ID`` past each request's k."""
-    ids_out = NATIVE_ONNX_OUTPUT_IDS if manifest.native_model == NATIVE_ONNX_FILE else OUTPUT_ITEM_IDS
-    inputs = (
-        TensorSpec(INPUT_ITEM_IDS, "INT64", (manifest.window - 1,)),
-        TensorSpec(INPUT_K, "INT32", (1,)),
-        TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
-    )
-    outputs = (
-        TensorSpec(ids_out, "INT64", (-1,)),
-        TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
-        TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
-    )
-    return inputs, outputs
-
-
 def _batched_config(
     name: str, id_type: str, settings: ServingSettings, parameters: dict, manifest: ExportManifest | None = None
 ) -> ModelConfig:
@@ -165,7 +146,7 @@ def _batched_config(
         inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
         platform = ""
     else:
-        inputs, outputs = _native_contract(manifest)
+        inputs, outputs = native_contract(manifest)
         platform = NATIVE_PLATFORMS[str(manifest.native_model)][0]
     policy = None
     if settings.max_queue_size or settings.queue_timeout_microseconds:
@@ -215,24 +196,13 @@ def write_fused(
         _python_model("fused", staging)
 
 
-def _native_parameters(platform: str, settings: ServingSettings) -> dict[str, str]:
-    """The backends' own settings: TorchScript without autograd and without the profiling executor (which
-    re-optimises the graph for every new batch size the batcher forms), and on CPUs one thread an instance
-    (the instances are the parallelism, as for the python models)."""
-    if platform == "pytorch_libtorch":
-        # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
-        threads = {"INTRA_OP_THREAD_COUNT": "1"} if settings.device == "cpu" else {}
-        return {"INFERENCE_MODE": "true", "DISABLE_OPTIMIZED_EXECUTION": "true", **threads}
-    return {"intra_op_thread_count": "1", "inter_op_thread_count": "1"} if settings.device == "cpu" else {}
-
-
 def write_native(
     repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
 ) -> None:
     """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on Triton's own backend."""
     platform, target = NATIVE_PLATFORMS[str(manifest.native_model)]
     parameters = {
-        **_native_parameters(platform, settings),
+        **backend_parameters(platform, settings.device),
         "padding_id": str(NATIVE_PAD_ID),
         "max_k": str(min(manifest.max_k, manifest.num_items)),
     }
@@ -278,7 +248,7 @@ def write_seed(
         platform="pytorch_libtorch",
         max_batch_size=1,
         instance_groups=instances,
-        parameters=_native_parameters("pytorch_libtorch", settings),
+        parameters=backend_parameters("pytorch_libtorch", settings.device),
     )
     post = ModelConfig(
         SEED_POSTPROCESSING,
@@ -336,9 +306,9 @@ def write_repository(
     if "fused" in layouts:
         _check_device(manifest, settings.device)
     if "native" in layouts:
-        _check_native(export_dir, manifest, settings.device)
+        check_native(export_dir, manifest, settings.device)
     if "seed" in layouts:
-        _check_seed(export_dir, manifest, settings.device)
+        check_seed(export_dir, manifest, settings.device)
     repo = Path(repo)
     repo.mkdir(parents=True, exist_ok=True)
     summary: dict = {"repository": str(repo), "version": version, "models": []}
@@ -395,44 +365,6 @@ def _check_device(manifest: ExportManifest, device: str) -> None:
             f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
             f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again"
         )
-
-
-def _traced_for(manifest: ExportManifest, device: str, what: str) -> None:
-    """A traced TorchScript graph runs on the device it was traced on (its constants live there)."""
-    if (manifest.device != "cpu") != (device == "gpu"):
-        raise ServingError(
-            f"{what} was traced on {manifest.device} and runs there only; serve it with --device "
-            f"{'gpu' if manifest.device != 'cpu' else 'cpu'} or export again with --device "
-            f"{'cuda' if device == 'gpu' else 'cpu'}"
-        )
-
-
-def _check_native(export_dir: Path, manifest: ExportManifest, device: str) -> None:
-    if not manifest.native_model:
-        from recserve.export.backends import spec_of
-        from recserve.export.native import unsupported
-
-        reason = unsupported(spec_of(export_dir, manifest)) if manifest.backend in ("torchscript", "onnx") else None
-        raise ServingError(
-            f"{export_dir}: this {manifest.backend} export holds no native model"
-            + (f" ({reason})" if reason else "; export with --backend torchscript (or onnx, CPU only)")
-        )
-    if manifest.native_model == NATIVE_ONNX_FILE and device == "gpu":
-        raise ServingError(
-            "the onnxruntime backend built here runs on CPUs only; serve a torchscript export on GPUs "
-            "(recserve export --backend torchscript --device cuda)"
-        )
-    if manifest.native_model == NATIVE_TORCHSCRIPT_FILE:
-        _traced_for(manifest, device, "the native TorchScript model")
-
-
-def _check_seed(export_dir: Path, manifest: ExportManifest, device: str) -> None:
-    if not manifest.seed_model:
-        raise ServingError(
-            f"{export_dir}: the seed layout's model step is TorchScript on the PyTorch backend, which this "
-            f"{manifest.backend} export does not hold; export with --backend torchscript for it"
-        )
-    _traced_for(manifest, device, "the seed layout's TorchScript model step")
 
 
 def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:

@@ -1,0 +1,95 @@
+"""What Triton's own backends run from an export: the native layout's model (``recommender_native``) and
+the seed layout's TorchScript model step; their tensor contract, backend settings and the checks that an
+export can provide them on the device asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recserve.constants import (
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    NATIVE_ONNX_FILE,
+    NATIVE_ONNX_OUTPUT_IDS,
+    NATIVE_TORCHSCRIPT_FILE,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+)
+from recserve.errors import ServingError
+from recserve.export.manifest import ExportManifest
+from recserve.serving.triton.model_config import TensorSpec
+
+# the native model's file in an export -> (Triton platform, the file name that platform loads)
+NATIVE_PLATFORMS = {
+    NATIVE_TORCHSCRIPT_FILE: ("pytorch_libtorch", "model.pt"),
+    NATIVE_ONNX_FILE: ("onnxruntime_onnx", "model.onnx"),
+}
+
+
+def native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The ``recommender`` contract as native batching allows it: histories padded to one length (with
+    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or ``max_k``),
+    padded with ``NATIVE_PAD_ID`` past each request's k."""
+    ids_out = NATIVE_ONNX_OUTPUT_IDS if manifest.native_model == NATIVE_ONNX_FILE else OUTPUT_ITEM_IDS
+    inputs = (
+        TensorSpec(INPUT_ITEM_IDS, "INT64", (manifest.window - 1,)),
+        TensorSpec(INPUT_K, "INT32", (1,)),
+        TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
+    )
+    outputs = (
+        TensorSpec(ids_out, "INT64", (-1,)),
+        TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
+        TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
+    )
+    return inputs, outputs
+
+
+def backend_parameters(platform: str, device: str) -> dict[str, str]:
+    """The backends' own settings: TorchScript without autograd and without the profiling executor (which
+    re-optimises the graph for every new batch size the batcher forms), and on CPUs one thread an instance
+    (the instances are the parallelism, as for the python models)."""
+    if platform == "pytorch_libtorch":
+        # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
+        threads = {"INTRA_OP_THREAD_COUNT": "1"} if device == "cpu" else {}
+        return {"INFERENCE_MODE": "true", "DISABLE_OPTIMIZED_EXECUTION": "true", **threads}
+    return {"intra_op_thread_count": "1", "inter_op_thread_count": "1"} if device == "cpu" else {}
+
+
+def _traced_for(manifest: ExportManifest, device: str, what: str) -> None:
+    """A traced TorchScript graph runs on the device it was traced on (its constants live there)."""
+    if (manifest.device != "cpu") != (device == "gpu"):
+        raise ServingError(
+            f"{what} was traced on {manifest.device} and runs there only; serve it with --device "
+            f"{'gpu' if manifest.device != 'cpu' else 'cpu'} or export again with --device "
+            f"{'cuda' if device == 'gpu' else 'cpu'}"
+        )
+
+
+def check_native(export_dir: Path, manifest: ExportManifest, device: str) -> None:
+    if not manifest.native_model:
+        from recserve.export.backends import spec_of
+        from recserve.export.native import unsupported
+
+        reason = unsupported(spec_of(export_dir, manifest)) if manifest.backend in ("torchscript", "onnx") else None
+        raise ServingError(
+            f"{export_dir}: this {manifest.backend} export holds no native model"
+            + (f" ({reason})" if reason else "; export with --backend torchscript (or onnx, CPU only)")
+        )
+    if manifest.native_model == NATIVE_ONNX_FILE and device == "gpu":
+        raise ServingError(
+            "the onnxruntime backend built here runs on CPUs only; serve a torchscript export on GPUs "
+            "(recserve export --backend torchscript --device cuda)"
+        )
+    if manifest.native_model == NATIVE_TORCHSCRIPT_FILE:
+        _traced_for(manifest, device, "the native TorchScript model")
+
+
+def check_seed(export_dir: Path, manifest: ExportManifest, device: str) -> None:
+    if not manifest.seed_model:
+        raise ServingError(
+            f"{export_dir}: the seed layout's model step is TorchScript on the PyTorch backend, which this "
+            f"{manifest.backend} export does not hold; export with --backend torchscript for it"
+        )
+    _traced_for(manifest, device, "the seed layout's TorchScript model step")
