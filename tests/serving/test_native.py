@@ -106,7 +106,7 @@ def native_server(request, tiny_run, tmp_path_factory):
     if needed not in BUILT_BACKENDS:
         pytest.skip(f"the native {needed} backend is not built: scripts/build_triton_backends.sh")
     repo = tmp_path_factory.mktemp(f"native-{request.param}") / "repo"
-    settings = ServingSettings(instance_count=2, max_queue_delay_microseconds=2000)
+    settings = ServingSettings(instance_count=2, native_instance_count=2, max_queue_delay_microseconds=2000)
     repository_from_run(tiny_run, repo, ("native",), settings, backend=request.param)
     repository_from_run(tiny_run, repo, ("fused",), settings, backend="eager")
     with TritonServer(repo, server_settings()) as server:
