@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One call on the two-GPU machine: training throughput on one GPU against two (Lightning DDP), each run
-# alone on the machine: the generated 1M-item log (benchmarks/train_scale.py's generator, 200,000 users)
-# at batch 1024 and 2048, DDP with bf16 and with float32 gradient exchange; the GPUs' link and all-reduce
-# bandwidth first. Carries .gpu-carry/wheels (polars for Python 3.12). Video.txt: VIDEO=1 (needs .gpu-carry/video).
+# alone on the machine. First `recserve train --compile`'s own loop on the generated 1M-item log
+# (benchmarks/train_scale.py's generator, 200,000 users) at batch 2048 and 4096 on one GPU and on two
+# (test NDCG@10 at 4096); then the same step in a plain loop (benchmarks/profile_step.py: DDP as the trainer
+# sets it up, and each GPU alone without the all-reduce, the floor), eager and compiled; the GPUs' link and
+# all-reduce bandwidth last. Carries .gpu-carry/wheels (polars for Python 3.12). video.txt: VIDEO=1 (needs
+# .gpu-carry/video; VIDEO_BATCH, default 128).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-runs/gpu-ddp}; mkdir -p "$out"; work=$(mktemp -d /tmp/ddp-work.XXXX)
-{ nvidia-smi topo -m; python3 benchmarks/allreduce.py --items 1000000; } > "$out/link.txt" 2>&1
 python3 - "$work" <<'PY'
 import sys
 from pathlib import Path
@@ -20,17 +22,27 @@ generate(work / "log.parquet", 200_000, 1_000_000, 50)
 prepare(str(work / "log.parquet"), work / "items-1m")
 PY
 scale() { python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data "$work/items-1m" "$@" >> "$out/scale.log" 2>&1; }
-scale --out "$out/items-1m-b1024-x1.json" --devices 1 --batch-size 1024
-scale --out "$out/items-1m-b1024-x2.json" --devices 2 --batch-size 1024
-scale --out "$out/items-1m-b1024-x2-fp32.json" --devices 2 --batch-size 1024 --no-ddp-compress --no-test
-scale --out "$out/items-1m-b2048-x1.json" --devices 1 --batch-size 2048 --no-test
-scale --out "$out/items-1m-b2048-x2.json" --devices 2 --batch-size 2048 --no-test
+for batch in 2048 4096; do
+  test=$([ $batch = 4096 ] || echo --no-test)
+  scale --out "$out/items-1m-b$batch-x1.json" --devices 1 --batch-size $batch --compile $test
+  scale --out "$out/items-1m-b$batch-x2.json" --devices 2 --batch-size $batch --compile $test
+done
+grep -v "━" "$out/scale.log" | grep "windows/s\|Error\|error" | tail -n 20
+step() { python3 benchmarks/profile_step.py --items 1000000 --users 200000 --json "$out/step.json" "$@" >> "$out/step.log" 2>&1; }
+for batch in 1024 4096; do
+  step --devices 1 --batch-size $batch --variants fused --no-profile
+  step --devices 2 --batch-size $batch --variants bf16+view+fused,local+fused --no-profile
+done
+step --devices 1 --batch-size 2048 --variants fused+compile --no-profile
+step --devices 2 --batch-size 2048 --variants bf16+view+fused+compile,local+fused+compile --no-profile
+grep "GPU(s)\|Error" "$out/step.log"
+{ nvidia-smi topo -m; python3 benchmarks/allreduce.py --items 1000000; } > "$out/link.txt" 2>&1
 if [ -n "${VIDEO:-}" ]; then
   for model in bert4rec sasrec; do
     for devices in 1 2; do
       python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data .gpu-carry/video --model $model \
-        --devices $devices --batch-size 128 --out "$out/video-$model-x$devices.json" >> "$out/scale.log" 2>&1
+        --devices $devices --batch-size "${VIDEO_BATCH:-128}" --compile --out "$out/video-$model-x$devices.json" >> "$out/scale.log" 2>&1
     done
   done
+  grep -v "━" "$out/scale.log" | grep "video\|Error" | tail -n 8
 fi
-cat "$out/link.txt"; grep -v "━" "$out/scale.log" | grep "windows/s\|Error\|error" | tail -n 20

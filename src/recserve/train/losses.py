@@ -112,9 +112,13 @@ class CatalogueLoss:
         # each pool item's expected count in the pool, gathered for the pool alone (not for the catalogue)
         expected = in_batch.numel() * self.p_popular[pool] + self.settings.negatives * self.p_draw[pool]  # (S,)
         special = (pool == PAD_INDEX) | (pool == self.mask_index)
-        pool_bias = (bias[pool].float() - expected.clamp(min=1e-30).log()).masked_fill(special, -math.inf)
-        positive = ((query * F.embedding(targets, table)).sum(-1) + bias[targets]).float()  # (C,)
-        negative = torch.addmm(pool_bias.to(query.dtype), query, F.embedding(pool, table).T)  # (C, S)
+        # one gather for targets and pool: each gather's gradient is a dense (V, H) table at catalogue scale
+        gathered, split = torch.cat([targets, pool]), [targets.numel(), pool.numel()]
+        target_vectors, pool_vectors = F.embedding(gathered, table).split(split)
+        target_bias, pool_bias = bias[gathered].split(split)
+        pool_bias = (pool_bias.float() - expected.clamp(min=1e-30).log()).masked_fill(special, -math.inf)
+        positive = ((query * target_vectors).sum(-1) + target_bias).float()  # (C,)
+        negative = torch.addmm(pool_bias.to(query.dtype), query, pool_vectors.T)  # (C, S)
         drop = pool[None, :] == targets[:, None]  # (C, S) accidental hits: the positive is scored once
         if exclude is not None:  # per sample, then spread to its positions; or per position
             drop |= row_contains(exclude, pool)[rows] if rows is not None else row_contains(exclude, pool)

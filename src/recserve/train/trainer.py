@@ -111,7 +111,7 @@ class TrainConfig:
         hook = None
         if self.ddp_compress and self.accelerator == "gpu" and self.lightning_precision == "bf16-mixed":
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook as hook
-        return DDPStrategy(ddp_comm_hook=hook)
+        return DDPStrategy(ddp_comm_hook=hook, gradient_as_bucket_view=True)  # no copy of the table's gradient
 
     @property
     def accelerator(self) -> str:
