@@ -1,15 +1,19 @@
 """DDP on CPU (two processes, gloo): each rank trains on its own share of every batch, and together they
 take the same steps as one process."""
 
+import csv
 import json
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 from recserve.constants import WEIGHTS_FILE
+from recserve.train.tasks import fused_on
+from recserve.train.trainer import TrainConfig
 
 PROBE = textwrap.dedent('''
     """Trains through recserve's trainer and writes the tokens of every batch each rank trained on."""
@@ -59,3 +63,25 @@ def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, 
     assert not torch.equal(one["item_emb.weight"], torch.zeros_like(moved))
     for name in one:
         np.testing.assert_allclose(two[name].numpy(), one[name].numpy(), atol=2e-4, rtol=1e-3, err_msg=name)
+    # each rank validated half of the users; the logged metric is the mean over all of them
+    assert _validation(tmp_path / "two") == pytest.approx(_validation(tmp_path / "one"), abs=0.01)
+
+
+def _validation(run) -> float:
+    rows = list(csv.DictReader((run / "logs" / "version_0" / "metrics.csv").open()))
+    return float(next(row["val_ndcg@10"] for row in rows if row.get("val_ndcg@10")))
+
+
+def test_the_ddp_strategy_writes_gradients_into_its_buckets_and_sends_bf16_only_from_bf16_gpus():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    strategy = TrainConfig(device="cpu", devices=2).strategy()
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy._ddp_kwargs["gradient_as_bucket_view"]  # no copy of the item table's gradient a step
+    assert strategy._ddp_comm_hook is None  # float32 on CPUs
+    assert TrainConfig(device="cpu", devices=1).strategy() == "auto"
+
+
+def test_adam_is_fused_on_gpus_only():
+    assert fused_on(torch.device("cuda", 0)) == {"fused": True}
+    assert fused_on(torch.device("cpu")) == {}

@@ -44,6 +44,16 @@ def test_full_ranks_match_a_user_by_user_reference():
         assert ranks["full"][u] == (excluded > target).sum()
 
 
+def test_shares_of_the_users_rank_each_user_as_the_whole_run_does():
+    inputs, targets, popularity = _data(users=41)
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK)
+    whole = ranker.ranks(_scores, ("full", "full_no_exclusion"))
+    shares = [ranker.ranks(_scores, ("full", "full_no_exclusion"), (a, b)) for a, b in ((0, 13), (13, 41))]
+    for name in whole:
+        np.testing.assert_array_equal(np.concatenate([share[name] for share in shares]), whole[name])
+    assert len(ranker.ranks(_scores, ("full",), (20, 20))["full"]) == 0
+
+
 def test_sampled_protocols_draw_unseen_negatives_and_rank_within_them():
     inputs, targets, popularity = _data()
     ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=5)

@@ -60,16 +60,27 @@ class Ranker:
         self.targets = torch.as_tensor(targets, dtype=torch.int64, device=device)
         self.weights = torch.as_tensor(popularity, dtype=torch.float32, device=device) + 1  # +1: all drawable
 
-    def ranks(self, score_fn: ScoreFn, protocols: tuple[str, ...] = PROTOCOLS) -> dict[str, np.ndarray]:
-        """0-based rank of each user's target under each protocol (ties count against the target)."""
+    @property
+    def user_count(self) -> int:
+        return len(self.lengths)
+
+    def ranks(
+        self, score_fn: ScoreFn, protocols: tuple[str, ...] = PROTOCOLS, users: tuple[int, int] | None = None
+    ) -> dict[str, np.ndarray]:
+        """0-based rank of each user's target under each protocol (ties count against the target).
+
+        ``users`` (first, stop) ranks only those users: a DDP rank's share of validation. The full protocols
+        rank each user alike whatever the share; the sampled ones draw from one stream that starts at the
+        share's first user, so only whole runs are reproducible there.
+        """
         unknown = set(protocols) - set(PROTOCOLS)
         if unknown:
             raise DataError(f"protocols {sorted(unknown)}: expected some of {', '.join(PROTOCOLS)}")
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        users_total = len(self.lengths)
+        first, users_total = users or (0, self.user_count)
         out: dict[str, list[torch.Tensor]] = {name: [] for name in protocols}
         step = eval_batch_size(len(self.weights), self.device)
-        for start in range(0, users_total, step):
+        for start in range(first, users_total, step):
             stop = min(start + step, users_total)
             for name, ranks in self._rank_batch(score_fn, start, stop, protocols, generator).items():
                 out[name].append(ranks)

@@ -165,10 +165,16 @@ class SequenceModule(_DeviceBatchesModule):
         return loss
 
     def validation_step(self, _batch, _):
+        """Each DDP rank ranks its share of the users; the metrics are the means over all of them."""
+        count, rank, world = self.ranker.user_count, self.global_rank, self.trainer.world_size
+        share = (count * rank // world, count * (rank + 1) // world)
         with torch.autocast(self.device.type, enabled=False):  # bf16 scores would tie far more often
-            metrics = ranking_metrics(self.ranker.ranks(self.model, ("full",))["full"])
-        self.log("val_ndcg@10", metrics["ndcg@10"], prog_bar=True, batch_size=1)
-        self.log("val_hr@10", metrics["hr@10"], prog_bar=True, batch_size=1)
+            ranks = self.ranker.ranks(self.model, ("full",), share)["full"]
+        metrics = ranking_metrics(ranks) if len(ranks) else {"ndcg@10": 0.0, "hr@10": 0.0}
+        sums = torch.tensor([metrics["ndcg@10"], metrics["hr@10"], 1.0], dtype=torch.float64, device=self.device)
+        sums = self.trainer.strategy.reduce(sums * len(ranks), reduce_op="sum")
+        self.log("val_ndcg@10", float(sums[0] / sums[2]), prog_bar=True, batch_size=1)
+        self.log("val_hr@10", float(sums[1] / sums[2]), prog_bar=True, batch_size=1)
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(
