@@ -102,11 +102,19 @@ def train(
         int,
         typer.Option(
             help="GPUs (or CPU processes) to use; DDP when more than one. "
-            "--batch-size is the whole step's, split between them."
+            "--batch-size is the whole step's, split between them: below about 1,000 rows a GPU each step is "
+            "bound by launching its kernels, so give a second GPU a larger batch or --compile."
         ),
     ] = 1,
     precision: Annotated[str, typer.Option(help="auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32.")] = "auto",
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the training step.")] = False,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="torch.compile the training step: fewer, fused kernels (steps 1.6x as fast at 1M items, batch 512, "
+            "on an H200), after tens of seconds of compiling.",
+        ),
+    ] = False,
     overwrite: Annotated[
         bool,
         typer.Option(
