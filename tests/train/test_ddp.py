@@ -67,9 +67,44 @@ def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, 
     assert _validation(tmp_path / "two") == pytest.approx(_validation(tmp_path / "one"), abs=0.01)
 
 
-def _validation(run) -> float:
+def _validation(run, metric: str = "val_ndcg@10") -> float:
     rows = list(csv.DictReader((run / "logs" / "version_0" / "metrics.csv").open()))
-    return float(next(row["val_ndcg@10"] for row in rows if row.get("val_ndcg@10")))
+    return float(next(row[metric] for row in rows if row.get(metric)))
+
+
+VAE_PROBE = textwrap.dedent('''
+    """Trains Mult-VAE through recserve's trainer and writes how many validation users each rank scored."""
+    import json, os, sys
+    from recserve.train import tasks
+    from recserve.train.trainer import TrainConfig, train
+
+    data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    scored = []
+    evaluate = tasks.evaluate_fold
+
+    def recording_evaluate(score_fn, fold, *args, **kwargs):
+        scored.append(fold.fed.num_users)
+        return evaluate(score_fn, fold, *args, **kwargs)
+
+    tasks.evaluate_fold = recording_evaluate
+    cfg = TrainConfig(epochs=1, batch_size=16, device="cpu", devices=devices, seed=0)
+    train(data, out, {"hidden": 16, "latent": 8}, cfg, model="multvae")
+    rank = os.environ.get("LOCAL_RANK", "0")
+    with open(f"{out}/scored-rank{rank}.json", "w") as f:
+        json.dump(scored, f)
+''')
+
+
+def test_two_processes_each_validate_half_of_the_multvae_users_and_log_the_whole_mean(string_data_dir, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(VAE_PROBE)
+    _run(probe, string_data_dir, tmp_path / "one", 1)
+    _run(probe, string_data_dir, tmp_path / "two", 2)
+    whole = json.loads((tmp_path / "one" / "scored-rank0.json").read_text())
+    halves = [json.loads((tmp_path / "two" / f"scored-rank{r}.json").read_text()) for r in (0, 1)]
+    assert whole[-1] == halves[0][-1] + halves[1][-1] and abs(halves[0][-1] - halves[1][-1]) <= 1
+    one, two = (_validation(tmp_path / run, "val_ndcg@100") for run in ("one", "two"))
+    assert two == pytest.approx(one, abs=0.02) and one > 0
 
 
 def test_the_ddp_strategy_writes_gradients_into_its_buckets_and_sends_bf16_only_from_bf16_gpus():

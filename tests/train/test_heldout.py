@@ -10,7 +10,7 @@ import torch
 from recserve.constants import METRICS_FILE
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError
-from recserve.train.heldout import heldout_metrics, split_heldout
+from recserve.train.heldout import evaluate_fold, heldout_metrics, split_heldout
 
 
 def sequences(rows: list[list[int]]) -> Sequences:
@@ -75,6 +75,22 @@ def test_users_without_targets_are_not_counted():
     hits = torch.zeros(2, 100)
     hits[0, 0] = 1
     assert heldout_metrics(hits, torch.tensor([1, 0]))["recall@20"] == 1.0
+
+
+def test_shares_of_a_fold_weighted_by_their_users_give_the_whole_folds_metrics():
+    rng = np.random.default_rng(2)
+    rows = [list(rng.choice(np.arange(1, 60), size=rng.integers(5, 20), replace=False)) for _ in range(80)]
+    fold = split_heldout(sequences(rows), heldout_share=0.4, seed=0).valid
+    scores = torch.randn(61, generator=torch.Generator().manual_seed(0))  # a fixed item order for every user
+    score_fn = lambda tokens: scores.expand(len(tokens), -1)  # noqa: E731
+    whole = evaluate_fold(score_fn, fold, 61)
+    count = fold.fed.num_users
+    shares = [evaluate_fold(score_fn, fold.share(a, b), 61) for a, b in ((0, 0), (0, 13), (13, count))]
+    assert [s["users"] for s in shares] == [0, 13, count - 13] and whole["users"] == count
+    for key in ("ndcg@100", "recall@20", "recall@50"):
+        combined = sum(s[key] * s["users"] for s in shares[1:]) / count
+        assert combined == pytest.approx(whole[key], abs=1e-12)
+    assert shares[1]["ndcg@100"] != pytest.approx(shares[2]["ndcg@100"])  # the shares hold different users
 
 
 def test_multvae_beats_popularity_clearly_on_ml100k(vae_run):

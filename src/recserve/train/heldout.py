@@ -34,6 +34,11 @@ class FoldIn:
     fed: Sequences  # each user's fed items
     targets: Sequences  # each user's items to predict
 
+    def share(self, first: int, stop: int) -> FoldIn:
+        """The users ``first`` to ``stop`` (exclusive), for one of several processes."""
+        users = np.arange(first, stop)
+        return FoldIn(self.fed.select(users), self.targets.select(users))
+
 
 @dataclass(frozen=True)
 class HeldOutSplit:

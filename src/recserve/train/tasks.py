@@ -99,6 +99,20 @@ class _DeviceBatchesModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self.batches.set_epoch(self.current_epoch)
 
+    def _share(self, count: int) -> tuple[int, int]:
+        """This DDP rank's contiguous share of ``count`` validation users: (first, stop)."""
+        rank, world = self.global_rank, self.trainer.world_size
+        return count * rank // world, count * (rank + 1) // world
+
+    def _log_means(self, metrics: dict[str, float], users: int, shown: dict[str, bool]) -> None:
+        """Logs ``val_<name>`` for each of ``shown`` (True: on the progress bar): the mean over every rank's
+        users, from this rank's means over its ``users``."""
+        values = [metrics[name] if users else 0.0 for name in shown] + [1.0]
+        sums = torch.tensor(values, dtype=torch.float64, device=self.device) * users
+        sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        for name, total, bar in zip(shown, sums, shown.values()):
+            self.log(f"val_{name}", float(total / sums[-1].clamp(min=1)), prog_bar=bar, batch_size=1)
+
     def _loader(self, batches) -> torch.utils.data.DataLoader:
         self.batches = batches
         return torch.utils.data.DataLoader(batches, batch_size=None)
@@ -166,15 +180,10 @@ class SequenceModule(_DeviceBatchesModule):
 
     def validation_step(self, _batch, _):
         """Each DDP rank ranks its share of the users; the metrics are the means over all of them."""
-        count, rank, world = self.ranker.user_count, self.global_rank, self.trainer.world_size
-        share = (count * rank // world, count * (rank + 1) // world)
         with torch.autocast(self.device.type, enabled=False):  # bf16 scores would tie far more often
-            ranks = self.ranker.ranks(self.model, ("full",), share)["full"]
-        metrics = ranking_metrics(ranks) if len(ranks) else {"ndcg@10": 0.0, "hr@10": 0.0}
-        sums = torch.tensor([metrics["ndcg@10"], metrics["hr@10"], 1.0], dtype=torch.float64, device=self.device)
-        sums = self.trainer.strategy.reduce(sums * len(ranks), reduce_op="sum")
-        self.log("val_ndcg@10", float(sums[0] / sums[2]), prog_bar=True, batch_size=1)
-        self.log("val_hr@10", float(sums[1] / sums[2]), prog_bar=True, batch_size=1)
+            ranks = self.ranker.ranks(self.model, ("full",), self._share(self.ranker.user_count))["full"]
+        metrics = ranking_metrics(ranks) if len(ranks) else {}
+        self._log_means(metrics, len(ranks), {"ndcg@10": True, "hr@10": True})
 
     def configure_optimizers(self):
         opt = torch.optim.AdamW(
@@ -214,10 +223,11 @@ class MultVAEModule(_DeviceBatchesModule):
         return loss
 
     def validation_step(self, _batch, _):
+        """Each DDP rank scores its share of the validation users; the metrics are the means over all of them."""
+        fold = self.split.valid.share(*self._share(self.split.valid.fed.num_users))
         with torch.autocast(self.device.type, enabled=False):
-            metrics = evaluate_fold(self.model, self.split.valid, self.model_cfg.vocab_size, device=self.device)
-        for key in ("ndcg@100", "recall@20", "recall@50"):
-            self.log(f"val_{key}", metrics[key], prog_bar=key != "recall@50", batch_size=1)
+            metrics = evaluate_fold(self.model, fold, self.model_cfg.vocab_size, device=self.device)
+        self._log_means(metrics, metrics["users"], {"ndcg@100": True, "recall@20": True, "recall@50": False})
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(
