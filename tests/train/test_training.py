@@ -10,7 +10,7 @@ from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE,
 from recserve.errors import ConfigError, DataError
 from recserve.models.runs import load_run
 from recserve.train.evaluate import evaluate_run
-from recserve.train.trainer import TrainConfig, train
+from recserve.train.trainer import TrainConfig, curves, train
 
 SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}
 
@@ -25,6 +25,11 @@ def test_training_learns_a_planted_sequence_and_beats_popularity(string_data_dir
     assert result["test"]["full"]["hr@1"] > 0.5
     assert result["test"]["full"]["ndcg@10"] > 3 * result["popularity"]["full"]["ndcg@10"]
     assert summary["valid"]["ndcg@10"] > 0.5
+    series = curves(tmp_path / "run" / "logs" / "version_0" / "metrics.csv")  # what curves.png draws
+    epochs, loss = series["train_loss"]
+    assert list(epochs) == list(range(1, 26)) and list(series["val_ndcg@10"][0]) == list(range(1, 26))
+    # the epoch's mean step loss: at most the uniform guess's cross-entropy over 30 items at first, then falling
+    assert loss[0] < 1.2 * np.log(30) and loss[-1] < 0.5 * loss[0]
 
 
 def test_sasrec_learns_the_planted_sequence_too(string_data_dir, tmp_path):

@@ -237,7 +237,7 @@ def _quiet_lightning() -> None:
         ".*LeafSpec.*",
         ".*smaller than the logging interval.*",
         ".*does not have many workers.*",
-        ".*sync_dist=True.*",  # every rank ranks all validation users: the values already agree
+        ".*sync_dist=True.*",  # validation metrics are reduced over the ranks before logging; train_loss is rank 0's
         ".*AccumulateGrad node's stream does not match.*",
     ):  # DDP keeps the graph's nodes alive
         warnings.filterwarnings("ignore", message=message)
@@ -267,6 +267,21 @@ def write_metrics(run_dir: Path, update: dict) -> dict:
     return metrics
 
 
+def curves(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each logged metric (``train_loss``, ``val_*``) per epoch from Lightning's CSV log: name -> (epochs
+    counted from 1, values); empty when there is no log."""
+    import polars as pl
+
+    if not csv_path.exists():
+        return {}
+    frame = pl.read_csv(csv_path, infer_schema_length=None)
+    out = {}
+    for column in sorted(c for c in frame.columns if c == "train_loss" or c.startswith("val_")):
+        rows = frame.filter(pl.col(column).is_not_null())
+        out[column] = (rows["epoch"].to_numpy() + 1, rows[column].to_numpy())
+    return out
+
+
 def _plot_curves(csv_path: Path, png_path: Path, monitor: str) -> None:
     """Training loss and the validation metrics per epoch, from Lightning's CSV log."""
     try:
@@ -277,20 +292,17 @@ def _plot_curves(csv_path: Path, png_path: Path, monitor: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import polars as pl
 
-    if not csv_path.exists():
+    series = curves(csv_path)
+    if not series:
         return
-    frame = pl.read_csv(csv_path, infer_schema_length=None)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    if "train_loss_epoch" in frame.columns:
-        loss = frame.filter(pl.col("train_loss_epoch").is_not_null())
-        ax1.plot(loss["epoch"].to_numpy() + 1, loss["train_loss_epoch"].to_numpy(), marker="o")
+    if "train_loss" in series:
+        ax1.plot(*series.pop("train_loss"), marker="o")
     ax1.set(title="training loss", xlabel="epoch", ylabel="loss")
-    if monitor in frame.columns:
-        val = frame.filter(pl.col(monitor).is_not_null())
-        for column in sorted(c for c in frame.columns if c.startswith("val_")):
-            ax2.plot(val["epoch"].to_numpy() + 1, val[column].to_numpy(), marker="o", label=column.removeprefix("val_"))
+    for column, (epochs, values) in series.items():
+        ax2.plot(epochs, values, marker="o", label=column.removeprefix("val_"))
+    if series:
         ax2.legend()
     ax2.set(title="validation (full ranking, seen items excluded)", xlabel="epoch")
     fig.tight_layout()
