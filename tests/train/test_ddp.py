@@ -38,20 +38,25 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def _run(probe, data, out, devices):
-    result = subprocess.run(
-        [sys.executable, str(probe), str(data), str(out), str(devices)], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def _one_and_two(probe_text: str, data, tmp, record: str) -> tuple[list, list[list]]:
+    """Runs the probe as one process (into tmp/one) and as two (tmp/two); returns what it recorded in
+    ``record``-rank{N}.json: the one process's, and each of the two ranks'."""
+    probe = tmp / "probe.py"
+    probe.write_text(probe_text)
+    for out, devices in (("one", 1), ("two", 2)):
+        result = subprocess.run(
+            [sys.executable, str(probe), str(data), str(tmp / out), str(devices)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    whole = json.loads((tmp / "one" / f"{record}-rank0.json").read_text())
+    return whole, [json.loads((tmp / "two" / f"{record}-rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    _run(probe, string_data_dir, tmp_path / "one", 1)
-    _run(probe, string_data_dir, tmp_path / "two", 2)
-    whole = json.loads((tmp_path / "one" / "batches-rank0.json").read_text())
-    ranks = [json.loads((tmp_path / "two" / f"batches-rank{r}.json").read_text()) for r in (0, 1)]
+    whole, ranks = _one_and_two(PROBE, string_data_dir, tmp_path, "batches")
     assert len(whole) == len(ranks[0]) == len(ranks[1]) == 8  # 120 windows, 16 a step
     for step, batch in enumerate(whole):
         share0, share1 = ranks[0][step], ranks[1][step]
@@ -96,12 +101,7 @@ VAE_PROBE = textwrap.dedent('''
 
 
 def test_two_processes_each_validate_half_of_the_multvae_users_and_log_the_whole_mean(string_data_dir, tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(VAE_PROBE)
-    _run(probe, string_data_dir, tmp_path / "one", 1)
-    _run(probe, string_data_dir, tmp_path / "two", 2)
-    whole = json.loads((tmp_path / "one" / "scored-rank0.json").read_text())
-    halves = [json.loads((tmp_path / "two" / f"scored-rank{r}.json").read_text()) for r in (0, 1)]
+    whole, halves = _one_and_two(VAE_PROBE, string_data_dir, tmp_path, "scored")
     assert whole[-1] == halves[0][-1] + halves[1][-1] and abs(halves[0][-1] - halves[1][-1]) <= 1
     one, two = (_validation(tmp_path / run, "val_ndcg@100") for run in ("one", "two"))
     assert two == pytest.approx(one, abs=0.02) and one > 0
