@@ -196,7 +196,7 @@ def train(
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
         summary["refit"] = {"epochs": epochs, "trained_on": "items[:-1] (the validation item included)"}
     torch.save(weights, out_dir / WEIGHTS_FILE)
-    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE, task.monitor)
+    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
 
 
@@ -282,7 +282,7 @@ def curves(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _plot_curves(csv_path: Path, png_path: Path, monitor: str) -> None:
+def _plot_curves(csv_path: Path, png_path: Path) -> None:
     """Training loss and the validation metrics per epoch, from Lightning's CSV log."""
     try:
         import matplotlib
