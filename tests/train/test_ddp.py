@@ -16,25 +16,27 @@ from recserve.train.tasks import fused_on
 from recserve.train.trainer import TrainConfig
 
 PROBE = textwrap.dedent('''
-    """Trains through recserve's trainer and writes the tokens of every batch each rank trained on."""
+    """Trains through recserve's trainer and writes the tokens of every batch each rank trained on, and its loss."""
     import json, os, sys
     from recserve.train import tasks
     from recserve.train.trainer import TrainConfig, train
 
     data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    seen = []
+    seen, losses = [], []
     step = tasks.SequenceModule.training_step
 
     def recording_step(self, batch, index):
         seen.append(batch.tokens.tolist())
-        return step(self, batch, index)
+        loss = step(self, batch, index)
+        losses.append(loss.item())
+        return loss
 
     tasks.SequenceModule.training_step = recording_step
     cfg = TrainConfig(epochs=1, batch_size=16, samples_per_user=2, device="cpu", devices=devices)
     train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg)
     rank = os.environ.get("LOCAL_RANK", "0")
     with open(f"{out}/batches-rank{rank}.json", "w") as f:
-        json.dump(seen, f)
+        json.dump({"batches": seen, "losses": losses}, f)
 ''')
 
 
@@ -57,9 +59,9 @@ def _one_and_two(probe_text: str, data, tmp, record: str) -> tuple[list, list[li
 
 def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, tmp_path):
     whole, ranks = _one_and_two(PROBE, string_data_dir, tmp_path, "batches")
-    assert len(whole) == len(ranks[0]) == len(ranks[1]) == 8  # 120 windows, 16 a step
-    for step, batch in enumerate(whole):
-        share0, share1 = ranks[0][step], ranks[1][step]
+    assert len(whole["batches"]) == len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == 8  # 120 windows, 16 a step
+    for step, batch in enumerate(whole["batches"]):
+        share0, share1 = ranks[0]["batches"][step], ranks[1]["batches"][step]
         assert share0 == batch[0::2] and share1 == batch[1::2]  # each rank its own rows, none twice
         assert len(share0) + len(share1) == len(batch)
     one = torch.load(tmp_path / "one" / WEIGHTS_FILE, weights_only=True)
@@ -70,6 +72,11 @@ def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, 
         np.testing.assert_allclose(two[name].numpy(), one[name].numpy(), atol=2e-4, rtol=1e-3, err_msg=name)
     # each rank validated half of the users; the logged metric is the mean over all of them
     assert _validation(tmp_path / "two") == pytest.approx(_validation(tmp_path / "one"), abs=0.01)
+    # the logged training loss is the mean of every step's loss on both ranks, not rank 0's alone
+    mean0, mean1 = (np.mean(rank["losses"]) for rank in ranks)
+    assert _validation(tmp_path / "two", "train_loss") == pytest.approx((mean0 + mean1) / 2, rel=1e-5)
+    assert mean0 != pytest.approx(mean1, rel=1e-3)
+    assert _validation(tmp_path / "one", "train_loss") == pytest.approx(np.mean(whole["losses"]), rel=1e-5)
 
 
 def _validation(run, metric: str = "val_ndcg@10") -> float:

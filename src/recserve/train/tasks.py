@@ -108,8 +108,9 @@ class _DeviceBatchesModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        """Logs ``train_loss``, this rank's mean over the epoch's steps."""
-        self.log("train_loss", self._loss_sum / max(self._steps, 1), prog_bar=True, batch_size=1)
+        """Logs ``train_loss``: the mean over the epoch's steps and (under DDP) over the ranks."""
+        mean = self.trainer.strategy.reduce(self._loss_sum / max(self._steps, 1), reduce_op="mean")
+        self.log("train_loss", mean, prog_bar=True, batch_size=1)
 
     def _share(self, count: int) -> tuple[int, int]:
         """This DDP rank's contiguous share of ``count`` validation users: (first, stop)."""

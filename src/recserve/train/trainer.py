@@ -237,7 +237,7 @@ def _quiet_lightning() -> None:
         ".*LeafSpec.*",
         ".*smaller than the logging interval.*",
         ".*does not have many workers.*",
-        ".*sync_dist=True.*",  # validation metrics are reduced over the ranks before logging; train_loss is rank 0's
+        ".*sync_dist=True.*",  # every logged metric is reduced over the ranks before it is logged
         ".*AccumulateGrad node's stream does not match.*",
     ):  # DDP keeps the graph's nodes alive
         warnings.filterwarnings("ignore", message=message)
