@@ -4,8 +4,10 @@
 # (benchmarks/train_scale.py's generator, 200,000 users) at batch 4096 (test NDCG@10 too) and 2048 on one
 # GPU and on two; then the same step in a plain loop at 2048 (benchmarks/profile_step.py: DDP as the
 # trainer sets it up, and each GPU alone without the all-reduce, the floor; MORE_STEPS=1 adds 1024 and
-# 4096, eager and compiled); the GPUs' link and all-reduce bandwidth last. Carries .gpu-carry/wheels
+# 4096, eager and compiled); the GPUs' link and all-reduce bandwidth; the trainer's host work a step
+# (benchmarks/trainer_overhead.py, where .gpu-carry/ml100k is carried) last. Carries .gpu-carry/wheels
 # (polars for Python 3.12). video.txt: VIDEO=1 (needs .gpu-carry/video; VIDEO_BATCH, default 128).
+# The training runs' JSON files end up in one, runs.json ({file name: its content}).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -49,3 +51,17 @@ if [ -n "${VIDEO:-}" ]; then
   done
   grep -v "━" "$out/scale.log" | grep "video\|Error" | tail -n 8
 fi
+if [ -d .gpu-carry/ml100k ]; then  # the trainer's host work a step on this host's CPU (one GPU)
+  python3 benchmarks/trainer_overhead.py --device cuda --data .gpu-carry/ml100k --repeats 3 \
+    --out "$out/trainer-overhead.json" 2>&1 | grep "repeat\|median\|Error"
+fi
+# one file for the training runs' JSON: a call brings back at most 8 files
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+runs = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json")) if f.name != "step.json"}
+(out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
+for name in runs:
+    (out / f"{name}.json").unlink()
+PY
