@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def _one_and_two(probe_text: str, data, tmp, record: str) -> tuple[list, list[list]]:
+def _one_and_two(probe_text: str, data, tmp, record: str) -> tuple[Any, list[Any]]:
     """Runs the probe as one process (into tmp/one) and as two (tmp/two); returns what it recorded in
     ``record``-rank{N}.json: the one process's, and each of the two ranks'."""
     probe = tmp / "probe.py"
@@ -71,15 +72,16 @@ def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, 
     for name in one:
         np.testing.assert_allclose(two[name].numpy(), one[name].numpy(), atol=2e-4, rtol=1e-3, err_msg=name)
     # each rank validated half of the users; the logged metric is the mean over all of them
-    assert _validation(tmp_path / "two") == pytest.approx(_validation(tmp_path / "one"), abs=0.01)
+    assert _logged(tmp_path / "two") == pytest.approx(_logged(tmp_path / "one"), abs=0.01)
     # the logged training loss is the mean of every step's loss on both ranks, not rank 0's alone
     mean0, mean1 = (np.mean(rank["losses"]) for rank in ranks)
-    assert _validation(tmp_path / "two", "train_loss") == pytest.approx((mean0 + mean1) / 2, rel=1e-5)
+    assert _logged(tmp_path / "two", "train_loss") == pytest.approx((mean0 + mean1) / 2, rel=1e-5)
     assert mean0 != pytest.approx(mean1, rel=1e-3)
-    assert _validation(tmp_path / "one", "train_loss") == pytest.approx(np.mean(whole["losses"]), rel=1e-5)
+    assert _logged(tmp_path / "one", "train_loss") == pytest.approx(np.mean(whole["losses"]), rel=1e-5)
 
 
-def _validation(run, metric: str = "val_ndcg@10") -> float:
+def _logged(run, metric: str = "val_ndcg@10") -> float:
+    """The first value of ``metric`` in the run's Lightning CSV log."""
     rows = list(csv.DictReader((run / "logs" / "version_0" / "metrics.csv").open()))
     return float(next(row[metric] for row in rows if row.get(metric)))
 
@@ -110,7 +112,7 @@ VAE_PROBE = textwrap.dedent('''
 def test_two_processes_each_validate_half_of_the_multvae_users_and_log_the_whole_mean(string_data_dir, tmp_path):
     whole, halves = _one_and_two(VAE_PROBE, string_data_dir, tmp_path, "scored")
     assert whole[-1] == halves[0][-1] + halves[1][-1] and abs(halves[0][-1] - halves[1][-1]) <= 1
-    one, two = (_validation(tmp_path / run, "val_ndcg@100") for run in ("one", "two"))
+    one, two = (_logged(tmp_path / run, "val_ndcg@100") for run in ("one", "two"))
     assert two == pytest.approx(one, abs=0.02) and one > 0
 
 
