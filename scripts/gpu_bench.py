@@ -1,6 +1,7 @@
 """GPU benchmark: the fused, native, seed and echo layouts side by side on one GPU, written under OUT.
 
-Run on the GPU machine through scripts/gpu_bench.sh (which sets up the carried server and perf_analyzer).
+Run by `make bench-gpu` (scripts/bench_gpu.sh) on a GPU host with the normal install, or by
+`scripts/offline_gpu.sh bench` on an offline one (which sets up the carried server and perf_analyzer).
 Models: a BERT4Rec with random weights at production size (100,000 items, hidden 256, 2 layers, 4 heads,
 window 40) and the trained ML-100K model when its folder is given.
 """
@@ -200,7 +201,7 @@ def main() -> None:
     result = {
         "gpu": gpu_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["scripts/gpu_bench.sh", *sys.argv[1:]]),
+        "command": " ".join(["scripts/gpu_bench.py", *sys.argv[1:]]),
         "model": f"BERT4Rec, {args.items:,} items, hidden 256, 2 layers, 4 heads, window 40, random weights",
         "settings": {
             "instances": args.instances,

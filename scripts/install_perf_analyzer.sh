@@ -10,7 +10,12 @@ libs=$("$py" -c 'import importlib.util, pathlib; s = importlib.util.find_spec("p
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 "$py" -m pip download -q --no-deps --only-binary=:all: -d "$work" tritonclient==2.41.0
 mkdir -p "$dest"
-unzip -q -j -o "$work"/tritonclient-2.41.0-*.whl 'tritonclient-2.41.0.data/data/bin/perf_analyzer' -d "$dest"
+"$py" - "$work"/tritonclient-2.41.0-*.whl "$dest/perf_analyzer" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("tritonclient-2.41.0.data/data/bin/perf_analyzer") as binary:
+    with open(sys.argv[2], "wb") as out:
+        shutil.copyfileobj(binary, out)
+PY
 chmod +x "$dest/perf_analyzer"
 cp "$(ls "$libs"/libb64-*.so.0d)" "$dest/libb64.so.0d"
 cp "$(ls "$libs"/libcudart-*.so.12*)" "$dest/libcudart.so.12"

@@ -23,3 +23,7 @@ class ServingError(RecserveError):
 
 class RequestError(ServingError):
     """A single request is malformed; the message names the field and what is allowed."""
+
+
+class BuildError(RecserveError):
+    """A native backend's sources or build step are missing, unverifiable or failed."""

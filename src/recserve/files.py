@@ -51,3 +51,17 @@ def replaced_on_success(out: Path, folder: bool = True) -> Iterator[Path]:
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def cache_dir() -> Path:
+    """recserve's cache folder: ``RECSERVE_CACHE``, else ``$XDG_CACHE_HOME/recserve`` (``~/.cache/recserve``),
+    else one in the temporary folder where the home folder cannot be written."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recserve"
+    preferred = Path(os.environ.get("RECSERVE_CACHE") or default)
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    except OSError:
+        fallback = Path(tempfile.gettempdir()) / "recserve-cache"
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback

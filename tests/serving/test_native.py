@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as httpclient
-from tests.conftest import server_settings
+from tests.conftest import require_native, server_settings
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from recserve.serving.triton.launcher import TritonServer, native_backends
+from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import InstanceGroup, ModelConfig, TensorSpec, to_pbtxt
 
 HISTORY = np.array([[3, 17, 42, 0], [5, 0, 0, 0]], dtype=np.int64)
@@ -33,8 +33,7 @@ class TopItems(torch.nn.Module):
 
 
 def _model_dir(tmp_path: Path, backend: str) -> Path:
-    if not any(p.name == backend for p in native_backends()):
-        pytest.skip(f"the native {backend} backend is not built: scripts/build_triton_backends.sh (make test runs it)")
+    require_native(backend)
     torch.manual_seed(0)
     folder = tmp_path / "repo" / "top_items"
     (folder / "1").mkdir(parents=True)
@@ -97,14 +96,11 @@ def test_the_onnxruntime_backend_serves_an_onnx_model_like_onnxruntime_runs_it(t
 @pytest.fixture(scope="module", params=["torchscript", "onnx"])
 def native_server(request, tiny_run, tmp_path_factory):
     """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export."""
-    from tests.conftest import BUILT_BACKENDS
-
     from recserve.pipeline import repository_from_run
     from recserve.serving.triton.repository import ServingSettings
 
     needed = "pytorch" if request.param == "torchscript" else "onnxruntime"
-    if needed not in BUILT_BACKENDS:
-        pytest.skip(f"the native {needed} backend is not built: scripts/build_triton_backends.sh")
+    require_native(needed)
     repo = tmp_path_factory.mktemp(f"native-{request.param}") / "repo"
     settings = ServingSettings(instance_count=2, native_instance_count=2, max_queue_delay_microseconds=2000)
     repository_from_run(tiny_run, repo, ("native",), settings, backend=request.param)
@@ -237,6 +233,26 @@ def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_st
     with pytest.raises(ServingError, match="bert4rec need.* Triton's pytorch backend.*scripts/build_triton_backends"):
         check_backends(repo, folder)
     (folder / "pytorch").mkdir()
+    check_backends(repo, folder)
+
+
+def test_a_gpu_repository_on_a_backend_built_without_cuda_is_refused_naming_the_rebuild(tmp_path):
+    from recserve.errors import ServingError
+    from recserve.serving.triton.launcher import check_backends
+
+    folder = tmp_path / "backends"
+    (folder / "pytorch").mkdir(parents=True)
+    repo = tmp_path / "repo"
+    (repo / "recommender_native").mkdir(parents=True)
+    (repo / "recommender_native" / "config.pbtxt").write_text(
+        'name: "recommender_native"\nplatform: "pytorch_libtorch"\ninstance_group { kind: KIND_GPU count: 1 }\n'
+    )
+    for build in (None, '{"cuda": false}'):  # a build of before build.json, and a CPU build
+        if build:
+            (folder / "pytorch" / "build.json").write_text(build)
+        with pytest.raises(ServingError, match="recommender_native run.* on GPUs.*without CUDA.*build_triton_backends"):
+            check_backends(repo, folder)
+    (folder / "pytorch" / "build.json").write_text('{"cuda": true, "cuda_archs": "90-real"}')
     check_backends(repo, folder)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests.conftest import needs_native_backends, server_settings
+from tests.conftest import needs_native_backends, require_native, server_settings
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -207,8 +207,7 @@ def test_string_ids_end_to_end_on_fused_and_seed(string_server):
     with RecommenderClient(string_server.grpc_url) as client:
         answer = client.recommend(["sku-001", "sku-002", "unknown-sku"], k=4)
     assert answer.unknown_ids == 1 and all(x.startswith("sku-") for x in answer.item_ids)
-    if not (Path(string_server.repo) / "bert4rec_ensemble").is_dir():
-        pytest.skip("the seed layout needs Triton's PyTorch backend, not built here")
+    require_native("pytorch")
     history = np.array([f"sku-{i % 30:03d}".encode() for i in range(39)], dtype=object)
     reply = _infer(string_server.http_url, "bert4rec_ensemble", inputs=history)
     assert all(x.startswith(b"sku-") for x in reply.as_numpy("output__0"))

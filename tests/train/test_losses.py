@@ -57,6 +57,30 @@ def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(ex
     torch.testing.assert_close(_call(loss, problem, exclude_seen, per_position), _reference(*problem, exclude_seen))
 
 
+@pytest.mark.parametrize("exclude_seen", [True, False])
+def test_full_loss_gradients_are_those_of_the_plain_softmax(exclude_seen):
+    """The fused backward pass (softmax minus the target's one-hot) against autograd through the reference,
+    with an unused slot (target padding) that must add nothing."""
+    query, table, bias, targets, rows, items = _problem(positions=7)
+    targets[-1] = PAD_INDEX
+    weights = torch.rand(7, generator=torch.Generator().manual_seed(1))  # a non-uniform upstream gradient
+    grads = []
+    for fused in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (query, table, bias)]
+        if fused:
+            loss = CatalogueLoss(LossSettings("full"), np.ones(N + 2), MASK)
+            per_position = _call(loss, (*leaves, targets, rows, items), exclude_seen)
+        else:
+            real = targets != PAD_INDEX
+            per_position = torch.zeros(7).index_put(
+                (real.nonzero()[:, 0],), _reference(*leaves, targets[real], rows[real], items, exclude_seen)
+            )
+        (per_position * weights).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for fused_grad, plain_grad in zip(*grads):
+        torch.testing.assert_close(fused_grad, plain_grad)
+
+
 def test_unused_slots_cost_nothing():
     query, table, bias, targets, rows, items = _problem()
     targets[3:] = PAD_INDEX

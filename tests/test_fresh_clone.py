@@ -1,0 +1,153 @@
+"""A clone of the repository with nothing beside it: the native backends build there without root from the
+sources the documented variables give (TRITON_NATIVE_SRC, else git and the cache), and that clone serves the
+native and seed layouts with the fused layout's answers; no step of `make demo` calls sudo or apt."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recserve.client import RecommenderClient
+from recserve.serving.processes import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("sudo", "apt-get", "apt", "dpkg")
+
+
+def _guarded_path(tmp_path: Path) -> tuple[str, Path]:
+    """PATH with sudo, apt-get, apt and dpkg in front that only record that they were called."""
+    shims, calls = tmp_path / "shims", tmp_path / "forbidden-calls"
+    shims.mkdir()
+    for name in FORBIDDEN:
+        shim = shims / name
+        shim.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        shim.chmod(0o755)
+    return f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", calls
+
+
+def _unprivileged(folder: Path) -> list[str]:
+    """A command prefix that drops root (to nobody, who owns ``folder``); none where we are not root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "running as root without setpriv (util-linux): cannot drop privileges for the build"
+    nobody = pwd.getpwnam("nobody")
+    subprocess.run(["chown", "-R", f"{nobody.pw_uid}:{nobody.pw_gid}", str(folder)], check=True)
+    return [setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """The repository cloned into a folder of its own, its native backends built there as an unprivileged
+    user with sudo and apt guarded."""
+    base = tmp_path_factory.mktemp("fresh")
+    alone = base / "alone"  # the clone's parent holds nothing else: no ../shared
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(alone / "recserve")], check=True)
+    home = alone / "home"
+    home.mkdir()
+    path, calls = _guarded_path(base)
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "RECSERVE_CACHE": str(home / ".cache" / "recserve"),
+        "LANG": "C.UTF-8",
+        **{k: os.environ[k] for k in ("TRITON_NATIVE_SRC", "TRITON_SOURCES_URL") if k in os.environ},
+    }
+    prefix = _unprivileged(alone)
+    build = subprocess.run(
+        [*prefix, "bash", "scripts/build_triton_backends.sh", sys.executable],
+        cwd=alone / "recserve",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert not calls.exists(), f"the build called {calls.read_text()}"
+    return alone / "recserve"
+
+
+def test_the_clone_builds_both_native_backends_without_root(clone):
+    for backend in ("pytorch", "onnxruntime"):
+        assert (clone / "build" / "triton-backends" / backend / f"libtriton_{backend}.so").is_file()
+
+
+def test_the_clone_serves_native_and_seed_with_the_fused_answers(clone, tiny_run, ml100k_dir, tmp_path):
+    from recserve.data.datasets import load_prepared
+
+    env = os.environ | {"PYTHONPATH": str(clone / "src")}  # the clone's own code, and its build folder
+    env.pop("RECSERVE_TRITON_BACKENDS", None)
+    cli = [sys.executable, "-m", "recserve.cli.main"]
+    repo = tmp_path / "repo"
+    subprocess.run(
+        [*cli, "repo", "--run", str(tiny_run), "--out", str(repo), "--layout", "fused,native,seed"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    http, grpc, metrics = free_ports(3)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    server = subprocess.Popen(
+        [*cli, "serve", "--repo", str(repo), *ports], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        _wait_ready(server, http)
+        data = load_prepared(ml100k_dir)
+        seq = data.sequences.truncated(1)
+        long_enough = np.flatnonzero(np.diff(seq.offsets) >= 39)[:5]  # the PoC sends 39 IDs
+        histories = [data.vocab.to_ids(seq.items[seq.offsets[u] : seq.offsets[u + 1]][-39:]) for u in long_enough]
+        with (
+            RecommenderClient(f"127.0.0.1:{grpc}") as fused,
+            RecommenderClient(f"127.0.0.1:{grpc}", model="recommender_native") as native,
+        ):
+            for history in histories:
+                want = fused.recommend(history, k=10).item_ids
+                np.testing.assert_array_equal(native.recommend(history, k=10).item_ids, want)
+            import tritonclient.http as httpclient
+
+            seed = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+            for history in histories:  # the PoC's contract: 39 IDs in, seen items not excluded
+                request = httpclient.InferInput("inputs", [39], "INT64")
+                request.set_data_from_numpy(np.asarray(history, dtype=np.int64))
+                got = seed.infer("bert4rec_ensemble", [request]).as_numpy("output__0")
+                want = fused.recommend(history, k=10, exclude_seen=False).item_ids
+                np.testing.assert_array_equal(got, want)
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def _wait_ready(server: subprocess.Popen, http: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, server.communicate()[0]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the clone's server was not ready in time")
+
+
+def test_no_step_of_make_demo_calls_sudo_or_apt(clone):
+    """`make -n -B demo` lists every command of the demo's recipe and its setup; the scripts they run name
+    neither sudo nor apt (the build above ran with both guarded, as an unprivileged user)."""
+    dry = subprocess.run(["make", "-n", "-B", "demo"], cwd=clone, capture_output=True, text=True, check=True)
+    scripts = set(re.findall(r"scripts/[\w./-]+\.sh", dry.stdout))
+    assert {"scripts/build_triton_backends.sh", "scripts/demo.sh", "scripts/install_perf_analyzer.sh"} <= scripts
+    for text in [dry.stdout, *((clone / s).read_text() for s in scripts)]:
+        commands = [line.split("#")[0] for line in text.splitlines()]  # comments may name them
+        for name in FORBIDDEN:
+            assert not any(re.search(rf"(^|[\s;&|(]){name}\s", c) for c in commands), name
