@@ -17,6 +17,10 @@ class ExportError(RecserveError):
     """An export could not be built or failed its parity check."""
 
 
+class EvaluationError(RecserveError):
+    """Scores that cannot be ranked: NaN or infinite for an item that could be recommended."""
+
+
 class ServingError(RecserveError):
     """The server, a model repository or a request is not as expected."""
 

@@ -122,4 +122,3 @@ def test_onnxruntime_headers_must_declare_an_api_the_library_serves(tmp_path):
         check_ort_headers(tmp_path, "1.32.0", exact=True)  # fetched for 1.32, so they must be 1.32's
     with pytest.raises(BuildError, match="serves API version 28 and older"):
         check_ort_headers(tmp_path, "1.28.1", exact=False)
-

@@ -1,16 +1,19 @@
-"""Ranking on the device: each protocol against a user-by-user reference, and bounded batches."""
+"""Ranking on the device: each protocol against a plain-loop reference with planted ties (a tie counts against
+the target), non-finite scores refused, per-user sampled negatives, and bounded batches."""
 
 import numpy as np
 import pytest
 import torch
 
+import recserve.train.evaluate as evaluate
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
-from recserve.errors import DataError
-from recserve.train.evaluate import SAMPLED_NEGATIVES, Ranker, eval_batch_size
+from recserve.errors import DataError, EvaluationError
+from recserve.train.evaluate import SAMPLED_NEGATIVES, Ranker, eval_batch_size, negatives_summary
 
 N = 300
 MASK = N + 1
+CATALOGUE = set(range(1, N + 1))
 
 
 def _data(users=40, seed=0):
@@ -24,24 +27,126 @@ def _data(users=40, seed=0):
 
 
 def _scores(tokens: torch.Tensor) -> torch.Tensor:
-    """A deterministic scorer that depends on the history: item i scores sin(i * (1 + last item))."""
+    """A deterministic scorer that depends on the history and ties often: sin(i * (1 + last item / 7)) for
+    item i, rounded to one decimal (about 20 distinct values over 302 items)."""
     last = tokens[:, -2].double()[:, None]
-    return torch.sin(torch.arange(N + 2, dtype=torch.float64) * (1 + last / 7)).float()
+    return (torch.sin(torch.arange(N + 2, dtype=torch.float64) * (1 + last / 7)) * 10).round().float() / 10
 
 
-def test_full_ranks_match_a_user_by_user_reference():
+def _reference_rank(scores: np.ndarray, target: int, rankable: set[int]) -> int:
+    """A plain loop: the items other than the target that may be ranked and score at least as high."""
+    return sum(1 for item in rankable if item != target and scores[item] >= scores[target])
+
+
+def _history(inputs, u: int) -> np.ndarray:
+    return inputs.items[inputs.offsets[u] : inputs.offsets[u + 1]]
+
+
+def _user_scores(inputs, u: int) -> np.ndarray:
+    window = np.concatenate([np.zeros(9, np.int64), _history(inputs, u)])[-9:]
+    return _scores(torch.as_tensor(np.concatenate([window, [MASK]]))[None])[0].numpy()
+
+
+def _spied_draws(monkeypatch) -> list:
+    """Records what ``draw_negatives`` returns (sampled first, then sampled_uniform, per batch)."""
+    draws, drawer = [], evaluate.draw_negatives
+    monkeypatch.setattr(evaluate, "draw_negatives", lambda *a: draws.append(drawer(*a)) or draws[-1])
+    return draws
+
+
+def test_every_protocol_matches_a_plain_loop_with_ties_counted_against_the_target(monkeypatch):
     inputs, targets, popularity = _data()
+    draws = _spied_draws(monkeypatch)
     ranks = Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(_scores)
+    ties = 0
     for u in range(inputs.num_users):
-        history = inputs.items[inputs.offsets[u] : inputs.offsets[u + 1]]
-        window = np.concatenate([np.zeros(9, np.int64), history])[-9:]
-        scores = _scores(torch.as_tensor(np.concatenate([window, [MASK]]))[None])[0].numpy()
-        scores[[PAD_INDEX, MASK]] = -np.inf
-        target = scores[targets[u]]
-        assert ranks["full_no_exclusion"][u] == (scores > target).sum()
-        excluded = scores.copy()
-        excluded[np.setdiff1d(history, [targets[u]])] = -np.inf  # the whole history, not only the window
-        assert ranks["full"][u] == (excluded > target).sum()
+        scores, target = _user_scores(inputs, u), int(targets[u])
+        ties += sum(scores[i] == scores[target] for i in CATALOGUE) - 1
+        assert ranks["full_no_exclusion"][u] == _reference_rank(scores, target, CATALOGUE)
+        unseen = (CATALOGUE - set(_history(inputs, u).tolist())) | {target}  # the whole history, not the window
+        assert ranks["full"][u] == _reference_rank(scores, target, unseen)
+        for name, (negatives, valid) in zip(("sampled", "sampled_uniform"), draws):
+            drawn = set(negatives[u][valid[u]].tolist())
+            assert ranks[name][u] == _reference_rank(scores, target, drawn | {target})
+    assert ties > 10 * inputs.num_users  # the planted ties are there to be counted
+
+
+def test_a_constant_scorer_ranks_every_target_last():
+    inputs, targets, popularity = _data()
+    ranks = Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(
+        lambda tokens: torch.zeros(tokens.shape[0], N + 2)
+    )
+    unseen = [len((CATALOGUE - set(_history(inputs, u).tolist())) | {int(targets[u])}) for u in range(40)]
+    np.testing.assert_array_equal(ranks["full_no_exclusion"], N - 1)
+    np.testing.assert_array_equal(ranks["full"], np.array(unseen) - 1)
+    np.testing.assert_array_equal(ranks["sampled"], SAMPLED_NEGATIVES)
+    np.testing.assert_array_equal(ranks["sampled_uniform"], SAMPLED_NEGATIVES)
+
+
+def test_nan_or_infinite_scores_are_refused_with_the_count_of_users():
+    inputs, targets, popularity = _data(users=7)
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK)
+
+    def broken(tokens):
+        scores = _scores(tokens)
+        scores[1::3, 5] = float("nan")  # users 1 and 4
+        scores[2, 7] = float("inf")  # user 2
+        return scores
+
+    with pytest.raises(EvaluationError, match="3 of 7 users got a NaN or infinite score"):
+        ranker.ranks(broken)
+    specials = torch.tensor([PAD_INDEX, MASK])
+    ranker.ranks(lambda t: _scores(t).index_fill(1, specials, float("nan")))  # never ranked: no matter
+
+
+def test_sampled_protocols_rank_within_their_draws_and_a_seed_repeats_them():
+    inputs, targets, popularity = _data()
+    ranks = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=5).ranks(_scores)
+    for name in ("sampled", "sampled_uniform"):
+        assert ranks[name].max() <= SAMPLED_NEGATIVES
+        assert (ranks[name] <= ranks["full"]).all()  # a subset of the unseen items ranks the target no lower
+    again = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=5).ranks(_scores)
+    assert all(np.array_equal(ranks[k], again[k]) for k in ranks)  # a fixed seed draws the same negatives
+
+
+def test_each_user_gets_100_unseen_negatives_or_all_they_have(monkeypatch):
+    """A user who has seen all but 40 items gets the 39 beside the target; the others get exactly 100 each,
+    never a seen item, the target or a special token, never one twice; the summary says so."""
+    inputs, targets, popularity = _data(users=4)
+    rich = np.arange(1, N - 39)  # user 3 has seen items 1..260: 40 unseen, the target among them
+    offsets = np.r_[inputs.offsets[:4], inputs.offsets[3] + len(rich)]
+    inputs = Sequences(np.concatenate([inputs.items[: inputs.offsets[3]], rich]), offsets)
+    targets[3] = N
+    draws = _spied_draws(monkeypatch)
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK)
+    ranker.ranks(_scores, ("sampled", "sampled_uniform"))
+    assert len(draws) == 2
+    for negatives, valid in draws:
+        for u in range(4):
+            chosen = negatives[u][valid[u]].tolist()
+            forbidden = set(_history(inputs, u).tolist()) | {int(targets[u]), PAD_INDEX, MASK}
+            assert not forbidden & set(chosen) and len(set(chosen)) == len(chosen)
+            assert len(chosen) == (39 if u == 3 else SAMPLED_NEGATIVES)
+    expected = {"requested": SAMPLED_NEGATIVES, "mean": (3 * 100 + 39) / 4, "min": 39, "users_below_requested": 1}
+    assert negatives_summary(ranker) == {"sampled": expected, "sampled_uniform": expected}
+
+
+def test_popularity_negatives_follow_popularity_and_uniform_ones_do_not(monkeypatch):
+    """Over many users with one-item histories, how often an item is drawn follows its count under
+    ``sampled`` (rank correlation near 1) and not under ``sampled_uniform`` (near 0)."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(1)
+    users = 300
+    inputs = Sequences(rng.integers(1, N + 1, users), np.arange(users + 1))
+    popularity = np.r_[0, rng.permutation(N) * 3, 0]  # distinct counts 0..897, shuffled over the items
+    draws = _spied_draws(monkeypatch)
+    Ranker(inputs, rng.integers(1, N + 1, users), popularity, window=10, mask_index=MASK).ranks(
+        _scores, ("sampled", "sampled_uniform")
+    )
+    frequencies = [np.bincount(n[v].numpy(), minlength=N + 2)[1 : N + 1] for n, v in draws]
+    by_popularity, uniform = (spearmanr(f, popularity[1 : N + 1]).statistic for f in frequencies)
+    assert by_popularity > 0.9 and abs(uniform) < 0.2
 
 
 def test_shares_of_the_users_rank_each_user_as_the_whole_run_does():
@@ -52,41 +157,6 @@ def test_shares_of_the_users_rank_each_user_as_the_whole_run_does():
     for name in whole:
         np.testing.assert_array_equal(np.concatenate([share[name] for share in shares]), whole[name])
     assert len(ranker.ranks(_scores, ("full",), (20, 20))["full"]) == 0
-
-
-def test_sampled_protocols_draw_unseen_negatives_and_rank_within_them():
-    inputs, targets, popularity = _data()
-    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=5)
-    ranks = ranker.ranks(_scores)
-    for name in ("sampled", "sampled_uniform"):
-        assert ranks[name].max() <= SAMPLED_NEGATIVES
-        assert (ranks[name] <= ranks["full"]).all()  # a subset of the unseen items ranks the target no lower
-    again = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=5).ranks(_scores)
-    assert all(np.array_equal(ranks[k], again[k]) for k in ranks)  # a fixed seed draws the same negatives
-
-
-def test_negatives_are_never_seen_items_the_target_or_special_tokens():
-    inputs, targets, popularity = _data(users=3)
-    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK)
-    drawn = []
-
-    def spy(weights, count, replacement, generator):
-        out = torch_multinomial(weights, count, replacement=replacement, generator=generator)
-        drawn.append(out)
-        return out
-
-    torch_multinomial, torch.multinomial = torch.multinomial, spy
-    try:
-        ranker.ranks(_scores, ("sampled", "sampled_uniform"))
-    finally:
-        torch.multinomial = torch_multinomial
-    assert len(drawn) == 2
-    for negatives in drawn:
-        for u in range(3):
-            forbidden = set(inputs.items[inputs.offsets[u] : inputs.offsets[u + 1]].tolist())
-            forbidden |= {int(targets[u]), PAD_INDEX, MASK}
-            assert not forbidden & set(negatives[u].tolist())
-            assert len(set(negatives[u].tolist())) == SAMPLED_NEGATIVES  # without replacement
 
 
 def test_batches_hold_a_bounded_number_of_scores():

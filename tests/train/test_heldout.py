@@ -93,6 +93,32 @@ def test_shares_of_a_fold_weighted_by_their_users_give_the_whole_folds_metrics()
     assert shares[1]["ndcg@100"] != pytest.approx(shares[2]["ndcg@100"])  # the shares hold different users
 
 
+def test_held_out_targets_rank_behind_every_item_they_tie_with():
+    """Items 1..200 for every user: fed 1..10 and targets 11..20 for user 0. A constant scorer puts the 180
+    other items before the targets, so nothing is found in the top 100; one that ties the targets with the 15
+    items 21..35 above the rest finds them after those (ranks 15..24: half in the top 20)."""
+    from recserve.train.heldout import FoldIn
+
+    fold = FoldIn(fed=sequences([list(range(1, 11))]), targets=sequences([list(range(11, 21))]))
+    flat = evaluate_fold(lambda tokens: torch.zeros(len(tokens), 202), fold, 202)
+    assert flat["recall@20"] == flat["recall@50"] == flat["ndcg@100"] == 0.0
+    tied = torch.zeros(202)
+    tied[11:36] = 1.0  # targets 11..20 tie with items 21..35 above the rest
+    metrics = evaluate_fold(lambda tokens: tied.expand(len(tokens), -1), fold, 202)
+    assert metrics["recall@20"] == 0.5 and metrics["recall@50"] == 1.0
+
+
+def test_held_out_users_with_nan_scores_are_refused():
+    from recserve.errors import EvaluationError
+    from recserve.train.heldout import FoldIn
+
+    fold = FoldIn(fed=sequences([[1, 2], [3, 4]]), targets=sequences([[5], [6]]))
+    broken = torch.zeros(2, 12)
+    broken[1, 7] = float("nan")
+    with pytest.raises(EvaluationError, match="1 of 2 held-out users got a NaN or infinite score"):
+        evaluate_fold(lambda tokens: broken[: len(tokens)], fold, 12)
+
+
 def test_multvae_beats_popularity_clearly_on_ml100k(vae_run):
     metrics = json.loads((vae_run / METRICS_FILE).read_text())
     ours, pop = metrics["test"]["heldout"], metrics["popularity"]["heldout"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
-from recserve.errors import ConfigError, DataError
+from recserve.errors import ConfigError, DataError, EvaluationError
 from recserve.models.runs import load_run
 from recserve.train.evaluate import evaluate_run
 from recserve.train.trainer import TrainConfig, curves, train
@@ -39,6 +39,25 @@ def test_sasrec_learns_the_planted_sequence_too(string_data_dir, tmp_path):
     assert result["test"]["full"]["hr@1"] > 0.5
     assert result["test"]["full"]["ndcg@10"] > 3 * result["popularity"]["full"]["ndcg@10"]
     assert summary["model"] == "sasrec" and summary["loss"]["name"] == "full"
+
+
+def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_checkpoint(
+    string_data_dir, tmp_path
+):
+    import lightning as L
+
+    class Diverge(L.Callback):  # what a learning rate far too high does, in the second epoch
+        def on_train_batch_end(self, trainer, module, *args):
+            if trainer.current_epoch == 1:
+                with torch.no_grad():
+                    module.model.item_emb.weight.fill_(float("nan"))
+
+    cfg = TrainConfig(epochs=4, samples_per_user=1, patience=4, device="cpu", resume=False)
+    with pytest.raises(EvaluationError, match="validation after epoch 2: .* NaN or infinite score"):
+        train(string_data_dir, tmp_path / "run", SMALL, cfg, callbacks=[Diverge()])
+    best = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)
+    assert best["epoch"] == 0 and not (tmp_path / "run" / WEIGHTS_FILE).exists()
+    assert all(torch.isfinite(v).all() for v in best["state_dict"].values())
 
 
 def test_same_seed_gives_the_same_weights(string_data_dir, tmp_path):

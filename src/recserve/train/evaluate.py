@@ -10,6 +10,7 @@ draw different negatives for the same seed).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
-from recserve.errors import DataError
+from recserve.errors import DataError, EvaluationError
 from recserve.train.batches import SequenceTensors, widest
 from recserve.train.metrics import ranking_metrics
 
@@ -59,6 +60,7 @@ class Ranker:
         self.lengths = inputs.lengths  # on the host: batch widths without a device round trip
         self.targets = torch.as_tensor(targets, dtype=torch.int64, device=device)
         self.weights = torch.as_tensor(popularity, dtype=torch.float32, device=device) + 1  # +1: all drawable
+        self.negatives_drawn: dict[str, np.ndarray] = {}  # the last ranking's, per sampled protocol
 
     @property
     def user_count(self) -> int:
@@ -67,11 +69,17 @@ class Ranker:
     def ranks(
         self, score_fn: ScoreFn, protocols: tuple[str, ...] = PROTOCOLS, users: tuple[int, int] | None = None
     ) -> dict[str, np.ndarray]:
-        """0-based rank of each user's target under each protocol (ties count against the target).
+        """0-based rank of each user's target under each protocol: the count of rankable items that score at
+        least as high (a tie counts against the target, so a number reported is a lower bound).
 
         ``users`` (first, stop) ranks only those users: a DDP rank's share of validation. The full protocols
         rank each user alike whatever the share; the sampled ones draw from one stream that starts at the
-        share's first user, so only whole runs are reproducible there.
+        share's first user, so only whole runs are reproducible there. ``negatives_drawn`` then holds, per
+        sampled protocol, how many negatives each user got (``SAMPLED_NEGATIVES``, or all the user's
+        drawable items where fewer).
+
+        Raises:
+            EvaluationError: a score of a rankable item is NaN or infinite, with the count of such users.
         """
         unknown = set(protocols) - set(PROTOCOLS)
         if unknown:
@@ -79,15 +87,27 @@ class Ranker:
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
         first, users_total = users or (0, self.user_count)
         out: dict[str, list[torch.Tensor]] = {name: [] for name in protocols}
+        drawn: dict[str, list[torch.Tensor]] = {name: [] for name in protocols if name in SAMPLED}
+        bad = torch.zeros((), dtype=torch.int64, device=self.device)
         step = eval_batch_size(len(self.weights), self.device)
         for start in range(first, users_total, step):
             stop = min(start + step, users_total)
-            for name, ranks in self._rank_batch(score_fn, start, stop, protocols, generator).items():
-                out[name].append(ranks)
-        return {name: torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64) for name, parts in out.items()}
+            ranks, counts, bad_rows = self._rank_batch(score_fn, start, stop, protocols, generator)
+            bad += bad_rows
+            for name, value in ranks.items():
+                out[name].append(value)
+            for name, value in counts.items():
+                drawn[name].append(value)
+        if int(bad):  # one host read for the whole ranking
+            raise EvaluationError(
+                f"{int(bad)} of {users_total - first} users got a NaN or infinite score for a rankable item: "
+                "the model's scores cannot be ranked (a diverged model?)"
+            )
+        self.negatives_drawn = {name: _host(parts) for name, parts in drawn.items()}
+        return {name: _host(parts) for name, parts in out.items()}
 
     @torch.no_grad()
-    def _rank_batch(self, score_fn, start: int, stop: int, protocols, generator) -> dict[str, torch.Tensor]:
+    def _rank_batch(self, score_fn, start: int, stop: int, protocols, generator):
         users = torch.arange(start, stop, device=self.device)
         lengths = self.history.lengths[users]
         history = self.history.windows(users, lengths, self.window - 1)
@@ -98,22 +118,65 @@ class Ranker:
         target_score = scores[rows, target][:, None]  # (B, 1)
         specials = torch.tensor([PAD_INDEX, self.mask_index], device=self.device)
         excluded = torch.zeros_like(scores, dtype=torch.bool).index_fill_(1, specials, True)
-        out = {}
-        if "full_no_exclusion" in protocols:
-            out["full_no_exclusion"] = ((scores > target_score) & ~excluded).sum(1)
+        bad_rows = (~torch.isfinite(scores) & ~excluded).any(1).sum()
+        out, drawn = {}, {}
+        if "full_no_exclusion" in protocols:  # the target is among the rankable: it ties with itself
+            out["full_no_exclusion"] = ((scores >= target_score) & ~excluded).sum(1) - 1
         whole_history = self.history.windows(users, lengths, widest(self.lengths, start, stop))
         excluded.scatter_(1, whole_history, True)
         excluded[rows, target] = False  # a repeated target stays rankable
         if "full" in protocols:
-            out["full"] = ((scores > target_score) & ~excluded).sum(1)
+            out["full"] = ((scores >= target_score) & ~excluded).sum(1) - 1
         excluded[rows, target] = True  # never a negative
         for name, weights in (("sampled", self.weights), ("sampled_uniform", torch.ones_like(self.weights))):
             if name in protocols:
-                drawable = torch.where(excluded, 0.0, weights.expand_as(scores))
-                count = min(SAMPLED_NEGATIVES, int((drawable > 0).sum(1).min()))
-                negatives = torch.multinomial(drawable, count, replacement=False, generator=generator)
-                out[name] = (scores.gather(1, negatives) > target_score).sum(1)
-        return out
+                negatives, valid = draw_negatives(weights, excluded, SAMPLED_NEGATIVES, generator)
+                out[name] = ((scores.gather(1, negatives) >= target_score) & valid).sum(1)
+                drawn[name] = valid.sum(1)
+        return out, drawn, bad_rows
+
+
+SAMPLED = ("sampled", "sampled_uniform")
+
+
+def draw_negatives(
+    weights: torch.Tensor, excluded: torch.Tensor, count: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` items per row drawn without replacement with probability proportional to ``weights``,
+    among the items not ``excluded``; a row with fewer such items gets all of them.
+
+    The Gumbel top-k trick: the ``count`` largest of log(weight) + Gumbel noise are a draw without
+    replacement in proportion to the weights (as ``torch.multinomial`` draws, row by row).
+
+    Args:
+        weights: (V,) positive; excluded: (B, V) True where an item may not be drawn.
+
+    Returns:
+        (B, count) item indices and (B, count) True where the slot holds a drawn item.
+    """
+    uniform = torch.rand(excluded.shape, generator=generator, device=excluded.device).clamp_(min=1e-12)
+    keys = weights.log()[None, :] - (-uniform.log_()).log_()  # (B, V): log w + Gumbel(0, 1)
+    keys.masked_fill_(excluded, -math.inf)
+    top, negatives = keys.topk(min(count, keys.shape[1]), dim=1)
+    return negatives, top > -math.inf
+
+
+def _host(parts: list[torch.Tensor]) -> np.ndarray:
+    return torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
+
+
+def negatives_summary(ranker: Ranker) -> dict:
+    """What the sampled protocols drew in the ranker's last ranking: per protocol the negatives asked for,
+    their mean and minimum over users, and the users who had fewer drawable items than that."""
+    return {
+        name: {
+            "requested": SAMPLED_NEGATIVES,
+            "mean": round(float(counts.mean()), 3) if counts.size else 0.0,
+            "min": int(counts.min()) if counts.size else 0,
+            "users_below_requested": int((counts < SAMPLED_NEGATIVES).sum()),
+        }
+        for name, counts in ranker.negatives_drawn.items()
+    }
 
 
 def popularity_score_fn(counts: np.ndarray, device: str | torch.device = "cpu") -> ScoreFn:
@@ -158,11 +221,12 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     started = time.perf_counter()
     test = evaluate_protocols(model, ranker)
     elapsed_s = time.perf_counter() - started
+    drawn = negatives_summary(ranker)
     return {
         "test": test,
         "popularity": evaluate_protocols(popularity_score_fn(counts, device), ranker),
         "test_users": int(inputs.num_users),
-        "sampled_negatives": SAMPLED_NEGATIVES,
+        "sampled_negatives": drawn,
         "seed": seed,
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
     }

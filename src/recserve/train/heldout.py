@@ -9,6 +9,7 @@ over min(k, targets)) and NDCG@100.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ from torch.utils.data import IterableDataset
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
-from recserve.errors import DataError
+from recserve.errors import DataError, EvaluationError
 from recserve.models.multvae import Bag
 from recserve.train.batches import SequenceTensors, row_contains, widest
 from recserve.train.evaluate import ScoreFn, eval_batch_size, popularity_score_fn
@@ -124,18 +125,36 @@ def evaluate_fold(
     targets = SequenceTensors.from_sequences(fold.targets, device)
     specials = torch.tensor([PAD_INDEX, vocab_size - 1], device=device)  # padding and the reserved N + 1
     hits, step = [], eval_batch_size(vocab_size, device)
+    bad = torch.zeros((), dtype=torch.int64, device=device)
     for start in range(0, fold.fed.num_users, step):
         users = torch.arange(start, min(start + step, fold.fed.num_users), device=device)
         stop = start + len(users)
         tokens = fed.windows(users, fed.lengths[users], widest(fold.fed.lengths, start, stop))
         scores = score_fn(tokens).float()  # (B, V)
         scores = scores.scatter(1, tokens, -torch.inf).index_fill(1, specials, -torch.inf)
-        ranked = scores.topk(top, dim=1).indices  # (B, top)
+        bad += torch.isnan(scores).any(1).sum() + (scores == torch.inf).any(1).sum()
         wanted = targets.windows(users, targets.lengths[users], widest(fold.targets.lengths, start, stop))
+        ranked = scores_ties_against(scores, wanted).topk(top, dim=1).indices  # (B, top)
         hits.append(row_contains(wanted, ranked) & (ranked != PAD_INDEX))
+    if int(bad):
+        raise EvaluationError(
+            f"{int(bad)} of {fold.fed.num_users} held-out users got a NaN or infinite score for a rankable item"
+        )
     if not hits:
         return heldout_metrics(torch.zeros(0, top), torch.zeros(0, dtype=torch.int64))
     return heldout_metrics(torch.cat(hits).cpu(), torch.as_tensor(fold.targets.lengths))
+
+
+def scores_ties_against(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The scores in float64 with each target's lowered to the next float64 below it: every item that ties
+    with a target in float32 then ranks before it, and no other score comes between (float32 values are
+    far coarser than float64 steps), so a top-k counts ties against the targets.
+
+    Args: scores: (B, V) float32; targets: (B, T) item indices, padding allowed (its score is -inf).
+    """
+    wide = scores.double()
+    below = torch.nextafter(wide.gather(1, targets), torch.tensor(-math.inf, dtype=torch.float64, device=wide.device))
+    return wide.scatter_(1, targets, below)
 
 
 def popularity_fn(train: Sequences, vocab_size: int, device: str | torch.device = "cpu") -> ScoreFn:

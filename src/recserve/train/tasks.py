@@ -15,7 +15,7 @@ import torch
 
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
-from recserve.errors import DataError
+from recserve.errors import DataError, EvaluationError
 from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
 from recserve.models.sasrec import SASRec, SASRecConfig, dropout_for
@@ -192,7 +192,10 @@ class SequenceModule(_DeviceBatchesModule):
     def validation_step(self, _batch, _):
         """Each DDP rank ranks its share of the users; the metrics are the means over all of them."""
         with torch.autocast(self.device.type, enabled=False):  # bf16 scores would tie far more often
-            ranks = self.ranker.ranks(self.model, ("full",), self._share(self.ranker.user_count))["full"]
+            try:
+                ranks = self.ranker.ranks(self.model, ("full",), self._share(self.ranker.user_count))["full"]
+            except EvaluationError as err:  # training stops here: no checkpoint of this epoch is kept
+                raise EvaluationError(f"validation after epoch {self.current_epoch + 1}: {err}") from err
         metrics = ranking_metrics(ranks) if len(ranks) else {}
         self._log_means(metrics, len(ranks), {"ndcg@10": True, "hr@10": True})
 
