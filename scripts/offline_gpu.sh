@@ -5,7 +5,7 @@
 #                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
 #   scripts/offline_gpu.sh bench [gpu_bench.py options]   there: the serving sweep of the layouts
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
-#   scripts/offline_gpu.sh quality   there: the default BERT4Rec over seeds, bf16 and float32
+#   scripts/offline_gpu.sh quality   there: both models' defaults over seeds on ML-100K and video.txt
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
 # ddp, quality and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
 # Results go to $OUT.
@@ -135,26 +135,24 @@ for name in runs:
 PY
 }
 
-# One GPU-machine call: the default BERT4Rec on ML-100K and video.txt over several seeds, this checkout
-# (bf16 and float32) beside an older one (.gpu-carry/old-src), within about 9 minutes. Carries:
+# One GPU-machine call: the quality table of docs/quality.md, both models with `recserve train`'s defaults
+# on video.txt (seeds 0-2) and ML-100K (seeds 0-4), and BERT4Rec's large setting on ML-100K with and without
+# refit (seeds 0-4), several runs sharing the GPU (their times are not solo times). Carries:
 # .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/ml100k and .gpu-carry/video (prepared folders).
 cmd_quality() {
   carried_site
   out=${OUT:-runs/gpu-quality}; mkdir -p "$out"
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-  seeds() { python3 benchmarks/train_seeds.py "$@"; }
-  seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "new-bf16=--device cuda" \
-    --out "$out/video-new.jsonl" --runs /tmp/rv > "$out/video-new.log" 2>&1 &
-  seeds --src .gpu-carry/old-src --data .gpu-carry/video --seeds 0 --parallel 1 --variant "old=--device cuda" \
-    --out "$out/video-old.jsonl" --runs /tmp/rvo > "$out/video-old.log" 2>&1 &
-  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "new-bf16=--device cuda" \
-    --variant "new-fp32=--device cuda --precision 32" --out "$out/ml100k.jsonl" --runs /tmp/rm > "$out/ml100k.log" 2>&1
-  seeds --src .gpu-carry/old-src --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 5 --variant "old=--device cuda" \
-    --out "$out/ml100k.jsonl" --runs /tmp/rmo >> "$out/ml100k.log" 2>&1
-  seeds --data .gpu-carry/video --seeds 0 --parallel 1 --variant "new-fp32=--device cuda --precision 32" \
-    --out "$out/video-new.jsonl" --runs /tmp/rvf > "$out/video-fp32.log" 2>&1 &
+  seeds() { python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-560}" "$@"; }
+  large="--model bert4rec --device cuda --hidden 256 --heads 4 --layers 2 --dropout 0.5 --patience 15"
+  seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 6 --variant "sasrec=--device cuda" \
+    --variant "bert4rec=--model bert4rec --device cuda" --out "$out/video.jsonl" --runs /tmp/rv > "$out/video.log" 2>&1 &
+  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "sasrec=--device cuda" \
+    --variant "bert4rec=--model bert4rec --device cuda" --out "$out/ml100k.jsonl" --runs /tmp/rm > "$out/ml100k.log" 2>&1
+  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "bert4rec-large=$large" \
+    --variant "bert4rec-large-refit=$large --refit" --out "$out/ml100k.jsonl" --runs /tmp/rl >> "$out/ml100k.log" 2>&1
   for _ in $(seq 1 "${WAIT_STEPS:-100}"); do jobs -r | grep -q . || break; sleep 5; done
-  tail -n 8 "$out"/*.log
+  tail -n 12 "$out"/*.log
 }
 
 # One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and

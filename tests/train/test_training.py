@@ -41,9 +41,7 @@ def test_sasrec_learns_the_planted_sequence_too(string_data_dir, tmp_path):
     assert summary["model"] == "sasrec" and summary["loss"]["name"] == "full"
 
 
-def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_checkpoint(
-    string_data_dir, tmp_path
-):
+def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_checkpoint(string_data_dir, tmp_path):
     import lightning as L
 
     class Diverge(L.Callback):  # what a learning rate far too high does, in the second epoch
