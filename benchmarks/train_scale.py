@@ -37,9 +37,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from recserve.data.datasets import load_prepared, prepare
+from recserve.train.config import MODEL_DEFAULTS, TrainConfig
 from recserve.train.evaluate import evaluate_run
 from recserve.train.heldout import evaluate_heldout_run
-from recserve.train.trainer import MODEL_DEFAULTS, TrainConfig, train
+from recserve.train.trainer import train
 
 ZIPF_EXPONENT = 0.8  # item popularity ~ 1 / rank^0.8: a long tail in which nearly every item still occurs
 

@@ -133,8 +133,9 @@ def train(
     trains on held-out-user splits and validates NDCG@100 (the paper's protocol). Values in brackets are
     the defaults of the models named (BERT4Rec first), where they differ.
     """
-    from recserve.train.trainer import MODEL_DEFAULTS, TrainConfig, write_metrics
+    from recserve.train.config import MODEL_DEFAULTS, TrainConfig
     from recserve.train.trainer import train as run_training
+    from recserve.train.trainer import write_metrics
 
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")

@@ -56,7 +56,8 @@ class TopKHead(nn.Module):
         super().__init__()
         encoder.prepare_inference()  # a serving graph's weights are final
         self.encoder = encoder
-        self.max_k = min(max_k, encoder.cfg.num_items)
+        self.k_limit = max_k  # the largest k a request may ask for
+        self.max_k = min(max_k, encoder.cfg.num_items)  # the widest answer: a small catalogue has fewer items
         cfg = encoder.cfg
         special = torch.zeros(cfg.vocab_size)
         special[[PAD_INDEX, cfg.mask_index]] = float("-inf")  # added to every score: never recommended
@@ -181,6 +182,7 @@ class NativeGraph(nn.Module):
         super().__init__()
         self.fused = graph  # not "graph": torch.export's modules have an attribute of that name
         self.max_k = graph.head.max_k
+        self.k_limit = graph.head.k_limit  # k up to this is answered, with at most max_k items
         self.dynamic_k = dynamic_k
         self.train(graph.training)
 
@@ -204,7 +206,7 @@ class NativeGraph(nn.Module):
         else:
             top_scores, top_indices = scores.topk(self.max_k, dim=1)
         rank = torch.ones_like(top_scores).cumsum(1)  # 1..K without a shape constant (ONNX edits K)
-        usable = (k >= 1) & (k <= self.max_k)
+        usable = (k >= 1) & (k <= self.k_limit)
         keep = (rank <= k) & usable
         ids = torch.where(keep, g.index_to_id[top_indices], torch.full_like(top_indices, NATIVE_PAD_ID))
         return ids, torch.where(keep, top_scores, torch.full_like(top_scores, float("-inf"))), unknown

@@ -8,7 +8,7 @@ so that importing recserve needs no Lightning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning as L
 import torch
@@ -20,15 +20,13 @@ from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
 from recserve.models.multvae import MultVAE, MultVAEConfig
 from recserve.models.sasrec import SASRec, SASRecConfig, dropout_for
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
+from recserve.train.config import TrainConfig
 from recserve.train.evaluate import Ranker, history_counts
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
 from recserve.train.losses import CatalogueLoss
 from recserve.train.metrics import ranking_metrics
 from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.schedule import cosine_with_warmup
-
-if TYPE_CHECKING:  # the trainer imports this module lazily; the config is only a type here
-    from recserve.train.trainer import TrainConfig
 
 MODELS = ("bert4rec", "sasrec", "multvae")
 SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec)}

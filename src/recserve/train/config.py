@@ -1,0 +1,99 @@
+"""The training settings: ``TrainConfig`` and the values where the models' usual ones differ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from recserve.errors import ConfigError
+from recserve.train.losses import LossSettings
+
+# The training settings where the models' usual values differ (TrainConfig's own defaults are BERT4Rec's);
+# `recserve train` starts from these, an option given on the command line wins.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
+    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=2),
+    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 60  # upper bound; early stopping usually ends sooner
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
+    samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
+    loss: str = "auto"  # BERT4Rec, SASRec: full, sampled-uniform or sampled-popularity; auto: full up to 50k items
+    negatives: int = 8192  # sampled losses: items drawn per batch, beside the in-batch targets
+    loss_exclude_seen: bool = True  # BERT4Rec: the sample's other items out of each softmax; SASRec: those up to it
+    refit: bool = False  # BERT4Rec, SASRec: then train again on items[:-1] for the best epoch count; that model is kept
+    last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
+    heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
+    patience: int = 8  # epochs without a better validation metric before stopping
+    seed: int = 0
+    device: str = "auto"  # auto, cpu or cuda
+    devices: int = 1  # GPUs (DDP when more than one)
+    ddp_compress: bool = True  # DDP on GPUs with bf16 autocast: gradients travel between GPUs as bf16
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32
+    compile: bool = False  # torch.compile the training step
+    resume: bool = True  # continue from the run's last checkpoint when there is one
+
+    def validate(self) -> None:
+        problems = []
+        for name in ("epochs", "batch_size", "samples_per_user", "devices"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.refit and self.devices > 1:
+            problems.append("refit: runs on one device; drop --devices or --refit")
+        if not 0 < self.heldout_share < 0.5:
+            problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
+        if self.lr_schedule not in ("constant", "cosine"):
+            problems.append(f"lr_schedule={self.lr_schedule!r}: expected constant or cosine")
+        if self.lr <= 0:
+            problems.append(f"lr={self.lr}: must be positive")
+        problems += self.loss_settings.validate()
+        if self.precision not in ("auto", "bf16", "32"):
+            problems.append(f"precision={self.precision!r}: expected auto, bf16 or 32")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device={self.device!r}: expected auto, cpu or cuda")
+        elif self.device == "cuda" and not torch.cuda.is_available():
+            problems.append("device='cuda': no CUDA device is available here; use --device cpu")
+        elif self.device == "cuda" and self.devices > torch.cuda.device_count():
+            problems.append(f"devices={self.devices}: only {torch.cuda.device_count()} GPUs are visible")
+        if problems:
+            raise ConfigError("bad training settings: " + "; ".join(problems))
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        return LossSettings(self.loss, self.negatives, self.loss_exclude_seen)
+
+    @property
+    def lightning_precision(self) -> str:
+        """Lightning's name for the precision: bf16 autocast on CUDA unless asked otherwise."""
+        bf16 = self.precision == "bf16" or (self.precision == "auto" and self.accelerator == "gpu")
+        return "bf16-mixed" if bf16 else "32-true"
+
+    def strategy(self):
+        """Lightning's strategy: DDP for more than one device, sending bf16 gradients where training is bf16.
+
+        The catalogue's embedding table is most of the gradient (1M items x 64 floats: 256 MB a step), so
+        halving the bytes all-reduced each step is what lets a second GPU pay off at catalogue scale.
+        """
+        if self.devices == 1:
+            return "auto"
+        from lightning.pytorch.strategies import DDPStrategy
+
+        hook = None
+        if self.ddp_compress and self.accelerator == "gpu" and self.lightning_precision == "bf16-mixed":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook as hook
+        return DDPStrategy(ddp_comm_hook=hook, gradient_as_bucket_view=True)  # no copy of the table's gradient
+
+    @property
+    def accelerator(self) -> str:
+        if self.device == "auto":
+            return "gpu" if torch.cuda.is_available() else "cpu"
+        return "gpu" if self.device == "cuda" else "cpu"
