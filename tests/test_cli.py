@@ -11,13 +11,24 @@ from recserve.cli.main import app
 runner = CliRunner()
 
 
+def _verbs(group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command path of a typer app, the groups' subcommands included (``sagemaker package``)."""
+    paths = [(*path, c.name or c.callback.__name__.replace("_", "-")) for c in group.registered_commands]
+    for sub in group.registered_groups:
+        paths += _verbs(sub.typer_instance, (*path, sub.name))
+    return paths
+
+
 def test_every_verb_has_help():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in app.registered_commands:
-        name = command.name or command.callback.__name__
-        sub = runner.invoke(app, [name, "--help"])
-        assert sub.exit_code == 0 and "Usage" in sub.output, name
+    verbs = _verbs(app)
+    assert {("sagemaker", "package"), ("sagemaker", "deploy"), ("deploy", "k8s"), ("train",)} <= set(verbs)
+    for verb in verbs:
+        sub = runner.invoke(app, [*verb, "--help"])
+        assert sub.exit_code == 0 and "Usage" in sub.output, verb
+        summary = sub.output.split("Usage", 1)[1].split("Options", 1)[0]  # the docstring below the usage
+        assert len(summary.split()) > 6, f"{' '.join(verb)} --help explains nothing"
 
 
 def test_data_prints_the_summary(tmp_path):
