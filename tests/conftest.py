@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from recserve.data.datasets import prepare
@@ -72,6 +73,34 @@ def string_data_dir(tmp_path_factory) -> Path:
     pl.DataFrame(rows, schema=["user_id", "item_id", "timestamp"], orient="row").write_csv(folder / "log.csv")
     prepare(str(folder / "log.csv"), folder / "data")
     return folder / "data"
+
+
+def model_top_ids(run: Path, histories: list, exclude_seen: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The trained model's own top 10 per history of IDs (each at most window - 1 long), computed here from its
+    scores and the run's ID table, independently of the serving code; and which histories have no near-tie
+    (under 1e-4) between the 10th and 11th scores."""
+    import torch
+
+    from recserve.constants import ITEM_TABLE_FILE, PAD_INDEX
+    from recserve.models.runs import load_run
+
+    table = np.load(run / ITEM_TABLE_FILE, allow_pickle=False)  # index i + 1 has ID table[i]
+    model = load_run(run).eval()
+    window = model.cfg.window
+    order = np.argsort(table)
+    tokens = np.zeros((len(histories), window), dtype=np.int64)
+    for row, history in enumerate(histories):
+        tokens[row, window - 1 - len(history) : window - 1] = order[np.searchsorted(table, history, sorter=order)] + 1
+    tokens[:, -1] = len(table) + 1  # the mask (reserved) token
+    with torch.no_grad():
+        scores = model(torch.as_tensor(tokens)).float().numpy()
+    scores[:, [PAD_INDEX, len(table) + 1]] = -np.inf
+    if exclude_seen:
+        np.put_along_axis(scores, tokens[:, :-1], -np.inf, axis=1)
+        scores[:, PAD_INDEX] = -np.inf
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :11]
+    ranked = np.take_along_axis(scores, top, axis=1)
+    return table[top[:, :10] - 1], ranked[:, 9] - ranked[:, 10] > 1e-4
 
 
 @pytest.fixture(scope="session")

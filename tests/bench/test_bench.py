@@ -49,8 +49,8 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
             assert 0 < cpu["models"] < 1e5, cpu
     fused_models = next(r for r in rows if r["layout"] == "fused")["cpu_us_per_request"]["models"]
     for row in rows:  # a native model runs inside the server: the model processes (other layouts') stay idle
-        if row["layout"] == "native":
-            assert row["cpu_us_per_request"]["models"] < 0.1 * fused_models, row["cpu_us_per_request"]
+        if row["layout"] == "native":  # (a Python model would spend about what fused's does)
+            assert row["cpu_us_per_request"]["models"] < 0.5 * fused_models, row["cpu_us_per_request"]
     assert result["server_failures"] == dict.fromkeys(SERVED_LAYOUTS, 0)
     assert "## CPU per request" in (out / "report.md").read_text()
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
@@ -60,7 +60,11 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
 def test_per_step_breakdown_covers_every_ensemble_step(summary):
     _, result = summary
     seed = next(r for r in result["results"] if r["layout"] == "seed")
-    assert set(seed["steps"]) == {"bert4rec_ensemble", "bert4rec_preprocessing", "bert4rec", "bert4rec_postprocessing"}
+    steps = seed["steps"]
+    assert set(steps) == {"bert4rec_ensemble", "bert4rec_preprocessing", "bert4rec", "bert4rec_postprocessing"}
+    counts = {name: step["requests"] for name, step in steps.items()}
+    assert min(counts.values()) > 0.9 * max(counts.values()) > 0, counts  # every request passes every step
+    assert all(steps[name]["compute_infer_ms"] > 0 for name in counts if name != "bert4rec_ensemble"), steps
     fused = next(r for r in result["results"] if r["layout"] == "fused")
     assert fused["steps"]["recommender"]["requests"] > 0 and fused["steps"]["recommender"]["compute_infer_ms"] > 0
 
@@ -78,7 +82,10 @@ def test_the_bench_checks_native_answers_against_fused(summary):
 def test_ratios_compare_layouts_at_the_same_level(summary):
     _, result = summary
     assert set(result["ratios"]["fused_over_seed"]) == {"concurrency=4"}
-    assert result["ratios"]["fused_over_seed"]["concurrency=4"]["throughput"] > 0
+    row = {r["layout"]: r for r in result["results"]}  # the ratio is the measured rows' own
+    got = result["ratios"]["fused_over_seed"]["concurrency=4"]
+    assert got["throughput"] == pytest.approx(row["fused"]["throughput_rps"] / row["seed"]["throughput_rps"])
+    assert got["p99"] == pytest.approx(row["fused"]["p99_ms"] / row["seed"]["p99_ms"])
     assert "fused" in (json.dumps(result["ratios"]["best_within_slo"]))
 
 

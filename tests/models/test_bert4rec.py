@@ -8,9 +8,18 @@ from recserve.models import Bert4Rec, Bert4RecConfig
 
 
 def test_forward_gives_scores_at_the_last_position_for_any_length():
+    """forward is the full encoder's last position through the tied output layer, for every length."""
+    torch.manual_seed(0)
     model = Bert4Rec(Bert4RecConfig(num_items=50, window=10)).eval()
     for length in (1, 4, 10):
-        assert model(torch.randint(0, 52, (3, length))).shape == (3, 52)
+        tokens = torch.randint(1, 51, (3, length))
+        tokens[:, -1] = 51  # the mask token last, as serving asks
+        scores = model(tokens)
+        assert scores.shape == (3, 52)
+        with torch.no_grad():
+            every_position = model.logits(model.encode(tokens))  # (3, L, 52): the slow path, all positions
+        torch.testing.assert_close(scores, every_position[:, -1], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(scores[0], every_position[0, 0]) or length == 1  # the last, not another
 
 
 def test_padding_does_not_change_the_answer():

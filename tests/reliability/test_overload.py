@@ -59,9 +59,37 @@ def test_a_burst_above_capacity_is_shed_with_typed_rejections(small_queue_server
     assert small_queue_server.is_ready()  # ready again as soon as the burst ends
 
 
-def test_bounded_retries_with_backoff_get_through_after_a_burst(small_queue_server):
-    client = RecommenderClient(small_queue_server.grpc_url, retries=5, backoff_s=0.02)
-    assert len(client.recommend([1, 2, 3], k=5).item_ids) == 5
+def test_bounded_retries_with_backoff_get_through_during_a_burst(small_queue_server, monkeypatch):
+    """Requests sent while bursts fill the queue: some are refused and retried (the client's backoff sleeps
+    are counted), and with enough retries every one is answered."""
+    import threading
+
+    from recserve.client import triton as client_module
+
+    waits, answered, failed, done = [], [], [], threading.Event()
+    sleep = time.sleep
+    monkeypatch.setattr(client_module.time, "sleep", lambda s: waits.append(s) or sleep(s))
+    patient = RecommenderClient(small_queue_server.grpc_url, retries=40, backoff_s=0.005)
+
+    def send():
+        while not done.is_set():
+            try:
+                answered.append(len(patient.recommend(list(range(1, 19)), k=5).item_ids))
+            except Exception as err:  # a request the retries did not get through
+                failed.append(repr(err))
+
+    senders = [threading.Thread(target=send) for _ in range(4)]
+    for thread in senders:
+        thread.start()
+    try:
+        for _ in range(3):  # the queue stays full while the senders send
+            asyncio.run(_burst(small_queue_server.grpc_url))
+    finally:
+        done.set()
+        for thread in senders:
+            thread.join(60)
+    assert failed == [] and answered and set(answered) == {5}  # every patient request was answered
+    assert waits, "no request was refused and retried: the bursts did not overlap the senders"
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

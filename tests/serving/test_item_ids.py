@@ -10,18 +10,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-import torch
-from tests.conftest import _train_tiny, require_native, server_settings
+from tests.conftest import _train_tiny, model_top_ids, require_native, server_settings
 
 from recserve.client import RecommenderClient
-from recserve.constants import ITEM_TABLE_FILE, PAD_INDEX
 from recserve.data.datasets import load_prepared, prepare
-from recserve.models.runs import load_run
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
 
 ITEMS, USERS, STEPS, WINDOW = 60, 300, 16, 8
-GAP = 1e-4  # the 10th and 11th reference scores closer than this: the order there is not asserted
 
 
 def _catalogue_ids(kind: str, rng: np.random.Generator) -> np.ndarray:
@@ -51,27 +47,6 @@ def _histories(data_dir: Path, count: int = 300) -> list[np.ndarray]:
     return [data.vocab.ids[seq.items[a:b][-(WINDOW - 1) :] - 1] for a, b in zip(seq.offsets, seq.offsets[1:])][:count]
 
 
-def _reference(run: Path, histories: list[np.ndarray], exclude_seen: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The model's own top 10 per history, computed here from its scores and the run's ID table, and which
-    histories have no near-tie at the 10th place."""
-    table = np.load(run / ITEM_TABLE_FILE, allow_pickle=False)  # index i + 1 has ID table[i]
-    model = load_run(run).eval()
-    order = np.argsort(table)
-    tokens = np.zeros((len(histories), WINDOW), dtype=np.int64)
-    for row, history in enumerate(histories):
-        tokens[row, WINDOW - 1 - len(history) : WINDOW - 1] = order[np.searchsorted(table, history, sorter=order)] + 1
-    tokens[:, -1] = len(table) + 1  # the mask (reserved) token
-    with torch.no_grad():
-        scores = model(torch.as_tensor(tokens)).float().numpy()
-    scores[:, [PAD_INDEX, len(table) + 1]] = -np.inf
-    if exclude_seen:
-        np.put_along_axis(scores, tokens[:, :-1], -np.inf, axis=1)
-        scores[:, PAD_INDEX] = -np.inf
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :11]
-    ranked = np.take_along_axis(scores, top, axis=1)
-    return table[top[:, :10] - 1], ranked[:, 9] - ranked[:, 10] > GAP
-
-
 def _assert_same(got: list, want: np.ndarray, clear: np.ndarray, what: str) -> None:
     assert clear.mean() > 0.8, "too many near-ties for the check to mean anything"
     wrong = [i for i in np.flatnonzero(clear) if list(got[i]) != list(want[i])]
@@ -90,7 +65,7 @@ def test_the_predictor_and_the_sagemaker_handler_answer_the_models_top_10(shuffl
 
     kind, data_dir, run = shuffled
     histories = _histories(data_dir)
-    want, clear = _reference(run, histories, exclude_seen=True)
+    want, clear = model_top_ids(run, histories, exclude_seen=True)
     export_run(run, "eager", "fp32", tmp_path / "export")
     answers = Predictor.load(tmp_path / "export").answer(histories, k=10)
     _assert_same(list(answers.item_ids), want, clear, "predictor")
@@ -116,8 +91,8 @@ def test_every_triton_layout_answers_the_models_top_10(shuffled, tmp_path):
     layouts = ("fused", "native", "seed") if kind == "int" else ("fused", "seed")
     repository_from_run(run, tmp_path / "repo", layouts, backend="eager")
     histories = _histories(data_dir)
-    want, clear = _reference(run, histories, exclude_seen=True)
-    want_all, clear_all = _reference(run, histories, exclude_seen=False)
+    want, clear = model_top_ids(run, histories, exclude_seen=True)
+    want_all, clear_all = model_top_ids(run, histories, exclude_seen=False)
     with TritonServer(tmp_path / "repo", server_settings()) as server:
         for model in ("recommender", "recommender_native")[: len(layouts) - 1]:
             with RecommenderClient(server.grpc_url, model=model) as client:

@@ -145,11 +145,17 @@ def test_native_requests_of_different_k_share_batches(native_server, tiny_run):
         finally:
             await client.close()
 
-    answers = asyncio.run(ask())
-    assert [len(a.item_ids) for a in answers] == [1 + i % 20 for i in range(120)]
-    stats = httpclient.InferenceServerClient(native_server.http_url).get_inference_statistics("recommender_native")
-    model = stats["model_stats"][0]
-    assert int(model["execution_count"]) < int(model["inference_count"])  # some executions ran several requests
+    stats = httpclient.InferenceServerClient(native_server.http_url)
+    for _ in range(5):  # bounded: a loaded machine may answer one burst a request at a time
+        before = stats.get_inference_statistics("recommender_native")["model_stats"][0]
+        answers = asyncio.run(ask())
+        assert [len(a.item_ids) for a in answers] == [1 + i % 20 for i in range(120)]
+        after = stats.get_inference_statistics("recommender_native")["model_stats"][0]
+        executions = int(after["execution_count"]) - int(before["execution_count"])
+        if executions < int(after["inference_count"]) - int(before["inference_count"]):
+            break  # some executions ran several requests
+    else:
+        raise AssertionError("no execution ran more than one request in five bursts of 120")
 
 
 def _raw(url: str, **arrays):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests.conftest import needs_native_backends, require_native, server_settings
+from tests.conftest import model_top_ids, needs_native_backends, require_native, server_settings
 from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
@@ -203,14 +203,18 @@ def test_echo_returns_its_fixed_answer_through_the_same_contract(int_server):
             client.recommend([5], k=0)
 
 
-def test_string_ids_end_to_end_on_fused_and_seed(string_server):
+def test_string_ids_end_to_end_on_fused_and_seed(string_server, string_run):
+    """The model's own top items (computed from its scores and the run's ID table) from both layouts."""
     with RecommenderClient(string_server.grpc_url) as client:
         answer = client.recommend(["sku-001", "sku-002", "unknown-sku"], k=4)
-    assert answer.unknown_ids == 1 and all(x.startswith("sku-") for x in answer.item_ids)
+    want, clear = model_top_ids(string_run, [np.array(["sku-001", "sku-002"])])
+    assert answer.unknown_ids == 1 and clear[0] and answer.item_ids.tolist() == want[0][:4].tolist()
     require_native("pytorch")
     history = np.array([f"sku-{i % 30:03d}".encode() for i in range(39)], dtype=object)
     reply = _infer(string_server.http_url, "bert4rec_ensemble", inputs=history)
-    assert all(x.startswith(b"sku-") for x in reply.as_numpy("output__0"))
+    recent = np.array([x.decode() for x in history[-7:]])  # the seed step keeps the window's 7 most recent
+    want, clear = model_top_ids(string_run, [recent], exclude_seen=False)
+    assert clear[0] and [x.decode() for x in reply.as_numpy("output__0")] == want[0].tolist()
     with pytest.raises(Exception) as err:
         _infer(string_server.http_url, "recommender", item_ids=np.array([[1, 2]], np.int64))
     assert err.value.status() == "400"
@@ -222,7 +226,9 @@ def test_recommend_command_prints_json(int_server, tiny_run):
     result = CliRunner().invoke(app, ["recommend", "1", "2", "3", "--url", int_server.grpc_url, "--json", "--k", "4"])
     assert result.exit_code == 0, result.output
     reply = json.loads(result.output)
-    assert len(reply["item_id"]) == 4 and len(reply["score"]) == 4
+    want, clear = model_top_ids(tiny_run, [np.array([1, 2, 3])])  # the model's own, from its scores
+    assert clear[0] and reply["item_id"] == want[0][:4].tolist() and len(reply["score"]) == 4
+    assert reply["score"] == sorted(reply["score"], reverse=True)
 
 
 @needs_native_backends
@@ -245,11 +251,18 @@ def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path
     assert policy.timeout_action == pb.ModelQueuePolicy.REJECT and not policy.allow_timeout_override
 
 
-def test_a_new_version_is_added_beside_the_old(tiny_export, int_repo, tmp_path):
+def test_a_new_version_is_added_beside_the_old(tiny_export, tiny_run, int_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(int_repo, repo)
     write_repository(tiny_export, repo, ("fused",), ServingSettings(), version=2)
     assert (repo / "recommender" / "1" / "model.py").exists() and (repo / "recommender" / "2" / "export").is_dir()
+    with TritonServer(repo, server_settings()) as server:  # Triton's default policy: the newest version only
+        http = httpclient.InferenceServerClient(server.http_url)
+        ready = [http.is_model_ready("recommender", version) for version in ("1", "2")]
+        with RecommenderClient(server.grpc_url) as client:
+            answer = client.recommend([1, 2, 3], k=5)
+    want, clear = model_top_ids(tiny_run, [np.array([1, 2, 3])])
+    assert ready == [False, True] and clear[0] and answer.item_ids.tolist() == want[0][:5].tolist()
 
 
 def test_a_model_that_fails_to_load_stops_the_server_with_its_error(int_repo, tmp_path):

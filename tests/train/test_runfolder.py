@@ -53,9 +53,27 @@ def test_fewer_epochs_than_trained_says_so(two_epoch_run, string_data_dir):
 
 
 def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
+    """The second call trains one more epoch from the first call's last checkpoint, not two from scratch."""
+    import lightning as L
+
+    class Epochs(L.Callback):
+        def __init__(self):
+            self.started = []
+
+        def on_train_epoch_start(self, trainer, module):
+            self.started.append(trainer.current_epoch)
+
     cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu")
-    train(string_data_dir, tmp_path / "run", SMALL, cfg)
-    train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    first, second = Epochs(), Epochs()
+    train(string_data_dir, tmp_path / "run", SMALL, cfg, callbacks=[first])
+    train(
+        string_data_dir,
+        tmp_path / "run",
+        SMALL,
+        TrainConfig(epochs=2, samples_per_user=1, device="cpu"),
+        callbacks=[second],
+    )
+    assert first.started == [0] and second.started == [1]
     assert trained_epochs(tmp_path / "run") == 2
 
 
