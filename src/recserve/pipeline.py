@@ -69,21 +69,18 @@ def _native_backend(run_dir: Path, device: str) -> str:
 
 def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAULT_MAX_K) -> dict:
     """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
-    (``RUNTIME_EXPORTS``; for triton and string IDs ``STRING_ID_EXPORT``)."""
+    (``RUNTIME_EXPORTS``); string IDs for the triton runtime are refused before anything is exported."""
     import numpy as np
 
     from recserve.constants import ITEM_TABLE_FILE
-    from recserve.serving.sagemaker.package import RUNTIME_EXPORTS, STRING_ID_EXPORT, check_runtime, package
+    from recserve.errors import ServingError
+    from recserve.serving.sagemaker.package import NO_NATIVE_FOR_TRITON, RUNTIME_EXPORTS, check_runtime, package
 
     check_runtime(runtime, out)
     backend, precision = RUNTIME_EXPORTS[runtime]
-    ids = (
-        np.load(Path(run_dir) / ITEM_TABLE_FILE, allow_pickle=False)
-        if (Path(run_dir) / ITEM_TABLE_FILE).is_file()
-        else None
-    )
-    if runtime == "triton" and ids is not None and ids.dtype.kind not in "iu":
-        backend, precision = STRING_ID_EXPORT  # string IDs have no native model: the fused layout over onnx
+    table = Path(run_dir) / ITEM_TABLE_FILE
+    if runtime == "triton" and table.is_file() and np.load(table, allow_pickle=False).dtype.kind not in "iu":
+        raise ServingError(NO_NATIVE_FOR_TRITON.format(reason="string IDs"))
     with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
         export_run(run_dir, backend, precision, Path(tmp) / "export", device="cpu", max_k=max_k)
         return package(Path(tmp) / "export", runtime, out)

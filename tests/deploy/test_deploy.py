@@ -111,15 +111,37 @@ def test_the_inference_service_matches_the_kserve_sdk_models(manifests, tmp_path
     path = manifests / "kserve" / "inferenceservice.yaml"
     typo = tmp_path / "typo.yaml"
     service = yaml.safe_load(path.read_text())
-    service["spec"]["predictor"]["triton"]["storageURI"] = service["spec"]["predictor"]["triton"].pop("storageUri")
+    model = service["spec"]["predictor"]["model"]
+    assert model["modelFormat"] == {"name": "triton"} and model["runtime"] == "recserve-triton"
+    model["storageURI"] = model.pop("storageUri")
     typo.write_text(yaml.safe_dump(service))
     problems = {}
-    for name, file in (("written", path), ("typo", typo)):
-        result = subprocess.run([sys.executable, "-c", KSERVE_CHECK, str(file)], capture_output=True, text=True)
+    checks = (
+        ("written", path, "V1beta1InferenceService"),
+        ("typo", typo, "V1beta1InferenceService"),
+        ("runtime", manifests / "kserve" / "servingruntime.yaml", "V1alpha1ServingRuntime"),
+    )
+    for name, file, kind in checks:
+        script = KSERVE_CHECK.replace('"V1beta1InferenceService"', f'"{kind}"')
+        result = subprocess.run([sys.executable, "-c", script, str(file)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]
         problems[name] = json.loads(result.stdout.strip().splitlines()[-1])
-    assert problems["written"] == []
-    assert problems["typo"] == [".spec.predictor.triton.storageURI: not a field of V1beta1TritonSpec"]
+    assert problems["written"] == [] and problems["runtime"] == []
+    assert problems["typo"] == [".spec.predictor.model.storageURI: not a field of V1beta1ModelSpec"]
+    [runtime] = _objects(manifests / "kserve" / "servingruntime.yaml")
+    assert runtime["spec"]["containers"][0]["image"] == K8sSettings(_env_file=None).image  # recserve's, not stock
+    assert "nvidia.com/gpu" not in json.dumps(model)  # a CPU repository asks for no GPU
+
+
+def test_a_gpu_repository_asks_kserve_for_its_gpus():
+    from recserve.deploy.k8s import inference_service, serves_on_gpus
+
+    info = {"layouts": {"native": {"device": "cuda"}, "echo": {"device": "cpu"}}}
+    assert serves_on_gpus(info) and not serves_on_gpus({"layouts": {"fused": {"device": "cpu"}}})
+    resources = inference_service(K8sSettings(_env_file=None, gpus=2), gpu=True)["spec"]["predictor"]["model"][
+        "resources"
+    ]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == "2"
 
 
 def test_the_values_that_matter_agree(manifests):
@@ -149,6 +171,13 @@ def test_the_values_that_matter_agree(manifests):
     ):
         assert selector.items() <= labels.items()
     assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns the count; an apply must not reset it
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "recserve_queue_time_us_per_request"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["securityContext"]["fsGroup"] == 1000
     [gpu] = [o for o in _objects(manifests / "rendered" / "gpu.yaml") if o["kind"] == "Deployment"]
     assert gpu["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     kustomize = yaml.safe_load((manifests / "overlays" / "gpu" / "kustomization.yaml").read_text())
@@ -198,6 +227,31 @@ def test_promtool_accepts_the_config_the_rules_and_every_dashboard_query(manifes
             [promtool, "check", "rules", str(tmp_path / "panels.yml")], capture_output=True, text=True
         )
         assert (result.returncode == 0) == ok, result.stdout + result.stderr
+
+
+def test_the_autoscalers_adapter_rule_names_the_hpa_metric_and_its_query_parses(manifests, tmp_path):
+    """prometheus-adapter fills the query's template per pod; promtool parses the filled-in query, and a
+    broken one is refused."""
+    [rule] = yaml.safe_load((manifests / "monitoring" / "prometheus-adapter.yaml").read_text())["rules"]["custom"]
+    [hpa] = _objects(manifests / "base" / "hpa.yaml")
+    assert rule["name"]["as"] == hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    filled = rule["metricsQuery"].replace("<<.LabelMatchers>>", 'namespace="default",pod="recserve-0"')
+    filled = filled.replace("<<.GroupBy>>", "pod")
+    for expr, ok in ((filled, True), (filled[:-1], False)):
+        (tmp_path / "adapter.yml").write_text(
+            yaml.safe_dump({"groups": [{"name": "adapter", "rules": [{"record": "queue:time", "expr": expr}]}]})
+        )
+        result = subprocess.run(
+            [_tool("promtool"), "check", "rules", str(tmp_path / "adapter.yml")], capture_output=True, text=True
+        )
+        assert (result.returncode == 0) == ok, result.stdout + result.stderr
+
+
+def test_cpu_scaling_stays_a_choice():
+    from recserve.deploy.k8s import autoscaler
+
+    [metric] = autoscaler(K8sSettings(_env_file=None, scale_on="cpu"))["spec"]["metrics"]
+    assert metric["resource"] == {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}
 
 
 def _query(url: str, expr: str) -> float:

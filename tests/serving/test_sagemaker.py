@@ -176,16 +176,30 @@ def test_triton_package_is_the_native_layout_that_a_real_triton_serves(tiny_run,
     assert len(answer.item_ids) == 5 and not set(history) & set(answer.item_ids.tolist())
 
 
-def test_triton_package_of_string_ids_is_the_fused_layout_over_onnx(string_run, tmp_path):
-    summary = package_from_run(string_run, "triton", tmp_path / "model.tar.gz")
-    assert summary["backend"] == "onnx" and summary["layout"] == "fused"
-    assert summary["environment"] == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender"}
-    repo = unpack(tmp_path / "model.tar.gz", tmp_path / "repo")
-    assert sorted(p.name for p in repo.iterdir()) == ["recommender"]
-    assert "onnxruntime" in (repo / "recommender" / "1" / "requirements.txt").read_text()
-    with TritonServer(repo, server_settings()) as server, RecommenderClient(server.grpc_url) as client:
-        answer = client.recommend(["sku-001", "sku-002"], k=3)
-    assert len(answer.item_ids) == 3 and all(x.startswith("sku-") for x in answer.item_ids)
+def test_a_triton_package_of_string_ids_is_refused_naming_the_runtime_that_serves_them(string_run, tmp_path):
+    """SageMaker's Triton container installs no Python packages, so the fused layout would fail to load."""
+    from recserve.export.exporter import export_run
+
+    with pytest.raises(ServingError, match="string IDs.*would fail to load.*--runtime pytorch"):
+        package_from_run(string_run, "triton", tmp_path / "model.tar.gz")  # before anything is exported
+    export_run(string_run, "onnx", "fp32", tmp_path / "onnx")
+    with pytest.raises(ServingError, match="no native model \\(string IDs\\).*--runtime pytorch"):
+        package(tmp_path / "onnx", "triton", tmp_path / "model.tar.gz")
+    assert not (tmp_path / "model.tar.gz").exists()
+    assert package_from_run(string_run, "pytorch", tmp_path / "model.tar.gz")["runtime"] == "pytorch"
+
+
+def test_deploy_names_the_model_the_triton_package_holds(tiny_run, bert_package, tmp_path):
+    from recserve.serving.sagemaker.package import triton_model_name
+
+    summary = package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")
+    assert (
+        triton_model_name(tmp_path / "model.tar.gz")
+        == "recommender_native"
+        == summary["environment"]["SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"]
+    )
+    with pytest.raises(ServingError, match="not a triton-runtime package.*code"):
+        triton_model_name(bert_package)  # a pytorch package
 
 
 @pytest.mark.parametrize(
@@ -212,7 +226,7 @@ def test_a_package_takes_only_exports_its_container_can_run(tiny_run, string_run
     with pytest.raises(ExportError, match="no export.json"):
         package(tiny_run, "pytorch", tmp_path / "m.tar.gz")
     export_run(string_run, "torchscript", "fp32", tmp_path / "strings")
-    with pytest.raises(ServingError, match="no native model.*needs torch in the container; export with --backend onnx"):
+    with pytest.raises(ServingError, match="no native model \\(string IDs\\).*package it with --runtime pytorch"):
         package(tmp_path / "strings", "triton", tmp_path / "m.tar.gz")
     assert not (tmp_path / "m.tar.gz").exists()
 

@@ -28,8 +28,15 @@ def k8s(
     image: Annotated[str | None, typer.Option(help="Serving image (deploy/docker/Dockerfile.serve).")] = None,
     name: Annotated[str | None, typer.Option(help="Name of the Deployment, Service and the rest.")] = None,
     namespace: Annotated[str | None, typer.Option(help="Kubernetes namespace.")] = None,
-    replicas: Annotated[int | None, typer.Option(help="Replicas, and the autoscaler's minimum.")] = None,
-    max_replicas: Annotated[int | None, typer.Option(help="The autoscaler's maximum.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="The autoscaler's minimum replicas [2].")] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="The autoscaler's maximum [8].")] = None,
+    scale_on: Annotated[
+        str | None,
+        typer.Option(
+            help="queue_time (each pod's mean queue time a request, through prometheus-adapter: its rule is in "
+            "monitoring/) or cpu (CPU utilisation, no adapter) [queue_time]."
+        ),
+    ] = None,
     repository: Annotated[
         str | None, typer.Option(help="image (baked in) or volume (a PersistentVolumeClaim).")
     ] = None,
@@ -37,7 +44,8 @@ def k8s(
     env_file: Annotated[Path, typer.Option(help="Settings file (RECSERVE_K8S_<NAME>=value lines).")] = Path(".env.k8s"),
 ) -> None:
     """Write Deployment, Service, HorizontalPodAutoscaler, PodDisruptionBudget (kustomize base with cpu and
-    gpu overlays, and rendered), a KServe InferenceService, and Prometheus/Grafana files. Settings not given
+    gpu overlays, and rendered), a KServe InferenceService and ServingRuntime, and Prometheus, prometheus-adapter
+    and Grafana files. Settings not given
     here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
     from recserve.deploy.k8s import K8sSettings, write_manifests
     from recserve.settings import read_settings
@@ -48,6 +56,7 @@ def k8s(
         namespace=namespace,
         replicas=replicas,
         max_replicas=max_replicas,
+        scale_on=scale_on,
         repository=repository,
         repository_claim=repository_claim,
     )

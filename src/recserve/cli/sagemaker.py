@@ -102,6 +102,12 @@ def deploy(
     env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
     endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
     wait: Annotated[bool | None, typer.Option(help="Wait for InService (default: the settings' wait).")] = None,
+    replace_failed: Annotated[
+        bool,
+        typer.Option(
+            "--replace-failed", help="Delete an endpoint in Failed (it cannot be updated) and create it anew."
+        ),
+    ] = False,
 ) -> None:
     """Create the SageMaker model, endpoint configuration and endpoint.
 
@@ -110,7 +116,11 @@ def deploy(
     from recserve.serving.sagemaker.deploy import deploy as run_deploy
     from recserve.serving.sagemaker.deploy import load_settings, upload
 
-    settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait)
+    settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait, replace_failed=replace_failed or None)
+    if package_file is not None and settings.runtime == "triton":  # the model the package holds, not a guess
+        from recserve.serving.sagemaker.package import triton_model_name
+
+        settings = settings.model_copy(update={"triton_model": triton_model_name(package_file)})
     if package_file is not None:
         with console.status(f"uploading {package_file} to {settings.model_data}"):
             upload(package_file, settings)

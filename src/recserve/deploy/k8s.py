@@ -3,7 +3,8 @@
 ``write_manifests`` writes a kustomize layout (``base/`` plus ``overlays/cpu`` and ``overlays/gpu``), the
 same overlays rendered (``rendered/cpu.yaml``, ``rendered/gpu.yaml``: what ``kubectl kustomize`` gives, for
 clusters without it), a KServe ``InferenceService`` alternative (``kserve/``) and the monitoring files
-(``monitoring/``: Prometheus scrape config, alerting rules, Grafana dashboard).
+(``monitoring/``: Prometheus scrape config, alerting rules, Grafana dashboard, and the prometheus-adapter rule
+that gives the autoscaler each pod's queue time).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY_FILE
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
 
@@ -38,9 +39,15 @@ class K8sSettings(BaseSettings):
     image: str = "recserve-serve:1"  # deploy/docker/Dockerfile.serve with the repository baked in
     repository: Literal["image", "volume"] = "image"  # the repository from the image, or from a volume
     repository_claim: str | None = None  # with repository=volume: a PersistentVolumeClaim holding it
-    replicas: int = Field(2, ge=1)
+    replicas: int = Field(2, ge=1)  # the autoscaler's minimum (the Deployment leaves the count to it)
     max_replicas: int = Field(8, ge=1)
-    target_cpu_utilization: int = Field(70, ge=1, le=100)  # the HorizontalPodAutoscaler's target
+    # what the HorizontalPodAutoscaler scales on: each pod's mean queue time a request (Triton's chart does
+    # so, through prometheus-adapter's rule in monitoring/), or CPU utilization (no adapter needed)
+    scale_on: Literal["queue_time", "cpu"] = "queue_time"
+    target_queue_time_us: int = Field(2000, ge=1)  # a fifth of a 10 ms p99 budget spent waiting
+    target_cpu_utilization: int = Field(70, ge=1, le=100)
+    shm_size: str = "1Gi"  # memory-backed /dev/shm: python models pass tensors through it (64 MiB by default)
+    fs_group: int = 1000  # the pod's group: a repository volume is readable by the server's user
     min_available: int = Field(1, ge=0)  # the PodDisruptionBudget
     cpu_request: str = "2"
     cpu_limit: str = "4"
@@ -108,18 +115,20 @@ def deployment(s: K8sSettings) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": s.exit_timeout_s + GRACE_MARGIN_S,
+        "securityContext": {"runAsNonRoot": True, "fsGroup": s.fs_group},
     }
+    container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
+    pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}}]
     if s.repository == "volume":
-        container["volumeMounts"] = [{"name": "models", "mountPath": MODELS_PATH, "readOnly": True}]
-        pod["volumes"] = [
+        container["volumeMounts"].append({"name": "models", "mountPath": MODELS_PATH, "readOnly": True})
+        pod["volumes"].append(
             {"name": "models", "persistentVolumeClaim": {"claimName": s.repository_claim, "readOnly": True}}
-        ]
+        )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": s.name, "namespace": s.namespace, "labels": _labels(s)},
-        "spec": {
-            "replicas": s.replicas,
+        "spec": {  # no replicas: the autoscaler owns the count, and an apply would reset it
             "selector": {"matchLabels": {"app": s.name}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {"metadata": {"labels": _labels(s)}, "spec": pod},
@@ -158,7 +167,21 @@ def pods_dns(s: K8sSettings) -> str:
     return f"{s.name}-pods.{s.namespace}.svc.cluster.local"
 
 
+QUEUE_METRIC = "recserve_queue_time_us_per_request"  # what prometheus-adapter's rule names it for the HPA
+
+
 def autoscaler(s: K8sSettings) -> dict[str, Any]:
+    if s.scale_on == "queue_time":
+        metric: dict[str, Any] = {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": QUEUE_METRIC},
+                "target": {"type": "AverageValue", "averageValue": str(s.target_queue_time_us)},
+            },
+        }
+    else:
+        target = {"type": "Utilization", "averageUtilization": s.target_cpu_utilization}
+        metric = {"type": "Resource", "resource": {"name": "cpu", "target": target}}
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -167,17 +190,26 @@ def autoscaler(s: K8sSettings) -> dict[str, Any]:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": s.name},
             "minReplicas": s.replicas,
             "maxReplicas": s.max_replicas,
-            "metrics": [
-                {
-                    "type": "Resource",
-                    "resource": {
-                        "name": "cpu",
-                        "target": {"type": "Utilization", "averageUtilization": s.target_cpu_utilization},
-                    },
-                }
-            ],
+            "metrics": [metric],
         },
     }
+
+
+def adapter_rules(s: K8sSettings) -> dict[str, Any]:
+    """prometheus-adapter's rule (its chart's ``rules.custom``): each pod's queue time a request over the
+    last minute, Triton's cumulative queue microseconds over its successful requests."""
+    matchers = "<<.LabelMatchers>>"
+    query = (
+        f"sum(rate(nv_inference_queue_duration_us{{{matchers}}}[1m])) by (<<.GroupBy>>) / "
+        f"clamp_min(sum(rate(nv_inference_request_success{{{matchers}}}[1m])) by (<<.GroupBy>>), 0.001)"
+    )
+    rule = {
+        "seriesQuery": f'nv_inference_queue_duration_us{{namespace="{s.namespace}",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": "nv_inference_queue_duration_us", "as": QUEUE_METRIC},
+        "metricsQuery": query,
+    }
+    return {"rules": {"custom": [rule]}}
 
 
 def disruption_budget(s: K8sSettings) -> dict[str, Any]:
@@ -207,9 +239,18 @@ def gpu_patch(s: K8sSettings) -> dict[str, Any]:
     }
 
 
-def inference_service(s: K8sSettings) -> dict[str, Any]:
-    """The KServe alternative: its Triton runtime on the same repository (from a volume or storage URI)."""
+def inference_service(s: K8sSettings, gpu: bool = False) -> dict[str, Any]:
+    """The KServe alternative, in its ``predictor.model`` form: the repository (a volume or a storage URI)
+    on recserve's serving image through ``serving_runtime`` (NVIDIA's stock image has no recserve for the
+    python layouts), with GPUs requested for a GPU repository."""
     storage = f"pvc://{s.repository_claim}" if s.repository == "volume" else "s3://BUCKET/PATH/TO/REPOSITORY"
+    resources: dict[str, Any] = {
+        "requests": {"cpu": s.cpu_request, "memory": s.memory_request},
+        "limits": {"cpu": s.cpu_limit, "memory": s.memory_limit},
+    }
+    if gpu:
+        for key in ("requests", "limits"):
+            resources[key]["nvidia.com/gpu"] = str(s.gpus)
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -218,15 +259,40 @@ def inference_service(s: K8sSettings) -> dict[str, Any]:
             "predictor": {
                 "minReplicas": s.replicas,
                 "maxReplicas": s.max_replicas,
-                "triton": {
+                "model": {
+                    "modelFormat": {"name": "triton"},
+                    "runtime": runtime_name(s),
                     "storageUri": storage,
-                    "args": ["--strict-readiness=true", f"--exit-timeout-secs={s.exit_timeout_s}"],
-                    "resources": {
-                        "requests": {"cpu": s.cpu_request, "memory": s.memory_request},
-                        "limits": {"cpu": s.cpu_limit, "memory": s.memory_limit},
-                    },
+                    "resources": resources,
                 },
             }
+        },
+    }
+
+
+def runtime_name(s: K8sSettings) -> str:
+    return f"{s.name}-triton"
+
+
+def serving_runtime(s: K8sSettings) -> dict[str, Any]:
+    """A KServe ServingRuntime running recserve's serving image's tritonserver on the model KServe mounts."""
+    args = [a for a in _triton_args(s) if not a.startswith("--model-repository")]
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": runtime_name(s), "namespace": s.namespace, "labels": {"app": s.name}},
+        "spec": {
+            "supportedModelFormats": [{"name": "triton", "version": "2", "autoSelect": False}],
+            "protocolVersions": ["v2", "grpc-v2"],
+            "containers": [
+                {
+                    "name": "kserve-container",
+                    "image": s.image,
+                    "command": ["tritonserver"],
+                    "args": ["--model-repository=/mnt/models", *args],
+                    "ports": [{"containerPort": HTTP_PORT, "protocol": "TCP"}],
+                }
+            ],
         },
     }
 
@@ -250,7 +316,7 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     from recserve.serving.triton.repository import read_repository_info
 
     s.check()
-    if not (Path(repo) / "recserve.json").is_file():
+    if not (Path(repo) / REPOSITORY_FILE).is_file():
         raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
     info = read_repository_info(repo)
     files: dict[str, Any] = {
@@ -265,8 +331,10 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         "overlays/cpu/kustomization.yaml": _kustomization(["../../base"]),
         "overlays/gpu/kustomization.yaml": _kustomization(["../../base"]) | {"patches": [{"path": "gpu.yaml"}]},
         "overlays/gpu/gpu.yaml": gpu_patch(s),
-        "kserve/inferenceservice.yaml": inference_service(s),
+        "kserve/inferenceservice.yaml": inference_service(s, gpu=serves_on_gpus(info)),
+        "kserve/servingruntime.yaml": serving_runtime(s),
         "monitoring/prometheus.yml": scrape_config(pods_dns=pods_dns(s)),
+        "monitoring/prometheus-adapter.yaml": adapter_rules(s),
         "monitoring/alerts.yml": alert_rules(),
     }
     written = []
@@ -280,6 +348,11 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     )
     written.append(_write(Path(out) / "README.md", _readme(s, info)))
     return written
+
+
+def serves_on_gpus(info: dict) -> bool:
+    """Whether a repository's record has a layout exported for a GPU."""
+    return any(str(layout.get("device", "cpu")) in ("cuda", "gpu") for layout in info.get("layouts", {}).values())
 
 
 def _kustomization(resources: list[str]) -> dict[str, Any]:
@@ -302,9 +375,13 @@ def _readme(s: K8sSettings, info: dict) -> str:
         "```bash",
         f"docker build -f deploy/docker/Dockerfile.serve --build-arg REPO=<repo> -t {s.image} .",
         "kubectl apply -k overlays/gpu   # or overlays/cpu; without kustomize: kubectl apply -f rendered/gpu.yaml",
-        "kubectl apply -f kserve/inferenceservice.yaml   # the KServe alternative, instead of the above",
+        "kubectl apply -f kserve/servingruntime.yaml -f kserve/inferenceservice.yaml   # the KServe alternative",
         "```",
         "",
-        "monitoring/: prometheus.yml (scrape job), alerts.yml (rules), grafana-dashboard.json; docs/deployment.md.",
+        "monitoring/: prometheus.yml (scrape job), alerts.yml (rules), grafana-dashboard.json, and",
+        "prometheus-adapter.yaml: the rule that gives the autoscaler each pod's queue time",
+        "(`helm install prometheus-adapter prometheus-community/prometheus-adapter \\`",
+        "`-f monitoring/prometheus-adapter.yaml`;",
+        "RECSERVE_K8S_SCALE_ON=cpu scales on CPU instead, without the adapter); docs/deployment.md.",
     ]
     return "\n".join(lines) + "\n"

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from recserve.constants import FUSED_MODEL, NATIVE_MODEL
+from recserve.constants import NATIVE_MODEL
 from recserve.errors import ServingError
 from recserve.serving.sagemaker.package import ENVIRONMENT, TRITON_MODEL_ENV
 from recserve.settings import read_settings
@@ -45,15 +46,15 @@ class DeploySettings(BaseSettings):
     runtime: Literal["pytorch", "triton"] = "pytorch"
     triton_model: str = Field(
         NATIVE_MODEL,
-        description="triton runtime: the package's model (recserve sagemaker package prints it): "
-        "recommender_native for the native layout, recommender for the fused one (string IDs)",
-        pattern=f"^({NATIVE_MODEL}|{FUSED_MODEL})$",
+        description="triton runtime: the package's one model folder (deploy --package reads it from there)",
+        pattern=r"^[A-Za-z0-9_.-]+$",
     )
     instance_type: str = "ml.g5.xlarge"  # one A10G, the PoC's GPU
     instance_count: int = Field(1, ge=1)
     endpoint_name: str = "recserve"
     wait: bool = True
     wait_timeout_s: int = Field(1800, ge=1)
+    replace_failed: bool = False  # delete an endpoint in Failed (it cannot be updated) and create it anew
     endpoint_url: str | None = None
 
     @field_validator("model_data")
@@ -99,8 +100,28 @@ def upload(package_path: Path, settings: DeploySettings) -> str:
     return model_data
 
 
-def deploy(settings: DeploySettings) -> dict:
+NAME_LIMIT = 63  # SageMaker's limit for model, endpoint configuration and endpoint names
+BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
+
+
+def resource_name(endpoint_name: str) -> str:
+    """``<endpoint>-<UTC stamp>-<4 hex>``, cut to fit 63 characters: unique within a second too."""
+    suffix = f"-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:4]}"
+    return endpoint_name[: NAME_LIMIT - len(suffix)].rstrip("-") + suffix
+
+
+def deploy(settings: DeploySettings, sm=None, name: str | None = None) -> dict:
     """Creates the model and endpoint configuration, then creates (or updates) the endpoint.
+
+    An endpoint that is Creating or Updating is waited for first (with ``wait``; without, refused with what to
+    do); a Failed one cannot be updated and is refused with its FailureReason unless ``replace_failed``, which
+    deletes it and creates it anew. After the wait the endpoint must be InService on the configuration just
+    made, else the error gives its status and FailureReason. What this call created is deleted again when it
+    fails (a new endpoint too; an existing endpoint is left on its old configuration).
+
+    Args:
+        sm: a boto3 SageMaker client (default: one for the settings' region and endpoint URL).
+        name: the new model's and endpoint configuration's name (default: ``resource_name``).
 
     Returns:
         The endpoint's name, ARN and status (``InService`` once waited for).
@@ -108,12 +129,13 @@ def deploy(settings: DeploySettings) -> dict:
     from botocore.exceptions import BotoCoreError, ClientError
 
     settings.require("role_arn", "image_uri", "model_data")
-    sm = _client("sagemaker", settings)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    model_name = f"{settings.endpoint_name}-{stamp}"
+    sm = sm or _client("sagemaker", settings)
+    name, endpoint = name or resource_name(settings.endpoint_name), settings.endpoint_name
+    created: list[tuple[str, str]] = []  # (kind, name) to delete if the deploy fails
     try:
+        existing = _ready_for_update(sm, settings)
         sm.create_model(
-            ModelName=model_name,
+            ModelName=name,
             ExecutionRoleArn=settings.role_arn,
             PrimaryContainer={
                 "Image": settings.image_uri,
@@ -121,49 +143,125 @@ def deploy(settings: DeploySettings) -> dict:
                 "Environment": environment(settings),
             },
         )
+        created.append(("model", name))
         sm.create_endpoint_config(
-            EndpointConfigName=model_name,
+            EndpointConfigName=name,
             ProductionVariants=[
                 {
                     "VariantName": "AllTraffic",
-                    "ModelName": model_name,
+                    "ModelName": name,
                     "InstanceType": settings.instance_type,
                     "InitialInstanceCount": settings.instance_count,
                 }
             ],
         )
-        if _endpoint_exists(sm, settings.endpoint_name):
-            sm.update_endpoint(EndpointName=settings.endpoint_name, EndpointConfigName=model_name)
+        created.append(("endpoint_config", name))
+        if existing:
+            sm.update_endpoint(EndpointName=endpoint, EndpointConfigName=name)
         else:
-            sm.create_endpoint(EndpointName=settings.endpoint_name, EndpointConfigName=model_name)
+            sm.create_endpoint(EndpointName=endpoint, EndpointConfigName=name)
+            created.append(("endpoint", endpoint))
         if settings.wait:
-            delay_s = 15 if settings.endpoint_url is None else 1
-            sm.get_waiter("endpoint_in_service").wait(
-                EndpointName=settings.endpoint_name,
-                WaiterConfig={"Delay": delay_s, "MaxAttempts": max(1, settings.wait_timeout_s // delay_s)},
+            _wait_in_service(sm, settings)
+        described = sm.describe_endpoint(EndpointName=endpoint)
+        if settings.wait and (described["EndpointStatus"] != "InService" or described["EndpointConfigName"] != name):
+            raise ServingError(
+                f"endpoint {endpoint!r} is {described['EndpointStatus']} on configuration "
+                f"{described.get('EndpointConfigName')!r}, not InService on {name!r}: "
+                f"{described.get('FailureReason') or 'no FailureReason given'}"
             )
-        described = sm.describe_endpoint(EndpointName=settings.endpoint_name)
-    except (BotoCoreError, ClientError) as err:
-        raise ServingError(f"deploying endpoint {settings.endpoint_name!r} failed: {err}") from err
+    except (BotoCoreError, ClientError, ServingError) as err:
+        _delete(sm, created)
+        if isinstance(err, ServingError):
+            raise
+        reason = _failure_reason(sm, endpoint)
+        raise ServingError(f"deploying endpoint {endpoint!r} failed: {err}{reason}") from err
     return {
         "endpoint_name": described["EndpointName"],
         "endpoint_arn": described["EndpointArn"],
         "status": described["EndpointStatus"],
-        "model_name": model_name,
-        "endpoint_config_name": model_name,
+        "model_name": name,
+        "endpoint_config_name": name,
     }
 
 
-def _endpoint_exists(sm, name: str) -> bool:
+def _ready_for_update(sm, settings: DeploySettings) -> bool:
+    """Whether the endpoint exists (and can take an update now); waits for a busy one, replaces a Failed
+    one when asked, refuses otherwise."""
+    status, reason = _status(sm, settings.endpoint_name)
+    if status is None:
+        return False
+    if status in BUSY:
+        if not settings.wait:
+            raise ServingError(
+                f"endpoint {settings.endpoint_name!r} is {status}: it cannot be updated until that ends; "
+                "deploy again with --wait (it waits first), or later"
+            )
+        if status == "Deleting":
+            sm.get_waiter("endpoint_deleted").wait(EndpointName=settings.endpoint_name, WaiterConfig=_waits(settings))
+            return False
+        _wait_in_service(sm, settings)
+        status, reason = _status(sm, settings.endpoint_name)
+    if status == "Failed":
+        if not settings.replace_failed:
+            raise ServingError(
+                f"endpoint {settings.endpoint_name!r} is Failed ({reason or 'no FailureReason given'}) and cannot "
+                "be updated: deploy with --replace-failed to delete and create it anew"
+            )
+        sm.delete_endpoint(EndpointName=settings.endpoint_name)
+        sm.get_waiter("endpoint_deleted").wait(EndpointName=settings.endpoint_name, WaiterConfig=_waits(settings))
+        return False
+    return True
+
+
+def _status(sm, name: str) -> tuple[str | None, str]:
     from botocore.exceptions import ClientError
 
     try:
-        sm.describe_endpoint(EndpointName=name)
-        return True
+        described = sm.describe_endpoint(EndpointName=name)
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") in ("ValidationException", "ResourceNotFound"):
-            return False
+            return None, ""
         raise
+    return described["EndpointStatus"], described.get("FailureReason", "")
+
+
+def _waits(settings: DeploySettings) -> dict:
+    delay_s = 15 if settings.endpoint_url is None else 1
+    return {"Delay": delay_s, "MaxAttempts": max(1, settings.wait_timeout_s // delay_s)}
+
+
+def _wait_in_service(sm, settings: DeploySettings) -> None:
+    from botocore.exceptions import WaiterError
+
+    try:
+        sm.get_waiter("endpoint_in_service").wait(EndpointName=settings.endpoint_name, WaiterConfig=_waits(settings))
+    except WaiterError as err:
+        status, reason = _status(sm, settings.endpoint_name)
+        raise ServingError(
+            f"endpoint {settings.endpoint_name!r} did not become InService: {status or 'gone'}"
+            f"{f' ({reason})' if reason else ''}"
+        ) from err
+
+
+def _failure_reason(sm, name: str) -> str:
+    try:
+        _, reason = _status(sm, name)
+    except Exception:  # the reason is a courtesy: the error itself is what is reported
+        return ""
+    return f" (FailureReason: {reason})" if reason else ""
+
+
+NAME_KEYS = {"model": "ModelName", "endpoint_config": "EndpointConfigName", "endpoint": "EndpointName"}
+
+
+def _delete(sm, created: list[tuple[str, str]]) -> None:
+    """Deletes what a failed deploy created, newest first; a deletion that fails is logged, not raised."""
+    for kind, name in reversed(created):
+        try:
+            getattr(sm, f"delete_{kind}")(**{NAME_KEYS[kind]: name})
+        except Exception as err:  # cleanup must not hide the deploy's own error
+            log.warning("could not delete the %s %s left by the failed deploy: %s", kind, name, err)
 
 
 def invoke_endpoint(settings: DeploySettings, body: dict) -> tuple[str, bytes]:

@@ -4,11 +4,12 @@
   rebuilt at load, so it runs on CPU or CUDA), ``code/inference.py`` with the four handler functions,
   ``code/requirements.txt`` and a copy of recserve under ``code/``, which the container puts on the path.
 - ``triton`` (SageMaker's Triton containers): a model repository with one top-level model folder, which the
-  endpoint names through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``. From an export with a native model
-  (torchscript or onnx, integer IDs) that is ``recommender_native``, the native layout on the container's
-  own PyTorch or ONNX Runtime backend: no Python packages to add. Otherwise (string IDs; eager exports) it is
-  ``recommender``, the fused layout with a copy of recserve beside its ``model.py``, whose python
-  environment needs numpy < 2, and onnxruntime for an ONNX export (``recommender/1/requirements.txt``).
+  endpoint names through ``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``: ``recommender_native``, the native layout
+  on the container's own PyTorch or ONNX Runtime backend, from an export with a native model (torchscript,
+  or onnx with dense integer IDs). Nothing else is packaged for it: the fused layout (string IDs, eager
+  exports) needs recserve's Python packages in the python backend's environment, which SageMaker's Triton
+  container does not install (a requirements.txt there is read by nothing), so it would fail to load;
+  ``package`` refuses it and names the pytorch runtime, which serves string IDs.
 
 ``RUNTIME_EXPORTS`` names the export each runtime takes by default (``recserve.pipeline.package_from_run``).
 """
@@ -21,7 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from recserve.constants import FUSED_MODEL, NATIVE_MODEL, REPOSITORY_FILE
+from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
@@ -29,22 +30,21 @@ from recserve.files import replaced_on_success
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("pytorch", "triton")
-# (backend, precision); the triton runtime takes onnx for string IDs (no native model: fused over onnx)
+# (backend, precision) each runtime takes by default
 RUNTIME_EXPORTS = {"pytorch": ("eager", "fp32"), "triton": ("torchscript", "fp32")}
-STRING_ID_EXPORT = ("onnx", "fp32")
-# the backends each container can run with what the package lists; the extra requirement of each for the fused
-# layout (a torchscript export is packaged for triton only in the native layout: fused would need torch)
-RUNTIME_BACKENDS = {
-    "pytorch": {"eager": ""},
-    "triton": {"torchscript": "", "onnx": "onnxruntime>=1.18\n", "eager": ""},
-}
+# the backends each container can run (triton: the native layout's, on its own backends)
+RUNTIME_BACKENDS = {"pytorch": ("eager",), "triton": ("torchscript", "onnx")}
+NO_NATIVE_FOR_TRITON = (
+    "SageMaker's Triton container serves the native layout only (integer IDs, a torchscript export): "
+    "this export has no native model ({reason}), and the fused layout would need Python packages that the "
+    "container does not install, so the endpoint would fail to load it; package it with --runtime pytorch"
+)
 ENTRY_POINT = "inference.py"
 # what each container needs beside the model; the endpoint's environment variables
 TRITON_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
 ENVIRONMENT = {
     "pytorch": {"SAGEMAKER_PROGRAM": ENTRY_POINT},
-    "triton": {TRITON_MODEL_ENV: FUSED_MODEL},
-    "triton-native": {TRITON_MODEL_ENV: NATIVE_MODEL},
+    "triton": {TRITON_MODEL_ENV: NATIVE_MODEL},
 }
 HANDLER_SHIM = '''"""SageMaker entry point written by `recserve sagemaker package`; the handler lives in recserve."""
 
@@ -84,19 +84,16 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
             f"the {runtime} runtime serves {' or '.join(RUNTIME_BACKENDS[runtime])} exports, not "
             f"{manifest.backend}; export with --backend {RUNTIME_EXPORTS[runtime][0]}"
         )
-    native = runtime == "triton" and manifest.native_model is not None
-    if runtime == "triton" and manifest.backend == "torchscript" and not native:
-        raise ServingError(
-            "this torchscript export has no native model (string IDs), and the fused layout over TorchScript "
-            "needs torch in the container; export with --backend onnx for the triton runtime"
-        )
+    if runtime == "triton" and manifest.native_model is None:
+        reason = "string IDs" if manifest.item_id_type == "string" else "sparse integer IDs in an onnx export"
+        raise ServingError(NO_NATIVE_FOR_TRITON.format(reason=reason))
     with tempfile.TemporaryDirectory(prefix="recserve-package-") as tmp:
         root = Path(tmp) / "model"
         root.mkdir()
         if runtime == "pytorch":
             _write_pytorch(export_dir, root)
         else:
-            _write_triton(export_dir, manifest, root, native)
+            _write_triton(export_dir, root)
         with replaced_on_success(out, folder=False) as partial, tarfile.open(partial, "w:gz") as tar:
             for path in sorted(root.rglob("*")):
                 if "__pycache__" not in path.parts:
@@ -106,8 +103,8 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
         "runtime": runtime,
         "model": manifest.model,
         "backend": manifest.backend,
-        "layout": "native" if native else ("fused" if runtime == "triton" else None),
-        "environment": ENVIRONMENT["triton-native" if native else runtime],
+        "layout": "native" if runtime == "triton" else None,
+        "environment": ENVIRONMENT[runtime],
         "bytes": out.stat().st_size,
     }
 
@@ -121,16 +118,31 @@ def _write_pytorch(export_dir: Path, root: Path) -> None:
     copy_package(code)
 
 
-def _write_triton(export_dir: Path, manifest: ExportManifest, root: Path, native: bool) -> None:
+def _write_triton(export_dir: Path, root: Path) -> None:
     from recserve.serving.triton.repository import write_repository
 
-    write_repository(export_dir, root, ("native",) if native else ("fused",))
+    write_repository(export_dir, root, ("native",))  # Triton's own backend runs it: nothing to install
     (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
-    if native:  # Triton's own backend runs it: nothing to install
-        return
-    version = root / FUSED_MODEL / "1"
-    copy_package(version)
-    (version / "requirements.txt").write_text(REQUIREMENTS + RUNTIME_BACKENDS["triton"][manifest.backend])
+
+
+def triton_model_name(package_path: Path) -> str:
+    """The one model folder of a triton-runtime package: what SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names.
+
+    Raises:
+        ServingError: a package that is not a triton-runtime one.
+    """
+    try:
+        with tarfile.open(package_path, "r:gz") as tar:
+            tops = {Path(name).parts[0] for name in tar.getnames() if Path(name).parts}
+    except (tarfile.TarError, OSError) as err:
+        raise ServingError(f"{package_path}: not a readable model.tar.gz ({err})") from err
+    models = sorted(t for t in tops if t != "code" and "." not in t)
+    if len(models) != 1 or "code" in tops:
+        raise ServingError(
+            f"{package_path}: not a triton-runtime package (one model folder at the top, found "
+            f"{', '.join(sorted(tops)) or 'nothing'}); package it with --runtime triton"
+        )
+    return models[0]
 
 
 def copy_package(target: Path) -> None:

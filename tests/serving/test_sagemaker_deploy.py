@@ -1,0 +1,127 @@
+"""Deploy's edge cases against SageMaker's API as botocore describes it (its Stubber: each call checked and
+answered in order): endpoints that are busy, Failed, or fail after the update; names; what a failed deploy
+leaves behind (nothing)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from recserve.errors import ServingError
+from recserve.serving.sagemaker.deploy import NAME_LIMIT, DeploySettings, deploy, resource_name
+
+NAME = "recs-20261201-abcd"
+ARN = "arn:aws:sagemaker:us-east-1:123456789012:endpoint/recs"
+
+
+def _settings(**overrides) -> DeploySettings:
+    values = dict(
+        role_arn="arn:aws:iam::123456789012:role/recserve",
+        image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-inference:2.5-gpu-py311",
+        model_data="s3://models/recserve/model.tar.gz",
+        endpoint_name="recs",
+        endpoint_url="http://127.0.0.1:9",  # never reached: the stubber answers; a 1 s waiter delay
+        wait_timeout_s=3,
+    )
+    return DeploySettings(_env_file=None, **(values | overrides))
+
+
+@pytest.fixture
+def sm(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    client = boto3.client("sagemaker", region_name="us-east-1")
+    with Stubber(client) as stubber:
+        yield client, stubber
+        stubber.assert_no_pending_responses()
+
+
+def _endpoint(status: str, config: str = NAME, reason: str | None = None) -> dict:
+    described = {
+        "EndpointName": "recs",
+        "EndpointArn": ARN,
+        "EndpointConfigName": config,
+        "EndpointStatus": status,
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "LastModifiedTime": "2026-12-01T00:00:00Z",
+    }
+    return described | ({"FailureReason": reason} if reason else {})
+
+
+def _describe(stubber, status: str | None, **kwargs) -> None:
+    if status is None:
+        stubber.add_client_error("describe_endpoint", "ValidationException", "Could not find endpoint")
+    else:
+        stubber.add_response("describe_endpoint", _endpoint(status, **kwargs), {"EndpointName": "recs"})
+
+
+def _creates(stubber, endpoint: str) -> None:
+    stubber.add_response("create_model", {"ModelArn": f"{ARN}-model"})
+    stubber.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}-config"})
+    stubber.add_response(f"{endpoint}_endpoint", {"EndpointArn": ARN})
+
+
+def test_names_fit_sagemakers_limit_and_never_repeat():
+    long = "a" * 70
+    names = {resource_name(long) for _ in range(50)}
+    assert len(names) == 50 and all(len(n) <= NAME_LIMIT for n in names)
+    assert resource_name("recs").startswith("recs-") and len(resource_name("recs")) == len("recs") + 20
+
+
+def test_an_updating_endpoint_is_waited_for_then_updated(sm):
+    client, stubber = sm
+    _describe(stubber, "Updating")  # the endpoint is busy: wait first
+    _describe(stubber, "InService", config="old")  # the waiter's poll
+    _describe(stubber, "InService", config="old")
+    _creates(stubber, "update")
+    _describe(stubber, "InService")  # the waiter, after the update
+    _describe(stubber, "InService")
+    assert deploy(_settings(), client, NAME)["status"] == "InService"
+
+
+def test_a_busy_endpoint_without_wait_is_refused_before_anything_is_created(sm):
+    client, stubber = sm
+    _describe(stubber, "Creating")
+    with pytest.raises(
+        ServingError, match="is Creating: it cannot be updated until that ends; deploy again with --wait"
+    ):
+        deploy(_settings(wait=False), client, NAME)
+
+
+def test_a_failed_endpoint_is_refused_with_its_reason_unless_replaced(sm):
+    client, stubber = sm
+    _describe(stubber, "Failed", reason="ping health check failed")
+    with pytest.raises(ServingError, match=r"is Failed \(ping health check failed\).*--replace-failed"):
+        deploy(_settings(), client, NAME)
+    _describe(stubber, "Failed", reason="ping health check failed")
+    stubber.add_response("delete_endpoint", {}, {"EndpointName": "recs"})
+    _describe(stubber, None)  # the endpoint_deleted waiter: gone
+    _creates(stubber, "create")
+    _describe(stubber, "InService")
+    _describe(stubber, "InService")
+    assert deploy(_settings(replace_failed=True), client, NAME)["endpoint_config_name"] == NAME
+
+
+def test_an_endpoint_that_fails_after_the_deploy_reports_why_and_leaves_nothing_behind(sm):
+    client, stubber = sm
+    _describe(stubber, None)  # a new endpoint
+    _creates(stubber, "create")
+    _describe(stubber, "Failed", reason="image not found")  # the waiter sees it fail
+    _describe(stubber, "Failed", reason="image not found")
+    for kind, key in (("endpoint", "EndpointName"), ("endpoint_config", "EndpointConfigName"), ("model", "ModelName")):
+        stubber.add_response(f"delete_{kind}", {}, {key: "recs" if kind == "endpoint" else NAME})
+    with pytest.raises(ServingError, match=r"did not become InService: Failed \(image not found\)"):
+        deploy(_settings(), client, NAME)
+
+
+def test_an_update_left_on_another_configuration_is_an_error_and_the_new_one_is_removed(sm):
+    client, stubber = sm
+    _describe(stubber, "InService", config="old")
+    _creates(stubber, "update")
+    _describe(stubber, "InService", config="old")  # the waiter: in service, but...
+    _describe(stubber, "InService", config="old", reason="update rolled back: capacity")
+    stubber.add_response("delete_endpoint_config", {}, {"EndpointConfigName": NAME})
+    stubber.add_response("delete_model", {}, {"ModelName": NAME})
+    with pytest.raises(ServingError, match=r"InService on configuration 'old', not InService on .*update rolled back"):
+        deploy(_settings(), client, NAME)
