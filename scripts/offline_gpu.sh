@@ -11,6 +11,15 @@
 # Results go to $OUT.
 set -uo pipefail
 
+seeds() {  # benchmarks/train_seeds.py, each run bounded (RUN_TIMEOUT_S)
+  python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-560}" "$@"
+}
+
+start_outputs() {  # OUT (default $1) made, and which GPUs this call has
+  out=${OUT:-$1}; mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+}
+
 carried_site() {  # the carried wheels importable, this checkout's source first
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -141,9 +150,7 @@ PY
 # .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/ml100k and .gpu-carry/video (prepared folders).
 cmd_quality() {
   carried_site
-  out=${OUT:-runs/gpu-quality}; mkdir -p "$out"
-  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-  seeds() { python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-560}" "$@"; }
+  start_outputs runs/gpu-quality
   large="--model bert4rec --device cuda --hidden 256 --heads 4 --layers 2 --dropout 0.5 --patience 15"
   seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 6 --variant "sasrec=--device cuda" \
     --variant "bert4rec=--model bert4rec --device cuda" --out "$out/video.jsonl" --runs /tmp/rv > "$out/video.log" 2>&1 &
@@ -161,9 +168,8 @@ cmd_quality() {
 # Carries .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/video and .gpu-carry/ml100k.
 cmd_sasrec() {
   carried_site
-  out=${OUT:-runs/gpu-sasrec}; mkdir -p "$out"
-  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-  seeds() { python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-290}" "$@"; }
+  start_outputs runs/gpu-sasrec
+  export RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-290}
   S="--model sasrec --device cuda"
   CUDA_VISIBLE_DEVICES=0 seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "sasrec=$S" \
     --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-default.log" 2>&1 &

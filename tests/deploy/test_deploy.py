@@ -314,6 +314,7 @@ def test_a_repository_on_a_volume_is_mounted_read_only_and_validates():
     manifest = deployment(settings)
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
     pod = manifest["spec"]["template"]["spec"]
-    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "recserve-models", "readOnly": True}
-    assert pod["containers"][0]["volumeMounts"][0] == {"name": "models", "mountPath": "/models", "readOnly": True}
-    assert inference_service(settings)["spec"]["predictor"]["triton"]["storageUri"] == "pvc://recserve-models"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "recserve-models", "readOnly": True}
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert inference_service(settings)["spec"]["predictor"]["model"]["storageUri"] == "pvc://recserve-models"

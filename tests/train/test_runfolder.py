@@ -119,6 +119,8 @@ def test_the_cli_prints_one_line_and_no_traceback(two_epoch_run, string_data_dir
         app,
         [
             "train",
+            "--model",
+            "bert4rec",  # the run's model (the command's default is SASRec)
             "--data",
             str(string_data_dir),
             "--out",
