@@ -55,7 +55,8 @@ print((time.perf_counter() - started) / steps)
 
 def time_step(src: str, model: str, data: str, steps: int) -> float:
     env = os.environ | {"PYTHONPATH": src}
-    done = subprocess.run([sys.executable, "-c", STEP, model, data, str(steps)], env=env, capture_output=True, text=True)
+    command = [sys.executable, "-c", STEP, model, data, str(steps)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{src}: {done.stderr[-2000:]}")
     return float(done.stdout.strip().splitlines()[-1])
@@ -82,8 +83,10 @@ def main() -> None:
             "step_s_other": other,
             "speedup_median": round(statistics.median(ratios), 3),
         }
-        print(f"{model}: {statistics.median(other):.3f} -> {statistics.median(this):.3f} s a step, "
-              f"{statistics.median(ratios):.2f}x (median of {args.repeats} alternating pairs)")
+        print(
+            f"{model}: {statistics.median(other):.3f} -> {statistics.median(this):.3f} s a step, "
+            f"{statistics.median(ratios):.2f}x (median of {args.repeats} alternating pairs)"
+        )
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
