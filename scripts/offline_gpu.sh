@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Helpers for a GPU host without network (PyTorch and nvcc there, nothing else): what to carry, and one call
 # per purpose. On a GPU host with the normal install, use `make bench-gpu` instead.
-#   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (with ../shared/gpu/make-bundle.sh's server bundle)
+#   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (beside the Triton server bundle carried there)
 #                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
 #   scripts/offline_gpu.sh bench [gpu_bench.py options]   there: the serving sweep of the layouts
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
