@@ -128,10 +128,10 @@ def train(
 ) -> None:
     """Train a model with validation each epoch, early stopping, checkpoints and curves.
 
-    BERT4Rec trains on the Cloze task, SASRec on the next item at every position; both validate NDCG@10 on
-    each user's second-to-last item; Mult-VAE
-    trains on held-out-user splits and validates NDCG@100 (the paper's protocol). Values in brackets are
-    the defaults of the models named (BERT4Rec first), where they differ.
+    SASRec (the default) trains on the next item at every position, BERT4Rec on the Cloze task; both
+    validate NDCG@10 on each user's second-to-last item. Mult-VAE trains on held-out-user splits and
+    validates NDCG@100 (the paper's protocol). Values in brackets are the defaults of the models named
+    (BERT4Rec first), where they differ.
     """
     from recserve.train.config import MODEL_DEFAULTS, TrainConfig
     from recserve.train.trainer import train as run_training
