@@ -184,6 +184,23 @@ def test_the_values_that_matter_agree(manifests):
     assert all((manifests / "overlays" / "gpu" / p["path"]).is_file() for p in kustomize["patches"])
 
 
+def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flags(manifests, tmp_path):
+    from recserve.serving.triton.launcher import Bundle, ServerSettings, server_args, serving_flags
+
+    [deployment] = _objects(manifests / "base" / "deployment.yaml")
+    [runtime] = _objects(manifests / "kserve" / "servingruntime.yaml")
+    flags = serving_flags(K8sSettings(_env_file=None).exit_timeout_s)
+    assert "--strict-readiness=true" in flags and "--metrics-config=summary_latencies=true" in flags
+    for args in (
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"],
+        runtime["spec"]["containers"][0]["args"],
+    ):
+        assert set(flags) <= set(args), args
+    bundle = Bundle(tmp_path / "tritonserver", tmp_path / "backends", tmp_path / "libs")
+    local = server_args(bundle, tmp_path, ServerSettings(exit_timeout_secs=30))
+    assert set(flags) <= set(local)
+
+
 def test_the_probes_hit_real_endpoints_of_a_running_server(manifests, int_server):
     [deployment] = _objects(manifests / "base" / "deployment.yaml")
     [container] = deployment["spec"]["template"]["spec"]["containers"]

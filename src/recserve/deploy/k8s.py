@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY_FILE
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
+from recserve.serving.triton.launcher import serving_flags
 
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 MODELS_PATH = "/models"
@@ -76,9 +77,7 @@ def _triton_args(s: K8sSettings) -> list[str]:
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
-        "--strict-readiness=true",
-        f"--exit-timeout-secs={s.exit_timeout_s}",
-        "--metrics-config=summary_latencies=true",
+        *serving_flags(s.exit_timeout_s),
         "--allow-metrics=true",
     ]
 

@@ -189,6 +189,17 @@ def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:
     return env
 
 
+def serving_flags(exit_timeout_s: int) -> list[str]:
+    """The flags every Triton recserve starts takes, wherever it runs (`recserve serve`, the Kubernetes
+    Deployment, KServe's ServingRuntime): ready only when every model is, in-flight requests given
+    ``exit_timeout_s`` to finish after a stop, latency quantiles kept (what the p99 alert reads)."""
+    return [
+        "--strict-readiness=true",
+        f"--exit-timeout-secs={exit_timeout_s}",
+        "--metrics-config=summary_latencies=true",
+    ]
+
+
 def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     args = [
         str(bundle.binary),
@@ -201,10 +212,8 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
         f"--grpc-port={s.grpc_port}",
         f"--metrics-port={s.metrics_port}",
         f"--model-control-mode={s.model_control_mode}",
-        f"--exit-timeout-secs={s.exit_timeout_secs}",
         f"--log-verbose={s.log_verbose}",
-        "--strict-readiness=true",
-        "--metrics-config=summary_latencies=true",  # latency quantiles: what the p99 alert reads
+        *serving_flags(s.exit_timeout_secs),
     ]
     if s.model_control_mode == "poll":
         args.append(f"--repository-poll-secs={s.repository_poll_secs}")
