@@ -132,7 +132,7 @@ def evaluate_fold(
         tokens = fed.windows(users, fed.lengths[users], widest(fold.fed.lengths, start, stop))
         scores = score_fn(tokens).float()  # (B, V)
         scores = scores.scatter(1, tokens, -torch.inf).index_fill(1, specials, -torch.inf)
-        bad += torch.isnan(scores).any(1).sum() + (scores == torch.inf).any(1).sum()
+        bad += (torch.isnan(scores) | (scores == torch.inf)).any(1).sum()  # excluded items are -inf
         wanted = targets.windows(users, targets.lengths[users], widest(fold.targets.lengths, start, stop))
         ranked = scores_ties_against(scores, wanted).topk(top, dim=1).indices  # (B, top)
         hits.append(row_contains(wanted, ranked) & (ranked != PAD_INDEX))
