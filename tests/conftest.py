@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recserve.data.datasets import prepare
 from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
 from recserve.serving.triton.launcher import ServerSettings, TritonServer, native_backends
@@ -19,6 +18,8 @@ from recserve.serving.triton.repository import ServingSettings
 
 @pytest.fixture(scope="session")
 def ml100k_dir(tmp_path_factory) -> Path:
+    from recserve.data.datasets import prepare  # here, not above: a GPU machine's tests may lack polars
+
     out = tmp_path_factory.mktemp("ml100k") / "data"
     prepare("ml-100k", out)
     return out
@@ -62,6 +63,8 @@ def string_data_dir(tmp_path_factory) -> Path:
     """A synthetic log with string SKUs: each user walks a cycle of items."""
     import numpy as np
     import polars as pl
+
+    from recserve.data.datasets import prepare
 
     rng = np.random.default_rng(0)
     rows = []
@@ -146,13 +149,13 @@ SERVED_LAYOUTS = ("fused", "seed", "native", "echo") if NATIVE_READY else ("fuse
 
 
 def require_native(*backends: str) -> None:
-    """Fails the calling test where one of ``backends`` (default both) is not built; skips it instead only
+    """Fails the calling test where one of ``backends`` (default all three) is not built; skips it instead only
     under RECSERVE_SKIP_NATIVE=1, which the test summary then names."""
-    missing = sorted(set(backends or ("pytorch", "onnxruntime")) - BUILT_BACKENDS)
+    missing = sorted(set(backends or ("pytorch", "onnxruntime", "recserve")) - BUILT_BACKENDS)
     if not missing:
         return
     message = (
-        f"Triton's native {' and '.join(missing)} backend(s) are not built: run scripts/build_triton_backends.sh "
+        f"the native {' and '.join(missing)} backend(s) are not built: run scripts/build_triton_backends.sh "
         f"(make test does; it needs TRITON_NATIVE_SRC or network for the sources), or set {SKIP_NATIVE_ENV}=1"
     )
     if SKIP_NATIVE:
@@ -205,7 +208,7 @@ def string_server(string_run, tmp_path_factory):
 @pytest.fixture(scope="session")
 def ml100k_implicit_dir(tmp_path_factory) -> Path:
     """ML-100K as implicit feedback: ratings of 4 and 5 (the Mult-VAE paper's threshold of 3.5)."""
-    from recserve.data.datasets import PrepareOptions
+    from recserve.data.datasets import PrepareOptions, prepare
 
     out = tmp_path_factory.mktemp("ml100k-implicit") / "data"
     prepare("ml-100k", out, PrepareOptions(rating_threshold=3.5))

@@ -93,20 +93,39 @@ def test_the_onnxruntime_backend_serves_an_onnx_model_like_onnxruntime_runs_it(t
 # The native layout: recommender_native, the whole serving graph on Triton's own backends
 
 
-@pytest.fixture(scope="module", params=["torchscript", "onnx"])
+# the native layout's export backend -> what runs it (a Triton backend)
+NATIVE_SERVERS = {"torchscript": "pytorch", "onnx": "onnxruntime", "torchscript-recserve": "recserve"}
+
+
+@pytest.fixture(scope="module", params=list(NATIVE_SERVERS))
 def native_server(request, tiny_run, tmp_path_factory):
-    """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export."""
+    """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export, on
+    Triton's PyTorch or ONNX Runtime backend or on recserve's own."""
     from recserve.pipeline import repository_from_run
     from recserve.serving.triton.repository import ServingSettings
 
-    needed = "pytorch" if request.param == "torchscript" else "onnxruntime"
-    require_native(needed)
+    runtime = NATIVE_SERVERS[request.param]
+    require_native(runtime)
     repo = tmp_path_factory.mktemp(f"native-{request.param}") / "repo"
-    settings = ServingSettings(instance_count=2, native_instance_count=2, max_queue_delay_microseconds=2000)
-    repository_from_run(tiny_run, repo, ("native",), settings, backend=request.param)
+    settings = ServingSettings(
+        instance_count=2,
+        native_instance_count=2,
+        max_queue_delay_microseconds=2000,
+        native_runtime=runtime if runtime == "recserve" else None,
+    )
+    repository_from_run(tiny_run, repo, ("native",), settings, backend=request.param.split("-")[0])
+    assert f"/{runtime}" in str(native_server_backend(repo)), "the repository names its backend"
     repository_from_run(tiny_run, repo, ("fused",), settings, backend="eager")
     with TritonServer(repo, server_settings()) as server:
         yield server
+
+
+def native_server_backend(repo: Path) -> str:
+    """The backend (or platform) of the repository's native model, as its config.pbtxt names it."""
+    from recserve.serving.triton.model_config import parse_pbtxt
+
+    config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
+    return "/" + (config.backend or config.platform.split("_")[0])
 
 
 def _histories(tiny_run) -> list[np.ndarray]:

@@ -102,12 +102,14 @@ def run(
     csv_path: Path,
     timeout_s: float,
     client_threads: int | None = None,
+    client_cpus: tuple[int, ...] = (),
 ) -> dict:
     """One bounded perf_analyzer run; returns throughput, latency percentiles (ms) and client-side parts.
 
     Args:
         client_threads: perf_analyzer's ``--max-threads``, the threads that keep the load's requests in
             flight (asynchronously); ``default_client_threads()`` when None.
+        client_cpus: the cores perf_analyzer runs on (as taskset pins it); () leaves it where it is.
     """
     binary = find_perf_analyzer()
     threads = client_threads or default_client_threads()
@@ -141,7 +143,14 @@ def run(
     ]
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join([str(binary.parent), os.environ.get("LD_LIBRARY_PATH", "")]))
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=env)
+        done = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None,
+        )
     except subprocess.TimeoutExpired as err:
         raise ServingError(f"perf_analyzer ran past {timeout_s:.0f} s on {model}") from err
     if done.returncode != 0 or not csv_path.exists():

@@ -132,6 +132,7 @@ def sweep(
     client_threads: int | None = None,
     progress: Callable[[str, int, int], None] = lambda *_: None,
     compare_with_fused: bool = False,
+    client_cpus: tuple[int, ...] = (),
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -142,6 +143,7 @@ def sweep(
         client_threads: perf_analyzer threads (``--max-threads``); one per usable core when None.
         compare_with_fused: check the native layout's answers against the repository's fused layout even
             when only the native one is swept (they are compared whenever both are).
+        client_cpus: cores to pin perf_analyzer to (the server keeps to this process's others); () shares.
     """
     from recserve.bench.report import ratios, write_report
 
@@ -186,6 +188,7 @@ def sweep(
                         Path(tmp) / "pa.csv",
                         timeout_s=measurement_ms / 1000 * 10 + 60,
                         client_threads=client_threads,
+                        client_cpus=client_cpus,
                     )
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                     cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))

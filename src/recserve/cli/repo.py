@@ -72,6 +72,14 @@ def repo(
             "the server: more cut the tail); on gpu: --instances].",
         ),
     ] = None,
+    native_runtime: Annotated[
+        str | None,
+        typer.Option(
+            help="What runs the native layout's TorchScript graph: recserve (recserve's own Triton backend: "
+            "one CUDA graph per batch size on GPUs) or pytorch (Triton's PyTorch backend, operator by operator) "
+            "[recserve on gpu, pytorch on cpu]. An onnx export runs on the onnxruntime backend.",
+        ),
+    ] = None,
     gpus: Annotated[
         str,
         typer.Option(
@@ -98,6 +106,7 @@ def repo(
         queue_timeout_microseconds=queue_timeout_ms * 1000,
         instance_count=instances,
         native_instance_count=native_instances,
+        native_runtime=native_runtime,
         device=device,
         response_cache=response_cache,
         versions_served=versions_served,

@@ -155,7 +155,7 @@ def check_backends(repo: Path, backend_dir: Path) -> None:
 
 
 KIND_GPU = 1  # inference.ModelInstanceGroup.Kind
-CUDA_BUILT = ("pytorch",)  # the backends whose build says whether it has CUDA (build.json)
+CUDA_BUILT = ("pytorch", "recserve")  # the backends whose build says whether it has CUDA (build.json)
 
 
 def on_gpus(config) -> bool:

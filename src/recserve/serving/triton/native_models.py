@@ -1,6 +1,6 @@
-"""What Triton's own backends run from an export: the native layout's model (``recommender_native``) and
-the seed layout's TorchScript model step; their tensor contract, backend settings and the checks that an
-export can provide them on the device asked for."""
+"""What Triton's native backends run from an export: the native layout's model (``recommender_native``) and
+the seed layout's TorchScript model step; their tensor contract, which backend runs them, its settings and
+the checks that an export can provide them on the device asked for."""
 
 from __future__ import annotations
 
@@ -26,6 +26,38 @@ NATIVE_PLATFORMS = {
     NATIVE_TORCHSCRIPT_FILE: ("pytorch_libtorch", "model.pt"),
     NATIVE_ONNX_FILE: ("onnxruntime_onnx", "model.onnx"),
 }
+# What may run a TorchScript native model: recserve's own backend (native/triton-backend: CUDA graphs per
+# batch-size bucket on GPUs, the graph as it is on CPUs) or Triton's PyTorch backend.
+NATIVE_RUNTIMES = ("recserve", "pytorch")
+RECSERVE_BACKEND = "recserve"
+
+
+def native_runtime(manifest: ExportManifest, runtime: str | None, device: str) -> str:
+    """The backend that serves the export's native model: onnxruntime for an ONNX graph; for TorchScript
+    ``runtime``, by default recserve's own on GPUs (a CUDA graph replay instead of ~100 operator launches)
+    and Triton's PyTorch backend on CPUs.
+
+    Raises:
+        ServingError: an unknown runtime, or one named for an ONNX graph.
+    """
+    if manifest.native_model == NATIVE_ONNX_FILE:
+        if runtime is not None:
+            raise ServingError(
+                f"--native-runtime {runtime} runs TorchScript; this onnx export's native model runs on Triton's "
+                "onnxruntime backend (export with --backend torchscript for the other runtimes)"
+            )
+        return "onnxruntime"
+    if runtime is None:
+        return RECSERVE_BACKEND if device == "gpu" else "pytorch"
+    return runtime
+
+
+def native_backend(manifest: ExportManifest, runtime: str | None, device: str) -> tuple[str, str]:
+    """(backend, platform) of the native model's config.pbtxt: one of them is empty."""
+    chosen = native_runtime(manifest, runtime, device)
+    if chosen == RECSERVE_BACKEND:
+        return RECSERVE_BACKEND, ""
+    return "", NATIVE_PLATFORMS[str(manifest.native_model)][0]
 
 
 def native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -48,8 +80,10 @@ def native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], t
 
 def backend_parameters(platform: str, device: str) -> dict[str, str]:
     """The backends' own settings: TorchScript without autograd and without the profiling executor (which
-    re-optimises the graph for every new batch size the batcher forms), and on CPUs one thread an instance
-    (the instances are the parallelism, as for the python models)."""
+    re-optimises the graph for every new batch size the batcher forms; recserve's backend never runs it),
+    and on CPUs one thread an instance (the instances are the parallelism, as for the python models)."""
+    if platform == RECSERVE_BACKEND:
+        return {"intra_op_thread_count": "1"} if device == "cpu" else {}
     if platform == "pytorch_libtorch":
         # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
         threads = {"INTRA_OP_THREAD_COUNT": "1"} if device == "cpu" else {}

@@ -59,9 +59,11 @@ from recserve.serving.triton.model_config import (
 )
 from recserve.serving.triton.native_models import (
     NATIVE_PLATFORMS,
+    NATIVE_RUNTIMES,
     backend_parameters,
     check_native,
     check_seed,
+    native_backend,
     native_contract,
 )
 
@@ -95,6 +97,9 @@ class ServingSettings:
     # instance_count. Each instance holds its own copy of the model.
     native_instance_count: int | None = None
     device: str = "cpu"  # cpu or gpu: where model instances run
+    # What runs a TorchScript native model (native_models.NATIVE_RUNTIMES); None: recserve's own backend on
+    # GPUs, Triton's PyTorch backend on CPUs
+    native_runtime: str | None = None
     gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
     response_cache: bool = False
     versions_served: int = 1  # the newest N versions are served
@@ -142,12 +147,13 @@ def _batched_config(
 ) -> ModelConfig:
     """A dynamically batched model of the ``recommender`` contract: a python model, or (``manifest`` given)
     the export's native model on its backend."""
+    backend = "python"
     if manifest is None:
         inputs, outputs = _contract(id_type, unknown_output=name == FUSED_MODEL)
         platform = ""
     else:
         inputs, outputs = native_contract(manifest)
-        platform = NATIVE_PLATFORMS[str(manifest.native_model)][0]
+        backend, platform = native_backend(manifest, settings.native_runtime, settings.device)
     policy = None
     if settings.max_queue_size or settings.queue_timeout_microseconds:
         policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
@@ -155,6 +161,7 @@ def _batched_config(
         name=name,
         inputs=inputs,
         outputs=outputs,
+        backend=backend,
         platform=platform,
         max_batch_size=settings.max_batch_size,
         dynamic_batching=DynamicBatching(settings.preferred_batch_sizes, settings.queue_delay_microseconds, policy),
@@ -199,10 +206,12 @@ def write_fused(
 def write_native(
     repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
 ) -> None:
-    """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on Triton's own backend."""
-    platform, target = NATIVE_PLATFORMS[str(manifest.native_model)]
+    """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on a native backend
+    (recserve's own or Triton's, ``native_backend``)."""
+    target = NATIVE_PLATFORMS[str(manifest.native_model)][1]
+    backend, platform = native_backend(manifest, settings.native_runtime, settings.device)
     parameters = {
-        **backend_parameters(platform, settings.device),
+        **backend_parameters(backend or platform, settings.device),
         "padding_id": str(NATIVE_PAD_ID),
         "max_k": str(min(manifest.max_k, manifest.num_items)),
     }
@@ -307,6 +316,7 @@ def write_repository(
         _check_device(manifest, settings.device)
     if "native" in layouts:
         check_native(export_dir, manifest, settings.device)
+        native_backend(manifest, settings.native_runtime, settings.device)
     if "seed" in layouts:
         check_seed(export_dir, manifest, settings.device)
     repo = Path(repo)
@@ -327,7 +337,7 @@ def write_repository(
         summary["models"].append(
             {
                 "name": NATIVE_MODEL,
-                "backend": NATIVE_PLATFORMS[str(manifest.native_model)][0],
+                "backend": "".join(native_backend(manifest, settings.native_runtime, settings.device)),
                 "precision": manifest.precision,
                 "validation_max_diff": manifest.validation.get("native", {}).get("max_score_diff"),
             }
@@ -353,6 +363,8 @@ def check_request(layouts: tuple[str, ...], settings: ServingSettings, version: 
         raise ServingError(f"gpus {list(settings.gpus)}: GPU ids (0, 1, ...) go with device gpu")
     if version < 1:
         raise ServingError(f"version {version}: must be at least 1")
+    if settings.native_runtime is not None and settings.native_runtime not in NATIVE_RUNTIMES:
+        raise ServingError(f"native runtime {settings.native_runtime!r}: expected one of {', '.join(NATIVE_RUNTIMES)}")
 
 
 def _check_device(manifest: ExportManifest, device: str) -> None:

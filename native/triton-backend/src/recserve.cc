@@ -1,0 +1,675 @@
+// recserve's Triton backend (`backend: "recserve"`): serves the export's native TorchScript graph, the
+// `recommender_native` contract (item_ids INT64 (B, L), k INT32 (B, 1), exclude_seen BOOL (B, 1) in;
+// item IDs INT64, scores FP32, unknown_ids INT32 out, in the config's order).
+//
+// On a GPU instance the graph is captured at load, after warm-up, as one CUDA graph per batch-size bucket
+// (parameter `buckets`, default 1, 2, 4, ... up to max_batch_size), all on the instance's stream and
+// memory pool. An execution copies its requests' rows into the smallest bucket that holds them (the rest
+// of the bucket: empty histories), replays that graph, and sends each request its rows. On a CPU instance
+// the same graph runs as it is, on exactly the rows asked for. A request whose inputs do not fit the
+// contract gets its own error; the others in its batch are answered.
+//
+// Parameters (config.pbtxt): buckets ("1,2,4,..."), padding_id (the histories' padding, default -1),
+// intra_op_thread_count (CPU threads of an instance, default 1), warmup (calls before a capture, default 3).
+
+#include <torch/script.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef TRITON_ENABLE_GPU
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "triton/backend/backend_common.h"
+#include "triton/backend/backend_model.h"
+#include "triton/backend/backend_model_instance.h"
+#include "triton/core/tritonbackend.h"
+
+namespace triton { namespace backend { namespace recserve {
+
+namespace {
+
+constexpr int kInputs = 3;
+constexpr int kOutputs = 3;
+const TRITONSERVER_DataType kInputTypes[kInputs] = {
+    TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_BOOL};
+const TRITONSERVER_DataType kOutputTypes[kOutputs] = {
+    TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32};
+const at::ScalarType kInputScalars[kInputs] = {at::kLong, at::kInt, at::kBool};
+const at::ScalarType kOutputScalars[kOutputs] = {at::kLong, at::kFloat, at::kInt};
+
+TRITONSERVER_Error*
+Error(const std::string& message, TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_INVALID_ARG)
+{
+  return TRITONSERVER_ErrorNew(code, message.c_str());
+}
+
+// An integer parameter of the model config, or `fallback` where it is not set.
+TRITONSERVER_Error*
+IntParameter(common::TritonJson::Value& config, const std::string& key, int64_t fallback, int64_t* value)
+{
+  *value = fallback;
+  common::TritonJson::Value params;
+  if (!config.Find("parameters", &params)) {
+    return nullptr;
+  }
+  std::string text;
+  TRITONSERVER_Error* err = GetParameterValue(params, key, &text);
+  if (err != nullptr) {
+    TRITONSERVER_ErrorDelete(err);
+    return nullptr;
+  }
+  try {
+    size_t used = 0;
+    *value = std::stoll(text, &used);
+    if (used != text.size()) {
+      throw std::invalid_argument(text);
+    }
+  }
+  catch (const std::exception&) {
+    return Error("parameter " + key + ": '" + text + "' is not an integer");
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// The model: its contract (names and types checked against the recommender_native contract), its
+// parameters and the TorchScript file every instance loads.
+class ModelState : public BackendModel {
+ public:
+  static TRITONSERVER_Error* Create(TRITONBACKEND_Model* triton_model, ModelState** state);
+
+  const std::string& InputName(int i) const { return inputs_[i]; }
+  const std::string& OutputName(int i) const { return outputs_[i]; }
+  int64_t HistoryLength() const { return history_length_; }
+  int64_t PaddingId() const { return padding_id_; }
+  int64_t IntraOpThreads() const { return intra_op_threads_; }
+  int64_t Warmup() const { return warmup_; }
+  const std::vector<int64_t>& Buckets() const { return buckets_; }
+  std::string ModelPath(const std::string& artifact) const
+  {
+    return RepositoryPath() + "/" + std::to_string(Version()) + "/" + (artifact.empty() ? "model.pt" : artifact);
+  }
+
+ private:
+  explicit ModelState(TRITONBACKEND_Model* triton_model) : BackendModel(triton_model) {}
+  TRITONSERVER_Error* ReadContract();
+  TRITONSERVER_Error* ReadParameters();
+
+  std::string inputs_[kInputs];
+  std::string outputs_[kOutputs];
+  int64_t history_length_ = 0;
+  int64_t padding_id_ = -1;
+  int64_t intra_op_threads_ = 1;
+  int64_t warmup_ = 3;
+  std::vector<int64_t> buckets_;
+};
+
+TRITONSERVER_Error*
+ModelState::Create(TRITONBACKEND_Model* triton_model, ModelState** state)
+{
+  try {
+    *state = new ModelState(triton_model);
+  }
+  catch (const BackendModelException& ex) {
+    return ex.err_ != nullptr ? ex.err_ : Error("the model config could not be read", TRITONSERVER_ERROR_INTERNAL);
+  }
+  TRITONSERVER_Error* err = (*state)->ReadContract();
+  if (err == nullptr) {
+    err = (*state)->ReadParameters();
+  }
+  if (err != nullptr) {
+    delete *state;
+    *state = nullptr;
+  }
+  return err;
+}
+
+TRITONSERVER_Error*
+ModelState::ReadContract()
+{
+  if (MaxBatchSize() <= 0) {
+    return Error("the recserve backend batches requests: set max_batch_size above 0");
+  }
+  const char* kinds[2] = {"input", "output"};
+  const TRITONSERVER_DataType* types[2] = {kInputTypes, kOutputTypes};
+  std::string* names[2] = {inputs_, outputs_};
+  for (int side = 0; side < 2; ++side) {
+    common::TritonJson::Value tensors;
+    RETURN_IF_ERROR(ModelConfig().MemberAsArray(kinds[side], &tensors));
+    if (tensors.ArraySize() != 3) {
+      return Error(
+          std::string("the recserve backend serves the recommender_native contract: 3 ") + kinds[side] + "s, not " +
+          std::to_string(tensors.ArraySize()));
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      common::TritonJson::Value tensor;
+      RETURN_IF_ERROR(tensors.IndexAsObject(i, &tensor));
+      RETURN_IF_ERROR(tensor.MemberAsString("name", &names[side][i]));
+      std::string type;
+      RETURN_IF_ERROR(tensor.MemberAsString("data_type", &type));
+      if (ModelConfigDataTypeToTritonServerDataType(type) != types[side][i]) {
+        return Error(
+            std::string(kinds[side]) + " " + std::to_string(i) + " ('" + names[side][i] + "') is " + type +
+            "; the recommender_native contract has " + TRITONSERVER_DataTypeString(types[side][i]) + " there");
+      }
+      if (side == 0) {
+        std::vector<int64_t> dims;
+        RETURN_IF_ERROR(ParseShape(tensor, "dims", &dims));
+        if (dims.size() != 1 || dims[0] <= 0 || (i > 0 && dims[0] != 1)) {
+          return Error("input '" + names[side][i] + "' needs one fixed dimension (the padded history; 1 for k and exclude_seen)");
+        }
+        if (i == 0) {
+          history_length_ = dims[0];
+        }
+      }
+    }
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+ModelState::ReadParameters()
+{
+  RETURN_IF_ERROR(IntParameter(ModelConfig(), "padding_id", -1, &padding_id_));
+  RETURN_IF_ERROR(IntParameter(ModelConfig(), "intra_op_thread_count", 1, &intra_op_threads_));
+  RETURN_IF_ERROR(IntParameter(ModelConfig(), "warmup", 3, &warmup_));
+  std::string text;
+  common::TritonJson::Value params;
+  if (ModelConfig().Find("parameters", &params)) {
+    TRITONSERVER_Error* err = GetParameterValue(params, "buckets", &text);
+    if (err != nullptr) {
+      TRITONSERVER_ErrorDelete(err);
+      text.clear();
+    }
+  }
+  const int64_t max_batch = MaxBatchSize();
+  if (text.empty()) {
+    for (int64_t b = 1; b < max_batch; b *= 2) {
+      buckets_.push_back(b);
+    }
+  } else {
+    std::stringstream items(text);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      try {
+        size_t used = 0;
+        const int64_t b = std::stoll(item, &used);
+        if (b <= 0 || b > max_batch || used != item.size()) {
+          throw std::invalid_argument(item);
+        }
+        buckets_.push_back(b);
+      }
+      catch (const std::exception&) {
+        return Error("parameter buckets: '" + item + "' is not a batch size in 1.." + std::to_string(max_batch));
+      }
+    }
+  }
+  buckets_.push_back(max_batch);  // every batch the batcher forms fits a bucket
+  std::sort(buckets_.begin(), buckets_.end());
+  buckets_.erase(std::unique(buckets_.begin(), buckets_.end()), buckets_.end());
+  if (intra_op_threads_ < 1 || warmup_ < 1) {
+    return Error("parameters intra_op_thread_count and warmup must be at least 1");
+  }
+  return nullptr;
+}
+
+// One request's place in an execution.
+struct Slot {
+  uint32_t index;  // in the execution's requests
+  TRITONBACKEND_Request* request;
+  TRITONBACKEND_Response* response;
+  int64_t first_row;
+  int64_t rows;
+};
+
+// One instance: the loaded graph on its device; on a GPU its captured graphs and their static tensors.
+class ModelInstanceState : public BackendModelInstance {
+ public:
+  static TRITONSERVER_Error* Create(
+      ModelState* model_state, TRITONBACKEND_ModelInstance* triton_instance, ModelInstanceState** state);
+  void Execute(TRITONBACKEND_Request** requests, uint32_t request_count);
+
+ private:
+  ModelInstanceState(ModelState* model_state, TRITONBACKEND_ModelInstance* triton_instance)
+      : BackendModelInstance(model_state, triton_instance), model_(model_state)
+  {
+  }
+  TRITONSERVER_Error* Load();
+  TRITONSERVER_Error* Stage(TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows);
+  TRITONSERVER_Error* Respond(const Slot& slot);
+  // Runs rows [0, rows) of the staged inputs; the answers land in outputs_ (host tensors).
+  void Run(int64_t rows);
+  std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& inputs);
+
+  ModelState* model_;
+  torch::jit::Module module_;
+  at::Device device_ = at::kCPU;
+  at::Tensor staged_[kInputs];  // host (pinned on GPUs), max_batch_size rows
+  at::Tensor outputs_[kOutputs];  // host answers of the last Run
+#ifdef TRITON_ENABLE_GPU
+  struct Captured {
+    int64_t batch;
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+    at::Tensor inputs[kInputs];  // device, static
+    std::vector<at::Tensor> outputs;  // device, static
+  };
+  TRITONSERVER_Error* Capture();
+  std::vector<Captured> captured_;
+  std::unique_ptr<c10::cuda::CUDAStream> capture_stream_;
+  at::Tensor host_out_[kOutputs];  // pinned, max_batch_size rows
+#endif
+};
+
+TRITONSERVER_Error*
+ModelInstanceState::Create(
+    ModelState* model_state, TRITONBACKEND_ModelInstance* triton_instance, ModelInstanceState** state)
+{
+  try {
+    *state = new ModelInstanceState(model_state, triton_instance);
+  }
+  catch (const BackendModelInstanceException& ex) {
+    return ex.err_ != nullptr ? ex.err_ : Error("the instance could not be made", TRITONSERVER_ERROR_INTERNAL);
+  }
+  TRITONSERVER_Error* err = (*state)->Load();
+  if (err != nullptr) {
+    delete *state;
+    *state = nullptr;
+  }
+  return err;
+}
+
+std::vector<at::Tensor>
+ModelInstanceState::Forward(const std::vector<at::Tensor>& inputs)
+{
+  // as Triton's PyTorch backend runs a model with DISABLE_OPTIMIZED_EXECUTION: no profiling executor
+  // re-optimising the graph for each new batch size
+  torch::jit::GraphOptimizerEnabledGuard no_optimizer(false);
+  std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+  c10::IValue result = module_.forward(args);
+  if (!result.isTuple() || result.toTupleRef().elements().size() != kOutputs) {
+    throw std::runtime_error("the graph must return 3 tensors (item IDs, scores, unknown_ids)");
+  }
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < kOutputs; ++i) {
+    at::Tensor t = result.toTupleRef().elements()[i].toTensor();
+    out.push_back(t.scalar_type() == kOutputScalars[i] ? t : t.to(kOutputScalars[i]));
+  }
+  return out;
+}
+
+TRITONSERVER_Error*
+ModelInstanceState::Load()
+{
+  const int64_t max_batch = model_->MaxBatchSize();
+  const bool gpu = Kind() == TRITONSERVER_INSTANCEGROUPKIND_GPU;
+#ifndef TRITON_ENABLE_GPU
+  if (gpu) {
+    return Error(
+        "this recserve backend was built without CUDA: rebuild it on the GPU host "
+        "(rm -rf build/triton-backends && scripts/build_triton_backends.sh)");
+  }
+#endif
+  if (!gpu && Kind() != TRITONSERVER_INSTANCEGROUPKIND_CPU) {
+    return Error("the recserve backend runs KIND_CPU or KIND_GPU instances");
+  }
+  const std::string path = model_->ModelPath(ArtifactFilename());
+  try {
+    device_ = gpu ? at::Device(at::kCUDA, DeviceId()) : at::Device(at::kCPU);
+    module_ = torch::jit::load(path, device_);
+    module_.eval();
+    const auto pinned = at::TensorOptions().pinned_memory(gpu);
+    const int64_t widths[kInputs] = {model_->HistoryLength(), 1, 1};
+    for (int i = 0; i < kInputs; ++i) {
+      staged_[i] = at::empty({max_batch, widths[i]}, pinned.dtype(kInputScalars[i]));
+    }
+  }
+  catch (const std::exception& ex) {
+    return Error("loading " + path + " on " + (gpu ? "cuda:" + std::to_string(DeviceId()) : std::string("cpu")) +
+                 ": " + ex.what());
+  }
+#ifdef TRITON_ENABLE_GPU
+  if (gpu) {
+    return Capture();
+  }
+#endif
+  return nullptr;
+}
+
+#ifdef TRITON_ENABLE_GPU
+TRITONSERVER_Error*
+ModelInstanceState::Capture()
+{
+  c10::cuda::CUDAGuard device_guard(device_);
+  capture_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_.index()));
+  c10::cuda::CUDAStreamGuard capture_stream_guard(*capture_stream_);
+  c10::InferenceMode inference;
+  const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+  for (int64_t batch : model_->Buckets()) {
+    Captured c;
+    c.batch = batch;
+    try {
+      c.inputs[0] = at::full({batch, model_->HistoryLength()}, model_->PaddingId(),
+                             at::TensorOptions(device_).dtype(at::kLong));
+      c.inputs[1] = at::ones({batch, 1}, at::TensorOptions(device_).dtype(at::kInt));
+      c.inputs[2] = at::zeros({batch, 1}, at::TensorOptions(device_).dtype(at::kBool));
+      std::vector<at::Tensor> inputs(c.inputs, c.inputs + kInputs);
+      for (int64_t i = 0; i < model_->Warmup(); ++i) {
+        Forward(inputs);
+      }
+      capture_stream_->synchronize();
+      c.graph = std::make_unique<at::cuda::CUDAGraph>();
+      // thread-local: other instances load (and allocate) on other threads meanwhile
+      c.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+      c.outputs = Forward(inputs);
+      c.graph->capture_end();
+      c.graph->replay();
+      capture_stream_->synchronize();
+    }
+    catch (const std::exception& ex) {
+      return Error(
+          "capturing the CUDA graph of batch size " + std::to_string(batch) + " on cuda:" +
+          std::to_string(device_.index()) + " failed: " + ex.what() +
+          " (set the parameter buckets to the sizes that capture, or serve with --native-runtime pytorch)",
+          TRITONSERVER_ERROR_INTERNAL);
+    }
+    captured_.push_back(std::move(c));
+  }
+  for (int i = 0; i < kOutputs; ++i) {
+    const at::Tensor& out = captured_.back().outputs[i];
+    host_out_[i] = at::empty({model_->MaxBatchSize(), out.size(1)}, out.options().device(at::kCPU).pinned_memory(true));
+  }
+  LOG_MESSAGE(
+      TRITONSERVER_LOG_INFO,
+      (std::string("recserve backend: ") + Name() + " captured " + std::to_string(captured_.size()) +
+       " CUDA graphs (batch sizes up to " + std::to_string(model_->MaxBatchSize()) + ")")
+          .c_str());
+  return nullptr;
+}
+#endif
+
+TRITONSERVER_Error*
+ModelInstanceState::Stage(TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows)
+{
+  *rows = -1;
+  for (int i = 0; i < kInputs; ++i) {
+    const std::string& name = model_->InputName(i);
+    TRITONBACKEND_Input* input;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestInput(request, name.c_str(), &input));
+    TRITONSERVER_DataType type;
+    const int64_t* shape;
+    uint32_t dims;
+    uint64_t bytes;
+    uint32_t buffers;
+    RETURN_IF_ERROR(TRITONBACKEND_InputProperties(input, nullptr, &type, &shape, &dims, &bytes, &buffers));
+    const int64_t width = staged_[i].size(1);
+    if (type != kInputTypes[i] || dims != 2 || shape[1] != width || shape[0] < 1 ||
+        (*rows >= 0 && shape[0] != *rows)) {
+      return Error(
+          "input '" + name + "': expected " + TRITONSERVER_DataTypeString(kInputTypes[i]) + " [rows, " +
+          std::to_string(width) + "] with the same rows as the other inputs");
+    }
+    *rows = shape[0];
+    if (first_row + *rows > staged_[i].size(0)) {
+      return Error("the batch holds more than max_batch_size rows");
+    }
+    char* target = static_cast<char*>(staged_[i].data_ptr()) + first_row * width * staged_[i].element_size();
+    uint64_t copied = 0;
+    for (uint32_t b = 0; b < buffers; ++b) {
+      const void* data;
+      uint64_t size;
+      TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
+      int64_t memory_id = 0;
+      RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(input, b, &data, &size, &memory, &memory_id));
+      if (copied + size > bytes) {
+        return Error("input '" + name + "' holds more bytes than its shape");
+      }
+      if (memory == TRITONSERVER_MEMORY_GPU) {
+#ifdef TRITON_ENABLE_GPU
+        if (cudaMemcpy(target + copied, data, size, cudaMemcpyDeviceToHost) != cudaSuccess) {
+          return Error("input '" + name + "': copying it from GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
+        }
+#else
+        return Error("input '" + name + "' is in GPU memory, which a CPU build of the recserve backend cannot read");
+#endif
+      } else {
+        std::memcpy(target + copied, data, size);
+      }
+      copied += size;
+    }
+    if (copied != bytes) {
+      return Error("input '" + name + "' holds fewer bytes than its shape");
+    }
+  }
+  return nullptr;
+}
+
+void
+ModelInstanceState::Run(int64_t rows)
+{
+  c10::InferenceMode inference;
+#ifdef TRITON_ENABLE_GPU
+  if (device_.is_cuda()) {
+    Captured* c = &captured_.back();
+    for (Captured& candidate : captured_) {
+      if (candidate.batch >= rows) {
+        c = &candidate;
+        break;
+      }
+    }
+    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::CUDAStreamGuard capture_stream_guard(*capture_stream_);
+    for (int i = 0; i < kInputs; ++i) {
+      c->inputs[i].narrow(0, 0, rows).copy_(staged_[i].narrow(0, 0, rows), true);
+    }
+    if (rows < c->batch) {  // the rest of the bucket: empty histories, asking for one item
+      c->inputs[0].narrow(0, rows, c->batch - rows).fill_(model_->PaddingId());
+      c->inputs[1].narrow(0, rows, c->batch - rows).fill_(1);
+      c->inputs[2].narrow(0, rows, c->batch - rows).fill_(false);
+    }
+    c->graph->replay();
+    for (int i = 0; i < kOutputs; ++i) {
+      host_out_[i].narrow(0, 0, rows).copy_(c->outputs[i].narrow(0, 0, rows), true);
+      outputs_[i] = host_out_[i].narrow(0, 0, rows);
+    }
+    capture_stream_->synchronize();
+    return;
+  }
+#endif
+  if (at::get_num_threads() != model_->IntraOpThreads()) {
+    at::set_num_threads(model_->IntraOpThreads());  // this thread's (the instance's) intra-op threads
+  }
+  std::vector<at::Tensor> inputs;
+  for (int i = 0; i < kInputs; ++i) {
+    inputs.push_back(staged_[i].narrow(0, 0, rows));
+  }
+  std::vector<at::Tensor> out = Forward(inputs);
+  for (int i = 0; i < kOutputs; ++i) {
+    outputs_[i] = out[i].contiguous();
+  }
+}
+
+TRITONSERVER_Error*
+ModelInstanceState::Respond(const Slot& slot)
+{
+  uint32_t requested;
+  RETURN_IF_ERROR(TRITONBACKEND_RequestOutputCount(slot.request, &requested));
+  for (uint32_t r = 0; r < requested; ++r) {
+    const char* name;
+    RETURN_IF_ERROR(TRITONBACKEND_RequestOutputName(slot.request, r, &name));
+    int i = 0;
+    while (i < kOutputs && model_->OutputName(i) != name) {
+      ++i;
+    }
+    if (i == kOutputs) {
+      return Error(std::string("unknown output '") + name + "'");
+    }
+    const at::Tensor& all = outputs_[i];
+    const int64_t shape[2] = {slot.rows, all.size(1)};
+    TRITONBACKEND_Output* output;
+    RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(slot.response, &output, name, kOutputTypes[i], shape, 2));
+    const uint64_t row_bytes = all.size(1) * all.element_size();
+    void* buffer;
+    TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_id = 0;
+    RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &buffer, slot.rows * row_bytes, &memory, &memory_id));
+    const char* source = static_cast<const char*>(all.data_ptr()) + slot.first_row * row_bytes;
+    if (memory == TRITONSERVER_MEMORY_GPU) {
+#ifdef TRITON_ENABLE_GPU
+      if (cudaMemcpy(buffer, source, slot.rows * row_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        return Error(std::string("output '") + name + "': copying it to GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
+      }
+#else
+      return Error(std::string("output '") + name + "' was asked for in GPU memory", TRITONSERVER_ERROR_INTERNAL);
+#endif
+    } else {
+      std::memcpy(buffer, source, slot.rows * row_bytes);
+    }
+  }
+  return nullptr;
+}
+
+void
+ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_count)
+{
+  uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
+  SET_TIMESTAMP(exec_start_ns);
+  std::vector<Slot> slots;
+  std::vector<bool> succeeded(request_count, false);
+  int64_t rows = 0;
+  for (uint32_t r = 0; r < request_count; ++r) {
+    TRITONBACKEND_Response* response = nullptr;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
+    if (err != nullptr) {
+      LOG_IF_ERROR(err, "recserve backend: no response could be made for a request");
+      continue;
+    }
+    int64_t n = 0;
+    err = Stage(requests[r], rows, &n);
+    if (err != nullptr) {  // this request alone is refused
+      LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending an error");
+      TRITONSERVER_ErrorDelete(err);
+      continue;
+    }
+    slots.push_back({r, requests[r], response, rows, n});
+    rows += n;
+  }
+  SET_TIMESTAMP(compute_start_ns);
+  std::string failure;
+  if (rows > 0) {
+    try {
+      Run(rows);
+    }
+    catch (const std::exception& ex) {
+      failure = std::string("recserve backend: running the graph failed: ") + ex.what();
+    }
+  }
+  SET_TIMESTAMP(compute_end_ns);
+  for (const Slot& slot : slots) {
+    TRITONSERVER_Error* err = failure.empty() ? Respond(slot) : Error(failure, TRITONSERVER_ERROR_INTERNAL);
+    LOG_IF_ERROR(TRITONBACKEND_ResponseSend(slot.response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending a response");
+    succeeded[slot.index] = err == nullptr;
+    if (err != nullptr) {
+      TRITONSERVER_ErrorDelete(err);
+    }
+  }
+  SET_TIMESTAMP(exec_end_ns);
+  for (uint32_t r = 0; r < request_count; ++r) {
+#ifdef TRITON_ENABLE_STATS
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportStatistics(
+            TritonModelInstance(), requests[r], succeeded[r], exec_start_ns, compute_start_ns, compute_end_ns,
+            exec_end_ns),
+        "reporting request statistics");
+#endif
+    LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL), "releasing a request");
+  }
+#ifdef TRITON_ENABLE_STATS
+  if (rows > 0) {
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportBatchStatistics(
+            TritonModelInstance(), rows, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns),
+        "reporting batch statistics");
+  }
+#endif
+}
+
+extern "C" {
+
+TRITONSERVER_Error*
+TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend)
+{
+  uint32_t major, minor;
+  RETURN_IF_ERROR(TRITONBACKEND_ApiVersion(&major, &minor));
+  if (major != TRITONBACKEND_API_VERSION_MAJOR || minor < TRITONBACKEND_API_VERSION_MINOR) {
+    return Error(
+        "the recserve backend was built for backend API " + std::to_string(TRITONBACKEND_API_VERSION_MAJOR) + "." +
+            std::to_string(TRITONBACKEND_API_VERSION_MINOR) + ", the server has " + std::to_string(major) + "." +
+            std::to_string(minor),
+        TRITONSERVER_ERROR_UNSUPPORTED);
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model)
+{
+  ModelState* state;
+  RETURN_IF_ERROR(ModelState::Create(model, &state));
+  return TRITONBACKEND_ModelSetState(model, state);
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model)
+{
+  void* state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &state));
+  delete static_cast<ModelState*>(state);
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance)
+{
+  TRITONBACKEND_Model* model;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
+  void* model_state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelState(model, &model_state));
+  ModelInstanceState* state;
+  RETURN_IF_ERROR(ModelInstanceState::Create(static_cast<ModelState*>(model_state), instance, &state));
+  return TRITONBACKEND_ModelInstanceSetState(instance, state);
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance)
+{
+  void* state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
+  delete static_cast<ModelInstanceState*>(state);
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+TRITONBACKEND_ModelInstanceExecute(
+    TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, const uint32_t request_count)
+{
+  void* state;
+  RETURN_IF_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
+  static_cast<ModelInstanceState*>(state)->Execute(requests, request_count);
+  return nullptr;  // every request has been answered and released
+}
+
+}  // extern "C"
+
+}}}  // namespace triton::backend::recserve

@@ -1,0 +1,80 @@
+"""recserve's Triton backend on GPUs (run on a GPU machine; skipped elsewhere): the CUDA graphs it captures at
+load answer what the TorchScript graph answers when run eagerly, at every bucket and for partial buckets,
+on cuda:0 and, where there is one, on cuda:1."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as httpclient
+from tests.conftest import require_native, server_settings
+
+from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton.model_config import parse_pbtxt
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+MAX_BATCH = 16  # buckets 1, 2, 4, 8, 16
+
+
+def _repository(tmp_path: Path, gpu: int) -> Path:
+    from recserve.bench.synthetic import make_random_run
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton.repository import ServingSettings
+
+    require_native("recserve")
+    run = make_random_run(tmp_path / "run", num_items=5_000, hidden=64, layers=2, heads=2, window=20)
+    repo = tmp_path / "repo"
+    settings = ServingSettings(device="gpu", gpus=(gpu,), max_batch_size=MAX_BATCH, instance_count=1)
+    repository_from_run(run, repo, ("native",), settings, backend="torchscript", precision="fp32")
+    config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
+    assert config.backend == "recserve", "on GPUs the native layout runs on recserve's backend by default"
+    return repo
+
+
+def _requests(rows: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = np.where(rng.random((rows, length)) < 0.4, -1, rng.integers(1, 5_001, (rows, length)))
+    ids[0] = -1  # an empty history
+    return {
+        "item_ids": ids.astype(np.int64),
+        "k": rng.integers(1, 101, (rows, 1)).astype(np.int32),
+        "exclude_seen": rng.integers(0, 2, (rows, 1)).astype(bool),
+    }
+
+
+def _eager(module, arrays: dict[str, np.ndarray], device: str) -> list[np.ndarray]:
+    with torch.inference_mode():
+        out = module(*(torch.from_numpy(a).to(device) for a in arrays.values()))
+    return [t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy() for t in out]
+
+
+@pytest.mark.parametrize("gpu", [0, 1])
+def test_replayed_graphs_answer_what_the_graph_answers_eagerly(tmp_path, gpu):
+    if gpu >= torch.cuda.device_count():
+        pytest.skip(f"one GPU only: no cuda:{gpu}")
+    repo = _repository(tmp_path, gpu)
+    device = f"cuda:{gpu}"
+    module = torch.jit.load(str(repo / "recommender_native" / "1" / "model.pt"), map_location=device).eval()
+    length = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text()).input[0].dims[0]
+    with TritonServer(repo, server_settings()) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for rows in range(1, MAX_BATCH + 1):  # every bucket full (1, 2, 4, 8, 16) and every partial one
+            arrays = _requests(rows, length, seed=rows)
+            inputs = []
+            for name, value in arrays.items():
+                tensor = httpclient.InferInput(
+                    name, list(value.shape), {"item_ids": "INT64", "k": "INT32"}.get(name, "BOOL")
+                )
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            reply = client.infer("recommender_native", inputs)
+            names = [o["name"] for o in reply.get_response()["outputs"]]
+            got = [reply.as_numpy(n) for n in names]
+            expected = _eager(module, arrays, device)
+            np.testing.assert_array_equal(got[0], expected[0], err_msg=f"item IDs, {rows} rows")
+            np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, err_msg=f"scores, {rows} rows")
+            np.testing.assert_array_equal(got[2], expected[2], err_msg=f"unknown IDs, {rows} rows")
+        stats = client.get_inference_statistics("recommender_native")["model_stats"][0]
+        assert int(stats["execution_count"]) == MAX_BATCH

@@ -1,0 +1,198 @@
+"""recserve's own Triton backend (native/triton-backend, built by scripts/build_triton_backends.sh): the native
+TorchScript graph served without Triton's PyTorch backend. On CPUs it runs the graph as it is; the CUDA-graph
+replay is tested on GPUs (tests/gpu/test_recserve_backend_gpu.py). tests/serving/test_native.py runs the
+native layout's contract tests (answers, batching, bad inputs) on it too."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tests.conftest import require_native, server_settings
+
+from recserve.errors import ServingError
+from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton.model_config import parse_pbtxt
+
+LENGTH = 19  # tiny_run's window - 1
+
+
+@pytest.fixture(scope="module")
+def two_runtimes(tiny_run, tmp_path_factory) -> Path:
+    """One torchscript export of ``tiny_run`` in the native layout on Triton's PyTorch backend
+    (``recommender_native``) and on recserve's (the same files as ``native_recserve``), in one repository."""
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton.repository import ServingSettings
+
+    require_native("pytorch", "recserve")
+    repo = tmp_path_factory.mktemp("runtimes") / "repo"
+    settings = ServingSettings(native_instance_count=1, native_runtime="pytorch", max_batch_size=64)
+    repository_from_run(tiny_run, repo, ("native",), settings, backend="torchscript")
+    config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
+    assert config.platform == "pytorch_libtorch" and not config.backend
+    mine = repo / "native_recserve"
+    (mine / "1").mkdir(parents=True)
+    (mine / "1" / "model.pt").write_bytes((repo / "recommender_native" / "1" / "model.pt").read_bytes())
+    config.name, config.platform, config.backend = "native_recserve", "", "recserve"
+    (mine / "config.pbtxt").write_text(str(config))
+    return repo
+
+
+def _batch(tiny_run, rows: int, seed: int) -> dict[str, np.ndarray]:
+    """``rows`` histories padded to the native length (some empty, some with unknown IDs), mixed k and
+    exclude_seen: one request of several rows."""
+    from recserve.export.native import padded
+
+    ids = np.load(tiny_run / "item_ids.npy")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, rows)
+    histories = np.full((rows, 40), -1, dtype=np.int64)
+    for row, n in enumerate(lengths):
+        if n:
+            histories[row, -n:] = rng.choice(ids, n)
+    histories[0, -1] = 999_999  # not in the catalogue
+    return {
+        "item_ids": padded(histories, lengths, LENGTH),
+        "k": rng.integers(1, 101, (rows, 1)).astype(np.int32),
+        "exclude_seen": rng.integers(0, 2, (rows, 1)).astype(bool),
+    }
+
+
+def _infer(client, model: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    inputs = []
+    for name, value in arrays.items():
+        tensor = httpclient.InferInput(
+            name, list(value.shape), {np.int64: "INT64", np.int32: "INT32"}.get(value.dtype.type, "BOOL")
+        )
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    reply = client.infer(model, inputs)
+    return {o["name"]: reply.as_numpy(o["name"]) for o in reply.get_response()["outputs"]}
+
+
+def test_its_answers_are_the_pytorch_backends_on_the_same_export(two_runtimes, tiny_run):
+    """Whole batches of mixed histories, k and exclude_seen: the same item IDs, scores and unknown counts,
+    bit for bit (one graph, one CPU)."""
+    with TritonServer(two_runtimes, server_settings()) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for rows, seed in ((1, 0), (7, 1), (64, 2)):
+            arrays = _batch(tiny_run, rows, seed)
+            theirs, mine = _infer(client, "recommender_native", arrays), _infer(client, "native_recserve", arrays)
+            assert theirs.keys() == mine.keys() and len(mine) == 3
+            for name in theirs:
+                np.testing.assert_array_equal(mine[name], theirs[name], err_msg=f"{name}, {rows} rows")
+            assert mine["unknown_item_ids"][0, 0] == 1
+        stats = client.get_inference_statistics("native_recserve")["model_stats"][0]
+        assert int(stats["inference_count"]) == 1 + 7 + 64 and int(stats["execution_count"]) == 3
+
+
+def test_a_request_may_ask_for_some_outputs_only(two_runtimes, tiny_run):
+    with TritonServer(two_runtimes, server_settings()) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        arrays = _batch(tiny_run, 3, 5)
+        inputs = []
+        for name, value in arrays.items():
+            tensor = httpclient.InferInput(
+                name, list(value.shape), {"item_ids": "INT64", "k": "INT32"}.get(name, "BOOL")
+            )
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        reply = client.infer("native_recserve", inputs, outputs=[httpclient.InferRequestedOutput("scores")])
+        assert [o["name"] for o in reply.get_response()["outputs"]] == ["scores"]
+        assert reply.as_numpy("scores").shape[0] == 3
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"parameters": {"buckets": "1,0,4"}}, "parameter buckets: '0' is not a batch size in 1..64"),
+        ({"parameters": {"buckets": "2,x"}}, "parameter buckets: 'x' is not a batch size in 1..64"),
+        ({"parameters": {"padding_id": "none"}}, "parameter padding_id: 'none' is not an integer"),
+        ({"outputs": 2}, "the recserve backend serves the recommender_native contract: 3 outputs, not 2"),
+        ({"k_type": "INT64"}, "input 1 ('k') is TYPE_INT64; the recommender_native contract has INT32 there"),
+        ({"max_batch_size": 0}, "the recserve backend batches requests: set max_batch_size above 0"),
+        ({"model_file": b"not a TorchScript archive"}, "loading "),
+    ],
+)
+def test_a_model_it_cannot_serve_is_a_load_error_naming_why(two_runtimes, tmp_path, change, message):
+    """The server refuses to start (strict readiness) and its log says what is wrong with the model."""
+    repo = tmp_path / "repo"
+    (repo / "native_recserve" / "1").mkdir(parents=True)
+    source = two_runtimes / "native_recserve"
+    model = change.get("model_file", (source / "1" / "model.pt").read_bytes())
+    (repo / "native_recserve" / "1" / "model.pt").write_bytes(model)
+    config = parse_pbtxt((source / "config.pbtxt").read_text())
+    for key, value in change.get("parameters", {}).items():
+        config.parameters[key].string_value = value
+    if "outputs" in change:
+        del config.output[change["outputs"] :]
+    if "k_type" in change:
+        config.input[1].data_type = 9  # TYPE_INT64
+    if "max_batch_size" in change:
+        config.max_batch_size = change["max_batch_size"]
+        config.ClearField("dynamic_batching")
+    (repo / "native_recserve" / "config.pbtxt").write_text(str(config))
+    with pytest.raises(ServingError) as err, TritonServer(repo, server_settings()):
+        pass
+    assert message in str(err.value), str(err.value)[-2000:]
+
+
+def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tiny_run, tiny_export, tmp_path):
+    """recserve's backend on GPUs and the PyTorch backend on CPUs by default; --native-runtime chooses; an
+    ONNX graph runs on onnxruntime only; an unknown runtime is refused before any export."""
+    import dataclasses
+
+    from recserve.export.manifest import ExportManifest
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton.native_models import native_backend
+    from recserve.serving.triton.repository import ServingSettings
+
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("native",), ServingSettings(native_runtime="recserve"), backend="torchscript")
+    config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
+    assert config.backend == "recserve" and not config.platform
+    assert config.parameters["intra_op_thread_count"].string_value == "1"
+    assert config.parameters["padding_id"].string_value == "-1"
+    manifest = dataclasses.replace(ExportManifest.read(tiny_export), native_model="native.pt")
+    assert native_backend(manifest, None, "gpu") == ("recserve", "")
+    assert native_backend(manifest, None, "cpu") == ("", "pytorch_libtorch")
+    assert native_backend(manifest, "pytorch", "gpu") == ("", "pytorch_libtorch")
+    onnx = dataclasses.replace(manifest, native_model="native.onnx")
+    assert native_backend(onnx, None, "cpu") == ("", "onnxruntime_onnx")
+    with pytest.raises(ServingError, match="--native-runtime recserve runs TorchScript; this onnx export"):
+        native_backend(onnx, "recserve", "cpu")
+    with pytest.raises(ServingError, match="native runtime 'tensorrt': expected one of recserve, pytorch"):
+        repository_from_run(tiny_run, tmp_path / "other", ("native",), ServingSettings(native_runtime="tensorrt"))
+    assert not (tmp_path / "other").exists()
+
+
+def test_the_cli_writes_a_repository_on_the_runtime_asked_for(tiny_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from recserve.cli.main import app
+
+    out = tmp_path / "repo"
+    result = CliRunner().invoke(
+        app,
+        [
+            "repo",
+            "--run",
+            str(tiny_run),
+            "--out",
+            str(out),
+            "--layout",
+            "native",
+            "--backend",
+            "torchscript",
+            "--native-runtime",
+            "recserve",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert 'backend: "recserve"' in (out / "recommender_native" / "config.pbtxt").read_text()
+    assert "--native-runtime" in CliRunner().invoke(app, ["repo", "--help"], env={"COLUMNS": "200"}).output
+    result = CliRunner().invoke(
+        app,
+        ["repo", "--run", str(tiny_run), "--out", str(tmp_path / "x"), "--layout", "native", "--native-runtime", "x"],
+    )
+    assert result.exit_code != 0 and "native runtime 'x'" in result.output
