@@ -12,9 +12,10 @@
 // Parameters (config.pbtxt): buckets ("1,2,4,..."), padding_id (the histories' padding, default -1),
 // intra_op_thread_count (CPU threads of an instance, default 1), warmup (calls before a capture, default 3).
 
-#include <torch/script.h>
-#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
 #include <cstring>
