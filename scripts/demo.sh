@@ -7,12 +7,15 @@ out=${1:-runs/demo}
 bin=.venv/bin
 rs="$bin/recserve"
 mkdir -p "$out"
+mark() { echo "[demo] $1 after $SECONDS s" >&2; }  # where the time goes
 
 $rs data ml-100k --out "$out/data"
 $rs train --data "$out/data" --out "$out/run" --epochs "${DEMO_EPOCHS:-60}"
+mark "trained SASRec"
 $rs export --run "$out/run" --out "$out/export-onnx" --backend onnx
 $rs export --run "$out/run" --out "$out/export-eager" --backend eager
 $rs export --run "$out/run" --out "$out/export-torchscript" --backend torchscript
+mark "exported"
 # the repository serves the exports just validated: onnx behind the fused model and (as ONNX Runtime's own
 # model) the native layout, TorchScript as the seed layout's model step; the native and seed layouts need
 # Triton's native backends, which make demo builds first (only RECSERVE_SKIP_NATIVE=1 goes on without them)
@@ -68,13 +71,16 @@ PY
 fi
 kill -TERM $server; wait $server 2>/dev/null || true
 trap - EXIT
+mark "served every layout"
 
 # A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md)
 $rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms 1000
+mark "benchmarked"
 
 # Mult-VAE on implicit feedback (ratings of 4 and 5), by the paper's held-out-user protocol
 $rs data ml-100k --out "$out/data-implicit" --rating-threshold 3.5
 $rs train --data "$out/data-implicit" --out "$out/multvae" --model multvae
+mark "trained Mult-VAE"
 
 # The SageMaker path: the SASRec run as a model.tar.gz, served locally by the SageMaker PyTorch
 # toolkit over TorchServe, asked for user 1's recommendations
@@ -90,3 +96,4 @@ done
 $rs sagemaker invoke $history --k 5 --url http://127.0.0.1:18080
 kill -TERM $endpoint; wait $endpoint 2>/dev/null || true
 trap - EXIT
+mark "done"

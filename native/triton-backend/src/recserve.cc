@@ -385,6 +385,14 @@ ModelInstanceState::Capture()
           " (set the parameter buckets to the sizes that capture, or serve with --native-runtime pytorch)",
           TRITONSERVER_ERROR_INTERNAL);
     }
+    if (!captured_.empty() && c.outputs[0].size(1) != captured_.front().outputs[0].size(1)) {
+      return Error(
+          "the graph answers " + std::to_string(c.outputs[0].size(1)) + " items wide at batch size " +
+              std::to_string(batch) + " and " + std::to_string(captured_.front().outputs[0].size(1)) +
+              " at " + std::to_string(captured_.front().batch) +
+              ": replayed graphs need one width (export with --device cuda: max_k wide)",
+          TRITONSERVER_ERROR_INTERNAL);
+    }
     captured_.push_back(std::move(c));
   }
   for (int i = 0; i < kOutputs; ++i) {
