@@ -3,10 +3,12 @@ TorchScript graph served without Triton's PyTorch backend. On CPUs it runs the g
 replay is tested on GPUs (tests/gpu/test_recserve_backend_gpu.py). tests/serving/test_native.py runs the
 native layout's contract tests (answers, batching, bad inputs) on it too."""
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc.aio as grpcclient
 import tritonclient.http as httpclient
 from tests.conftest import require_native, server_settings
 
@@ -26,7 +28,9 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
 
     require_native("pytorch", "recserve")
     repo = tmp_path_factory.mktemp("runtimes") / "repo"
-    settings = ServingSettings(native_instance_count=1, native_runtime="pytorch", max_batch_size=64)
+    settings = ServingSettings(
+        native_instance_count=1, native_runtime="pytorch", max_batch_size=64, max_queue_delay_microseconds=5000
+    )
     repository_from_run(tiny_run, repo, ("native",), settings, backend="torchscript")
     config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
     assert config.platform == "pytorch_libtorch" and not config.backend
@@ -59,14 +63,7 @@ def _batch(tiny_run, rows: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def _infer(client, model: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    inputs = []
-    for name, value in arrays.items():
-        tensor = httpclient.InferInput(
-            name, list(value.shape), {np.int64: "INT64", np.int32: "INT32"}.get(value.dtype.type, "BOOL")
-        )
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    reply = client.infer(model, inputs)
+    reply = client.infer(model, _inputs(arrays))
     return {o["name"]: reply.as_numpy(o["name"]) for o in reply.get_response()["outputs"]}
 
 
@@ -86,18 +83,53 @@ def test_its_answers_are_the_pytorch_backends_on_the_same_export(two_runtimes, t
         assert int(stats["inference_count"]) == 1 + 7 + 64 and int(stats["execution_count"]) == 3
 
 
+def test_requests_batched_together_each_get_their_own_rows(two_runtimes, tiny_run):
+    """Concurrent requests of 1-3 rows each, batched into shared executions: every request gets the answer
+    it gets alone (from the PyTorch backend, one request at a time)."""
+    with TritonServer(two_runtimes, server_settings()) as server:
+        alone = httpclient.InferenceServerClient(server.http_url)
+        requests = [_batch(tiny_run, 1 + i % 3, 100 + i) for i in range(96)]
+        expected = [_infer(alone, "recommender_native", arrays) for arrays in requests]
+
+        async def burst():
+            async with grpcclient.InferenceServerClient(server.grpc_url) as client:
+                jobs = [client.infer("native_recserve", _inputs(arrays, grpcclient)) for arrays in requests]
+                return await asyncio.gather(*jobs)
+
+        for _ in range(5):  # bounded: a loaded machine may answer one burst a request at a time
+            before = alone.get_inference_statistics("native_recserve")["model_stats"][0]
+            replies = asyncio.run(burst())
+            for arrays, reply, want in zip(requests, replies, expected):  # answers are as wide as a batch's
+                got = {name: reply.as_numpy(name) for name in want}  # largest k: each row up to its own k
+                for row, k in enumerate(arrays["k"][:, 0]):  # another batch size may round the last bit
+                    scores, ids = got["scores"][row, :k], got["item_ids"][row, :k]
+                    np.testing.assert_allclose(scores, want["scores"][row, :k], rtol=1e-5, atol=1e-6)
+                    tied = np.abs(scores - want["scores"][row, :k]) <= 1e-5
+                    assert np.all((ids == want["item_ids"][row, :k]) | tied), (row, ids, want["item_ids"][row])
+                    assert np.all(got["item_ids"][row, k:] == -1)
+                np.testing.assert_array_equal(got["unknown_item_ids"], want["unknown_item_ids"])
+            after = alone.get_inference_statistics("native_recserve")["model_stats"][0]
+            if int(after["execution_count"]) - int(before["execution_count"]) < len(requests):
+                break  # some executions ran several requests, and each got its own rows
+        else:
+            raise AssertionError("no execution ran more than one request in five bursts")
+
+
+def _inputs(arrays: dict[str, np.ndarray], module=httpclient) -> list:
+    inputs = []
+    for name, value in arrays.items():
+        tensor = module.InferInput(name, list(value.shape), {"item_ids": "INT64", "k": "INT32"}.get(name, "BOOL"))
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
 def test_a_request_may_ask_for_some_outputs_only(two_runtimes, tiny_run):
     with TritonServer(two_runtimes, server_settings()) as server:
         client = httpclient.InferenceServerClient(server.http_url)
-        arrays = _batch(tiny_run, 3, 5)
-        inputs = []
-        for name, value in arrays.items():
-            tensor = httpclient.InferInput(
-                name, list(value.shape), {"item_ids": "INT64", "k": "INT32"}.get(name, "BOOL")
-            )
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
-        reply = client.infer("native_recserve", inputs, outputs=[httpclient.InferRequestedOutput("scores")])
+        reply = client.infer(
+            "native_recserve", _inputs(_batch(tiny_run, 3, 5)), outputs=[httpclient.InferRequestedOutput("scores")]
+        )
         assert [o["name"] for o in reply.get_response()["outputs"]] == ["scores"]
         assert reply.as_numpy("scores").shape[0] == 3
 
