@@ -223,6 +223,20 @@ def test_bad_deployment_settings_are_refused(tiny_export, tmp_path):
     assert result.exit_code == 1 and "bad deployment settings (name:" in result.output
 
 
+def test_a_repository_on_recserves_own_backend_is_refused_for_the_serving_image(tiny_run, tmp_path):
+    """NVIDIA's Triton container, which the serving image is, has Triton's backends only."""
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton.repository import ServingSettings
+
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("native",), ServingSettings(native_runtime="recserve"), backend="torchscript")
+    with pytest.raises(
+        ServingError, match="recommender_native runs on recserve's own Triton backend.*--native-runtime pytorch"
+    ):
+        write_manifests(repo, tmp_path / "k", K8sSettings(_env_file=None))
+    assert not (tmp_path / "k").exists()
+
+
 def test_promtool_accepts_the_config_the_rules_and_every_dashboard_query(manifests, tmp_path):
     promtool = _tool("promtool")
     monitoring = manifests / "monitoring"

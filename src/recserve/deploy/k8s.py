@@ -318,6 +318,7 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     if not (Path(repo) / REPOSITORY_FILE).is_file():
         raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
     info = read_repository_info(repo)
+    _check_image_backends(Path(repo))
     files: dict[str, Any] = {
         "base/deployment.yaml": deployment(s),
         "base/service.yaml": service(s),
@@ -347,6 +348,21 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     )
     written.append(_write(Path(out) / "README.md", _readme(s, info)))
     return written
+
+
+def _check_image_backends(repo: Path) -> None:
+    """The serving image is NVIDIA's Triton container with recserve installed: Triton's own backends, not
+    recserve's (native/triton-backend is built against a source checkout's torch)."""
+    from recserve.serving.triton.model_config import parse_pbtxt
+    from recserve.serving.triton.native_models import RECSERVE_BACKEND
+
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        if parse_pbtxt(path.read_text()).backend == RECSERVE_BACKEND:
+            raise ServingError(
+                f"{repo}: {path.parent.name} runs on recserve's own Triton backend, which the serving image "
+                "(deploy/docker/Dockerfile.serve, NVIDIA's Triton container) does not hold: write the repository "
+                "with `recserve repo --native-runtime pytorch` for Kubernetes"
+            )
 
 
 def serves_on_gpus(info: dict) -> bool:
