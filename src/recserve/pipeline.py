@@ -13,7 +13,7 @@ from pathlib import Path
 from recserve.constants import DEFAULT_MAX_K
 from recserve.export.backends import default_backend
 from recserve.export.exporter import export_run
-from recserve.serving.triton.repository import ServingSettings, check_request, write_repository
+from recserve.serving.triton.repository import LAYOUTS, ServingSettings, check_request, write_repository
 
 NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
 
@@ -37,13 +37,11 @@ def repository_from_run(
     device = "cuda" if settings.device == "gpu" else "cpu"
     chosen = backend or default_backend(device)
     groups: dict[tuple[str, str], tuple[str, ...]] = {}
-    for layout in layouts:
-        if layout == "seed":
-            key = ("torchscript", "fp32")
-        elif layout == "native":
-            key = (backend if backend in NATIVE_BACKENDS else _native_backend(run_dir, device), precision)
-        else:
-            key = (chosen, precision)
+    for layout in layouts:  # the export each layout serves (the table's ``export``), one export per kind
+        wanted, wanted_precision = LAYOUTS[layout].export
+        if wanted == "native":
+            wanted = backend if backend in NATIVE_BACKENDS else _native_backend(run_dir, device)
+        key = (wanted or chosen, wanted_precision or precision)
         groups[key] = groups.get(key, ()) + (layout,)
     summary: dict = {"models": []}
     with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:

@@ -103,7 +103,7 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
         write_repository(onnx, tmp_path / "b", ("seed",))
     compiled = tmp_path / "compiled"  # a manifest that says: compiled ahead of time, for the CPU
     shutil.copytree(tiny_export, compiled)
-    manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti"}
+    manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti", "portable": False}
     (compiled / "export.json").write_text(json.dumps(manifest))
     with pytest.raises(ServingError, match="the aoti export was built for cpu and runs there only"):
         write_repository(compiled, tmp_path / "c", ("fused",), ServingSettings(device="gpu"))

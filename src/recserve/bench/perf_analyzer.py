@@ -17,21 +17,18 @@ import numpy as np
 from recserve.client.triton import NativeShape
 from recserve.constants import (
     DEFAULT_K,
-    ECHO_MODEL,
-    FUSED_MODEL,
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
-    NATIVE_MODEL,
-    SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
 )
 from recserve.errors import ServingError
+from recserve.serving.triton.repository import LAYOUTS
 
 log = logging.getLogger(__name__)
 
-LAYOUT_MODELS = {"fused": FUSED_MODEL, "native": NATIVE_MODEL, "seed": SEED_ENSEMBLE, "echo": ECHO_MODEL}
+LAYOUT_MODELS = {name: layout.entry for name, layout in LAYOUTS.items()}  # the model a layout's clients call
 TOOLS_DIR = Path("tools/perf_analyzer")
 
 

@@ -21,23 +21,16 @@ from recserve.constants import (
     OUTPUT_ITEM_IDS,
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
-    SEED_MODEL,
     SEED_OUTPUT_IDS,
-    SEED_POSTPROCESSING,
-    SEED_PREPROCESSING,
 )
 from recserve.errors import ServingError
+from recserve.serving.triton.repository import LAYOUTS
 
 TOP = 10  # what check_answers and compare_native ask for
 
 log = logging.getLogger(__name__)
 
-STEPS = {
-    "fused": [LAYOUT_MODELS["fused"]],
-    "native": [LAYOUT_MODELS["native"]],
-    "echo": [LAYOUT_MODELS["echo"]],
-    "seed": [LAYOUT_MODELS["seed"], SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING],
-}
+STEPS = {name: list(layout.models) for name, layout in LAYOUTS.items()}  # whose statistics a row reads
 
 
 def real_histories(data_dir: Path) -> tuple[list[np.ndarray], bool]:

@@ -64,6 +64,7 @@ def export_run(
     _check_request(backend, precision, device)
     run_dir, out = Path(run_dir), Path(out)
     spec = load_spec(run_dir, graph_searches=backend != "onnx")
+    module = backend_module(backend)
     manifest = ExportManifest(
         model=spec.model,
         backend=backend,
@@ -75,12 +76,12 @@ def export_run(
         item_id_type="string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
         id_mapping=spec.id_mapping,
         run=str(run_dir),
+        portable=module.PORTABLE,
     )
     with replaced_on_success(out) as tmp:
         for name in CATALOGUE_FILES:
             if (run_dir / name).exists():
                 shutil.copyfile(run_dir / name, tmp / name)
-        module = backend_module(backend)
         started = time.perf_counter()
         manifest = manifest.with_backend_fields(module.save(run_dir, spec, tmp, manifest))
         manifest = dataclasses.replace(manifest, build_s=round(time.perf_counter() - started, 2))

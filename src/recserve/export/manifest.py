@@ -17,7 +17,8 @@ from recserve.constants import EXPORT_MANIFEST
 from recserve.errors import ExportError
 
 EXPORT_FORMAT_VERSION = 1
-BACKEND_FIELDS = {"fixed_length", "batch_buckets", "native_model", "seed_model"}  # what a backend's save may add
+# what a backend's save may add
+BACKEND_FIELDS = {"fixed_length", "batch_buckets", "native_model", "native_absent", "seed_model"}
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,12 @@ class ExportManifest:
     item_id_type: str  # int64 or string
     id_mapping: str  # "graph": the graph maps IDs itself; "predictor": the predictor maps them first
     run: str  # the training run it came from
+    portable: bool  # loads on any device; False: compiled for ``device`` and served there only
     fixed_length: int | None = None  # backends compiled for one padded history length
     batch_buckets: tuple[int, ...] = ()  # cudagraph: the batch sizes captured
     native_model: str | None = None  # the native layout's model file (torchscript, onnx), if the catalogue allows
+    native_absent: str | None = None  # a torchscript or onnx export without a native model: why the catalogue
+    # does not allow one
     seed_model: str | None = None  # the seed layout's TorchScript model step (torchscript)
     build_s: float | None = None
     validation: Mapping[str, Any] = field(default_factory=dict)  # parity (and quality) against eager fp32
@@ -47,6 +51,11 @@ class ExportManifest:
             raise ExportError(f"backend {self.backend} returned unknown manifest fields: {', '.join(sorted(unknown))}")
         fields: dict[str, Any] = {k: tuple(v) if k == "batch_buckets" else v for k, v in added.items()}
         return dataclasses.replace(self, **fields)
+
+    def built_for(self, device: str) -> bool:
+        """Whether what this export compiled or traced on its device runs on serving device ``device``
+        (``cpu`` or ``gpu``)."""
+        return (self.device != "cpu") == (device == "gpu")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

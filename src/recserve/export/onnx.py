@@ -68,6 +68,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         added["native_model"] = NATIVE_ONNX_FILE
     else:
         log.info("no native model: %s", reason)
+        added["native_absent"] = reason
     for extra in out.glob("*.onnx.data"):
         log.debug("external weights in %s", extra)
     return added

@@ -47,6 +47,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
             added["native_model"] = NATIVE_TORCHSCRIPT_FILE
         else:
             log.info("no native model: %s", reason)
+            added["native_absent"] = reason
     return added
 
 

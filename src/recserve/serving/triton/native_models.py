@@ -91,11 +91,16 @@ def backend_parameters(platform: str, device: str) -> dict[str, str]:
     return {"intra_op_thread_count": "1", "inter_op_thread_count": "1"} if device == "cpu" else {}
 
 
-def _traced_for(manifest: ExportManifest, device: str, what: str) -> None:
-    """A traced TorchScript graph runs on the device it was traced on (its constants live there)."""
-    if (manifest.device != "cpu") != (device == "gpu"):
+def require_built_for(manifest: ExportManifest, device: str, what: str) -> None:
+    """What an export compiled or traced on one device (a backend that is not portable, a traced TorchScript
+    graph, whose constants live there) is served on that device only.
+
+    Raises:
+        ServingError: ``what`` (a phrase ending in "built for" or "traced on") for another device.
+    """
+    if not manifest.built_for(device):
         raise ServingError(
-            f"{what} was traced on {manifest.device} and runs there only; serve it with --device "
+            f"{what} {manifest.device} and runs there only; serve it with --device "
             f"{'gpu' if manifest.device != 'cpu' else 'cpu'} or export again with --device "
             f"{'cuda' if device == 'gpu' else 'cpu'}"
         )
@@ -103,10 +108,7 @@ def _traced_for(manifest: ExportManifest, device: str, what: str) -> None:
 
 def check_native(export_dir: Path, manifest: ExportManifest, device: str) -> None:
     if not manifest.native_model:
-        from recserve.export.backends import spec_of
-        from recserve.export.native import unsupported
-
-        reason = unsupported(spec_of(export_dir, manifest)) if manifest.backend in ("torchscript", "onnx") else None
+        reason = manifest.native_absent
         raise ServingError(
             f"{export_dir}: this {manifest.backend} export holds no native model"
             + (f" ({reason})" if reason else "; export with --backend torchscript (or onnx, CPU only)")
@@ -117,7 +119,7 @@ def check_native(export_dir: Path, manifest: ExportManifest, device: str) -> Non
             "(recserve export --backend torchscript --device cuda)"
         )
     if manifest.native_model == NATIVE_TORCHSCRIPT_FILE:
-        _traced_for(manifest, device, "the native TorchScript model")
+        require_built_for(manifest, device, "the native TorchScript model was traced on")
 
 
 def check_seed(export_dir: Path, manifest: ExportManifest, device: str) -> None:
@@ -126,4 +128,4 @@ def check_seed(export_dir: Path, manifest: ExportManifest, device: str) -> None:
             f"{export_dir}: the seed layout's model step is TorchScript on the PyTorch backend, which this "
             f"{manifest.backend} export does not hold; export with --backend torchscript for it"
         )
-    _traced_for(manifest, device, "the seed layout's TorchScript model step")
+    require_built_for(manifest, device, "the seed layout's TorchScript model step was traced on")

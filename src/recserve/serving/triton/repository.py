@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -65,11 +66,11 @@ from recserve.serving.triton.native_models import (
     check_seed,
     native_backend,
     native_contract,
+    require_built_for,
 )
 
 log = logging.getLogger(__name__)
 
-LAYOUTS = ("fused", "native", "seed", "echo")
 EXPORT_SUBDIR = "export"
 GPU_QUEUE_DELAY_US = 300
 NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
@@ -295,6 +296,76 @@ def write_seed(
     _write_config(repo / SEED_ENSEMBLE, ensemble)
 
 
+def _check_fused(export_dir: Path, manifest: ExportManifest, settings: ServingSettings) -> None:
+    if not manifest.portable:
+        require_built_for(manifest, settings.device, f"the {manifest.backend} export was built for")
+
+
+def _check_native(export_dir: Path, manifest: ExportManifest, settings: ServingSettings) -> None:
+    check_native(export_dir, manifest, settings.device)
+    native_backend(manifest, settings.native_runtime, settings.device)
+
+
+def _describe_fused(manifest: ExportManifest, settings: ServingSettings) -> list[dict]:
+    return [
+        {
+            "name": FUSED_MODEL,
+            "backend": manifest.backend,
+            "precision": manifest.precision,
+            "validation_max_diff": manifest.validation.get("max_score_diff"),
+        }
+    ]
+
+
+def _describe_native(manifest: ExportManifest, settings: ServingSettings) -> list[dict]:
+    return [
+        {
+            "name": NATIVE_MODEL,
+            "backend": "".join(native_backend(manifest, settings.native_runtime, settings.device)),
+            "precision": manifest.precision,
+            "validation_max_diff": manifest.validation.get("native", {}).get("max_score_diff"),
+        }
+    ]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout of a repository: the models it writes (the one clients call first), the export of a run
+    it serves, its checks (all run before anything is written) and its writer."""
+
+    models: tuple[str, ...]
+    # (backend, precision) of the export it serves from a run: None keeps what was asked for; "native": the
+    # native graph's backend for the run and device (``pipeline.repository_from_run`` chooses)
+    export: tuple[str | None, str | None]
+    check: Callable[[Path, ExportManifest, ServingSettings], None]
+    write: Callable[[Path, Path, ExportManifest, ServingSettings, int], None]
+    describe: Callable[[ExportManifest, ServingSettings], list[dict]]
+
+    @property
+    def entry(self) -> str:
+        return self.models[0]
+
+
+def _nothing(*_) -> None:
+    return None
+
+
+LAYOUTS: dict[str, Layout] = {
+    "fused": Layout((FUSED_MODEL,), (None, None), _check_fused, write_fused, _describe_fused),
+    "native": Layout((NATIVE_MODEL,), ("native", None), _check_native, write_native, _describe_native),
+    "seed": Layout(
+        (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING),
+        ("torchscript", "fp32"),  # the PoC's model step: TorchScript, full precision
+        lambda export_dir, manifest, settings: check_seed(export_dir, manifest, settings.device),
+        write_seed,
+        lambda *_: [{"name": n} for n in LAYOUTS["seed"].models],
+    ),
+    "echo": Layout(
+        (ECHO_MODEL,), (None, None), _nothing, write_echo, lambda manifest, settings: [{"name": ECHO_MODEL}]
+    ),
+}
+
+
 def write_repository(
     export_dir: Path,
     repo: Path,
@@ -312,42 +383,15 @@ def write_repository(
     check_request(layouts, settings, version)
     export_dir = Path(export_dir)
     manifest = ExportManifest.read(export_dir)
-    if "fused" in layouts:
-        _check_device(manifest, settings.device)
-    if "native" in layouts:
-        check_native(export_dir, manifest, settings.device)
-        native_backend(manifest, settings.native_runtime, settings.device)
-    if "seed" in layouts:
-        check_seed(export_dir, manifest, settings.device)
+    chosen = [LAYOUTS[name] for name in LAYOUTS if name in layouts]  # in the table's order
+    for layout in chosen:  # every check before anything is written
+        layout.check(export_dir, manifest, settings)
     repo = Path(repo)
     repo.mkdir(parents=True, exist_ok=True)
     summary: dict = {"repository": str(repo), "version": version, "models": []}
-    if "fused" in layouts:
-        write_fused(repo, export_dir, manifest, settings, version)
-        summary["models"].append(
-            {
-                "name": FUSED_MODEL,
-                "backend": manifest.backend,
-                "precision": manifest.precision,
-                "validation_max_diff": manifest.validation.get("max_score_diff"),
-            }
-        )
-    if "native" in layouts:
-        write_native(repo, export_dir, manifest, settings, version)
-        summary["models"].append(
-            {
-                "name": NATIVE_MODEL,
-                "backend": "".join(native_backend(manifest, settings.native_runtime, settings.device)),
-                "precision": manifest.precision,
-                "validation_max_diff": manifest.validation.get("native", {}).get("max_score_diff"),
-            }
-        )
-    if "seed" in layouts:
-        write_seed(repo, export_dir, manifest, settings, version)
-        summary["models"] += [{"name": n} for n in (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING)]
-    if "echo" in layouts:
-        write_echo(repo, export_dir, manifest, settings, version)
-        summary["models"].append({"name": ECHO_MODEL})
+    for layout in chosen:
+        layout.write(repo, export_dir, manifest, settings, version)
+        summary["models"] += layout.describe(manifest, settings)
     _record(repo, layouts, manifest)
     return summary
 
@@ -365,18 +409,6 @@ def check_request(layouts: tuple[str, ...], settings: ServingSettings, version: 
         raise ServingError(f"version {version}: must be at least 1")
     if settings.native_runtime is not None and settings.native_runtime not in NATIVE_RUNTIMES:
         raise ServingError(f"native runtime {settings.native_runtime!r}: expected one of {', '.join(NATIVE_RUNTIMES)}")
-
-
-def _check_device(manifest: ExportManifest, device: str) -> None:
-    """An export compiled for one device (aoti, cudagraph, torch_tensorrt) is served on that device only."""
-    from recserve.export.backends import backend_module
-
-    built_on_gpu = manifest.device != "cpu"
-    if not backend_module(manifest.backend).PORTABLE and built_on_gpu != (device == "gpu"):
-        raise ServingError(
-            f"the {manifest.backend} export was built for {manifest.device} and runs there only; "
-            f"serve it with --device {'gpu' if built_on_gpu else 'cpu'} or export again"
-        )
 
 
 def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
