@@ -70,18 +70,33 @@ def package(
 @app.command()
 @handle_errors
 def serve(
-    model: Annotated[Path, typer.Option("--model", "-m", help="A pytorch-runtime model.tar.gz.")],
+    model: Annotated[Path, typer.Option("--model", "-m", help="A model.tar.gz of either runtime.")],
     port: Annotated[int, typer.Option(help="Port of /ping and /invocations (SageMaker uses 8080).")] = 8080,
-    workers: Annotated[int, typer.Option(help="TorchServe workers.")] = 1,
+    workers: Annotated[int, typer.Option(help="pytorch runtime: TorchServe workers.")] = 1,
     startup_timeout_s: Annotated[float, typer.Option(help="Seconds to wait for the first real answer.")] = 180.0,
 ) -> None:
-    """Serve model.tar.gz on 127.0.0.1 the way the SageMaker PyTorch container does, until Ctrl-C or SIGTERM."""
-    from recserve.serving.sagemaker.endpoint import LocalEndpoint
+    """Serve model.tar.gz the way its SageMaker container does, until Ctrl-C or SIGTERM.
 
-    endpoint = LocalEndpoint(model, port=port, workers=workers, startup_timeout_s=startup_timeout_s)
-    with console.status("starting TorchServe through the SageMaker inference toolkit"):
+    A pytorch-runtime package (code/inference.py): the SageMaker PyTorch inference toolkit over TorchServe,
+    on 127.0.0.1. A triton-runtime package (one model folder): the bundled Triton with its SageMaker
+    frontend, the package's model the default, as the Triton container's serve script runs it; Triton 2.51's
+    frontend listens on every interface, as in the container."""
+    from recserve.serving.sagemaker.endpoint import LocalEndpoint, TritonEndpoint
+    from recserve.serving.sagemaker.package import package_runtime
+
+    runtime = package_runtime(model)
+    endpoint: LocalEndpoint | TritonEndpoint
+    if runtime == "triton":
+        endpoint = TritonEndpoint(model, port=port, startup_timeout_s=startup_timeout_s)
+        status = "starting Triton with its SageMaker frontend"
+    else:
+        endpoint = LocalEndpoint(model, port=port, workers=workers, startup_timeout_s=startup_timeout_s)
+        status = "starting TorchServe through the SageMaker inference toolkit"
+    with console.status(status):
         endpoint.start()
-    console.print(f"serving {model} at {endpoint.url} (/ping, /invocations); logs in {endpoint.log_path}")
+    console.print(
+        f"serving {model} ({runtime} runtime) at {endpoint.url} (/ping, /invocations); logs in {endpoint.log_path}"
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -137,19 +152,54 @@ def invoke(
     url: Annotated[
         str | None, typer.Option(help="A local endpoint (http://127.0.0.1:8080) instead of SageMaker.")
     ] = None,
+    package_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--package",
+            help="The model.tar.gz the endpoint serves: says its runtime, and for triton the native model's "
+            "history length and max k (needed to build its request).",
+        ),
+    ] = None,
+    binary: Annotated[
+        bool, typer.Option(help="triton runtime: send the tensors in Triton's binary form instead of JSON.")
+    ] = False,
     env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
     endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
     string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
 ) -> None:
-    """Send {"item_id": [...], "k": k} to an endpoint and print its JSON answer."""
-    from recserve.errors import ServingError
+    """Ask an endpoint for one history's top k and print {"item_id": [...], "score": [...], "unknown_item_ids": n}.
 
-    body = {"item_id": history_ids(item_ids, string_ids), "k": k}
+    Each runtime is spoken to in its own protocol: the pytorch runtime's handler takes {"item_id": [...],
+    "k": k}; the triton runtime's /invocations takes a KServe v2 request for the native model (the history
+    padded to its length, k and exclude_seen), whose answer is read back into the same shape."""
+    from recserve.errors import ServingError
+    from recserve.serving.sagemaker import protocol
+    from recserve.serving.sagemaker.package import package_runtime, triton_native_shape
+
+    history = history_ids(item_ids, string_ids)
+    settings = None
+    if not url:
+        from recserve.serving.sagemaker.deploy import load_settings
+
+        settings = load_settings(env_file, endpoint_name=endpoint_name)
+    runtime = package_runtime(package_file) if package_file else settings.runtime if settings else "pytorch"
+    shape = None
+    if runtime == "triton":
+        if package_file is None:
+            raise typer.BadParameter(
+                "a triton-runtime endpoint takes the native model's fixed history length: pass the package it "
+                "serves (--package model.tar.gz)",
+                param_hint="--package",
+            )
+        _, shape = triton_native_shape(package_file)
+        body, content_type = protocol.triton_request(history, k, shape, binary=binary)
+    else:
+        body, content_type = protocol.pytorch_request(history, k)
     if url:
         from recserve.serving.sagemaker.endpoint import invoke as post
 
         try:
-            status, answer = post(url.rstrip("/"), json.dumps(body).encode())
+            status, answer = post(url.rstrip("/"), body, content_type)
         except OSError as err:  # URLError, refused, timed out
             reason = getattr(err, "reason", err)
             raise ServingError(
@@ -159,9 +209,12 @@ def invoke(
         if status != 200:
             raise ServingError(f"{url} answered {status}: {answer.decode(errors='replace')}")
     else:
-        from recserve.serving.sagemaker.deploy import invoke_endpoint, load_settings
+        from recserve.serving.sagemaker.deploy import invoke_endpoint
 
-        _, answer = invoke_endpoint(load_settings(env_file, endpoint_name=endpoint_name), body)
+        assert settings is not None
+        _, answer = invoke_endpoint(settings, body, content_type)
+    if shape is not None:
+        answer = json.dumps(protocol.triton_answer(answer, k, shape)).encode()
     try:
         console.print_json(answer.decode())
     except (json.JSONDecodeError, UnicodeDecodeError):

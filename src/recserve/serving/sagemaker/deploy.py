@@ -7,7 +7,6 @@ another API endpoint (a private one, or a local moto server for tests).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -264,16 +263,17 @@ def _delete(sm, created: list[tuple[str, str]]) -> None:
             log.warning("could not delete the %s %s left by the failed deploy: %s", kind, name, err)
 
 
-def invoke_endpoint(settings: DeploySettings, body: dict) -> tuple[str, bytes]:
-    """Invokes the deployed endpoint with a JSON body; returns the content type and the raw answer."""
+def invoke_endpoint(settings: DeploySettings, body: bytes, content_type: str = "application/json") -> tuple[str, bytes]:
+    """Invokes the deployed endpoint (the body in its runtime's protocol, ``serving.sagemaker.protocol``);
+    returns the content type and the raw answer."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         response = _client("sagemaker-runtime", settings).invoke_endpoint(
             EndpointName=settings.endpoint_name,
-            ContentType="application/json",
+            ContentType=content_type,
             Accept="application/json",
-            Body=json.dumps(body),
+            Body=body,
         )
     except (BotoCoreError, ClientError) as err:
         raise ServingError(f"invoking endpoint {settings.endpoint_name!r} failed: {err}") from err

@@ -1,9 +1,12 @@
-"""A local endpoint with SageMaker's hosting contract (GET ``/ping``, POST ``/invocations``), run as the
-PyTorch container runs it: the SageMaker PyTorch inference toolkit starting TorchServe on the package.
+"""A local endpoint with SageMaker's hosting contract (GET ``/ping``, POST ``/invocations``), run as each
+container runs its package: ``LocalEndpoint``, as the PyTorch container does (the SageMaker PyTorch inference
+toolkit starting TorchServe), and ``TritonEndpoint``, as the Triton container does (Triton's SageMaker
+frontend, the package's one model as the default).
 
-``/ping`` says healthy before the model has loaded and stays healthy while workers crash, so readiness
-here is a real answer from ``/invocations``. Only one TorchServe runs per machine: the toolkit writes its
-config to a fixed path (``/etc/sagemaker-ts.properties``) and attaches to any running TorchServe.
+For the PyTorch container, ``/ping`` says healthy before the model has loaded and stays healthy while
+workers crash, so readiness here is a real answer from ``/invocations``. Only one TorchServe runs per
+machine: the toolkit writes its config to a fixed path (``/etc/sagemaker-ts.properties``) and attaches to
+any running TorchServe.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.package import ENTRY_POINT, unpack
+from recserve.serving.sagemaker.package import ENTRY_POINT, TRITON_MODEL_ENV, unpack
+
+if TYPE_CHECKING:
+    from recserve.serving.triton.launcher import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +139,82 @@ class LocalEndpoint:
         self.stop()
 
 
+class TritonEndpoint:
+    """Unpacks a triton-runtime model.tar.gz and serves it as SageMaker's Triton container does: the bundled
+    Triton with its SageMaker frontend on ``port`` (/ping, /invocations in KServe v2), the package's one model
+    the default (``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``, as the container's serve script sets it).
+
+    Triton 2.51's SageMaker frontend has no address option: it listens on every interface, as in the
+    container; its own HTTP endpoint (readiness) stays on loopback.
+    """
+
+    def __init__(
+        self,
+        package_path: Path,
+        port: int = DEFAULT_PORT,
+        workdir: Path | None = None,
+        startup_timeout_s: float = 180.0,
+    ):
+        self.package_path = Path(package_path)
+        self.port, self.startup_timeout_s = port, startup_timeout_s
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-triton-"))
+        self.server: TritonServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "tritonserver.log"
+
+    def start(self) -> TritonEndpoint:
+        from recserve.serving.processes import free_ports
+        from recserve.serving.sagemaker.package import triton_model_name
+        from recserve.serving.triton.launcher import ServerSettings, TritonServer
+
+        model = triton_model_name(self.package_path)  # refuses a pytorch-runtime package, naming it
+        repo = unpack(self.package_path, self.workdir / "model")
+        http, grpc, metrics = free_ports(3)
+        settings = ServerSettings(
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            extra_args=("--allow-sagemaker=true", f"--sagemaker-port={self.port}"),
+            extra_env=((TRITON_MODEL_ENV, model),),
+        )
+        server = self.server = TritonServer(repo, settings, log_path=self.log_path).start()
+        try:
+            server.wait_ready(self.startup_timeout_s)
+            deadline = time.monotonic() + 30
+            while ping(self.url) != 200:  # the frontend starts after the models
+                if time.monotonic() > deadline:
+                    raise ServingError(f"Triton's SageMaker frontend gave no /ping on port {self.port}")
+                time.sleep(0.25)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def exit_code(self) -> int | None:
+        if self.server is None:
+            raise ServingError("the endpoint was never started")
+        return self.server.exit_code()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> TritonEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def _tool_path() -> str:
     """PATH with this interpreter's bin folder first, where the toolkit's `torchserve` command lives."""
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -163,5 +246,11 @@ def invoke(
 
 
 def ping(url: str, timeout_s: float = 5.0) -> int:
-    with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
-        return response.status
+    """/ping's status; 0 where nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0

@@ -21,11 +21,15 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
+
+if TYPE_CHECKING:
+    from recserve.client.triton import NativeShape
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +147,41 @@ def triton_model_name(package_path: Path) -> str:
             f"{', '.join(sorted(tops)) or 'nothing'}); package it with --runtime triton"
         )
     return models[0]
+
+
+def package_runtime(package_path: Path) -> str:
+    """pytorch (code/inference.py inside) or triton (one model folder); ServingError for anything else."""
+    try:
+        with tarfile.open(package_path, "r:gz") as tar:
+            names = tar.getnames()
+    except (tarfile.TarError, OSError) as err:
+        raise ServingError(f"{package_path}: not a readable model.tar.gz ({err})") from err
+    if f"code/{ENTRY_POINT}" in names or f"./code/{ENTRY_POINT}" in names:
+        return "pytorch"
+    triton_model_name(package_path)  # refuses what is neither, naming what it found
+    return "triton"
+
+
+def triton_native_shape(package_path: Path) -> tuple[str, NativeShape]:
+    """The model a triton-runtime package serves and what its native contract takes (history length,
+    padding, max_k), read from the package's config.pbtxt.
+
+    Raises:
+        ServingError: not a triton-runtime package.
+    """
+    from google.protobuf.json_format import MessageToDict
+
+    from recserve.client.triton import NativeShape
+    from recserve.serving.triton.model_config import parse_pbtxt
+
+    name = triton_model_name(package_path)
+    with tarfile.open(package_path, "r:gz") as tar:
+        member = tar.extractfile(f"{name}/config.pbtxt")
+        text = member.read().decode() if member is not None else ""
+    shape = NativeShape.from_config(MessageToDict(parse_pbtxt(text), preserving_proto_field_name=True))
+    if shape is None:
+        raise ServingError(f"{package_path}: {name} is not the native layout's model")
+    return name, shape
 
 
 def copy_package(target: Path) -> None:

@@ -48,6 +48,7 @@ class ServerSettings:
     log_verbose: int = 0
     threads_per_instance: int = 1  # CPU threads of each model process (OMP/MKL); instances are the parallelism
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()  # (name, value) set for the server process
 
     def validate(self) -> None:
         if self.model_control_mode not in ("none", "poll", "explicit"):
@@ -186,7 +187,7 @@ def server_env(bundle: Bundle, settings: ServerSettings) -> dict[str, str]:
     # the stub runs the first python on PATH: STUB_ENV (a venv with numpy < 2) where set, else this one
     python_dir = Path(env["STUB_ENV"]) / "bin" if env.get("STUB_ENV") else Path(sys.executable).parent
     env["PATH"] = os.pathsep.join([str(python_dir), env.get("PATH", "")])
-    return env
+    return env | dict(settings.extra_env)
 
 
 def serving_flags(exit_timeout_s: int) -> list[str]:
