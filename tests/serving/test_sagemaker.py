@@ -368,7 +368,7 @@ def test_missing_or_bad_settings_get_one_error_naming_them(tmp_path, monkeypatch
     from recserve.serving.sagemaker.deploy import deploy, load_settings
 
     monkeypatch.chdir(tmp_path)  # no .env.inference here
-    with pytest.raises(ServingError, match="role_arn, image_uri, model_data"):
+    with pytest.raises(ServingError, match="role_arn, model_data"):
         deploy(load_settings())
     with pytest.raises(ServingError, match="model_data.*expected s3://bucket/key.*instance_count"):
         load_settings(model_data="/local/model.tar.gz", instance_count=0)

@@ -125,3 +125,57 @@ def test_an_update_left_on_another_configuration_is_an_error_and_the_new_one_is_
     stubber.add_response("delete_model", {}, {"ModelName": NAME})
     with pytest.raises(ServingError, match=r"InService on configuration 'old', not InService on .*update rolled back"):
         deploy(_settings(), client, NAME)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "region", "instance_type", "image"),
+    [
+        (
+            "pytorch",
+            "us-east-1",
+            "ml.g5.xlarge",
+            "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-inference:2.6.0-gpu-py312",
+        ),
+        (
+            "pytorch",
+            "af-south-1",
+            "ml.c5.xlarge",
+            "626614931356.dkr.ecr.af-south-1.amazonaws.com/pytorch-inference:2.6.0-cpu-py312",
+        ),
+        (
+            "triton",
+            "eu-west-1",
+            "ml.g5.xlarge",
+            "763104351884.dkr.ecr.eu-west-1.amazonaws.com/sagemaker-tritonserver:24.09-py3",
+        ),
+    ],
+)
+def test_the_image_comes_from_the_table_for_the_region_runtime_and_processor(sm, runtime, region, instance_type, image):
+    client, stubber = sm
+    _describe(stubber, None)
+    stubber.add_response(
+        "create_model",
+        {"ModelArn": f"{ARN}-model"},
+        {
+            "ModelName": NAME,
+            "ExecutionRoleArn": "arn:aws:iam::123456789012:role/recserve",
+            "PrimaryContainer": {
+                "Image": image,
+                "ModelDataUrl": "s3://models/recserve/model.tar.gz",
+                "Environment": {"SAGEMAKER_PROGRAM": "inference.py"}
+                if runtime == "pytorch"
+                else {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender_native"},
+            },
+        },
+    )
+    stubber.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}-config"})
+    stubber.add_response("create_endpoint", {"EndpointArn": ARN})
+    _describe(stubber, "Creating")  # the status reported without waiting
+    settings = _settings(image_uri=None, runtime=runtime, region=region, instance_type=instance_type, wait=False)
+    assert deploy(settings, client, NAME)["status"] == "Creating"
+
+
+def test_a_region_the_table_lacks_is_refused_naming_the_override(sm):
+    client, stubber = sm
+    with pytest.raises(ServingError, match="no triton inference image is listed for region xx-east-9.*IMAGE_URI"):
+        deploy(_settings(image_uri=None, runtime="triton", region="xx-east-9"), client, NAME)

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recserve.constants import NATIVE_MODEL
 from recserve.errors import ServingError
+from recserve.serving.sagemaker.images import image_uri
 from recserve.serving.sagemaker.package import ENVIRONMENT, TRITON_MODEL_ENV
 from recserve.settings import read_settings
 
@@ -40,7 +41,11 @@ class DeploySettings(BaseSettings):
 
     region: str = "us-east-1"
     role_arn: str | None = Field(None, description="IAM role SageMaker assumes to pull the image and model data")
-    image_uri: str | None = Field(None, description="inference container image (PyTorch or Triton, as the runtime)")
+    image_uri: str | None = Field(
+        None,
+        description="inference container image; default: the runtime's for the region and instance type "
+        "(serving.sagemaker.images, from the SageMaker SDK's table)",
+    )
     model_data: str | None = Field(None, description="S3 URI of model.tar.gz")
     runtime: Literal["pytorch", "triton"] = "pytorch"
     triton_model: str = Field(
@@ -127,7 +132,8 @@ def deploy(settings: DeploySettings, sm=None, name: str | None = None) -> dict:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    settings.require("role_arn", "image_uri", "model_data")
+    settings.require("role_arn", "model_data")
+    image = settings.image_uri or image_uri(settings.runtime, settings.region, settings.instance_type)
     sm = sm or _client("sagemaker", settings)
     name, endpoint = name or resource_name(settings.endpoint_name), settings.endpoint_name
     created: list[tuple[str, str]] = []  # (kind, name) to delete if the deploy fails
@@ -137,7 +143,7 @@ def deploy(settings: DeploySettings, sm=None, name: str | None = None) -> dict:
             ModelName=name,
             ExecutionRoleArn=settings.role_arn,
             PrimaryContainer={
-                "Image": settings.image_uri,
+                "Image": image,
                 "ModelDataUrl": settings.model_data,
                 "Environment": environment(settings),
             },
