@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from recserve.errors import ServingError
 from recserve.serving.sagemaker.package import ENTRY_POINT, TRITON_MODEL_ENV, unpack
@@ -37,7 +37,46 @@ DEFAULT_PORT = 8080
 PROBE = json.dumps({"item_id": [], "k": 1}).encode()  # an empty history: popular items, from any model
 
 
-class LocalEndpoint:
+E = TypeVar("E", bound="_Endpoint")
+
+
+class _Endpoint:
+    """What both local endpoints share: the package, the port, a work folder (removed at stop when made here)."""
+
+    LOG = "endpoint.log"
+
+    def __init__(self, package_path: Path, port: int, workdir: Path | None, startup_timeout_s: float):
+        self.package_path = Path(package_path)
+        self.port, self.startup_timeout_s = port, startup_timeout_s
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-"))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / self.LOG
+
+    def start(self: E) -> E:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _remove_workdir(self) -> None:
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self: E) -> E:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class LocalEndpoint(_Endpoint):
     """Unpacks a pytorch-runtime model.tar.gz and serves it on 127.0.0.1:``port`` until stopped."""
 
     def __init__(
@@ -48,10 +87,8 @@ class LocalEndpoint:
         startup_timeout_s: float = 180.0,
         workers: int = 1,
     ):
-        self.package_path = Path(package_path)
-        self.port, self.workers, self.startup_timeout_s = port, workers, startup_timeout_s
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-"))
+        super().__init__(package_path, port, workdir, startup_timeout_s)
+        self.workers = workers
         self.process: subprocess.Popen | None = None
 
     def exit_code(self) -> int | None:
@@ -59,14 +96,6 @@ class LocalEndpoint:
         if self.process is None:
             raise ServingError("the endpoint was never started")
         return self.process.poll()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "endpoint.log"
 
     def start(self) -> LocalEndpoint:
         model_dir = unpack(self.package_path, self.workdir / "model")
@@ -129,17 +158,10 @@ class LocalEndpoint:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         _stop_torchserve()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> LocalEndpoint:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        self._remove_workdir()
 
 
-class TritonEndpoint:
+class TritonEndpoint(_Endpoint):
     """Unpacks a triton-runtime model.tar.gz and serves it as SageMaker's Triton container does: the bundled
     Triton with its SageMaker frontend on ``port`` (/ping, /invocations in KServe v2), the package's one model
     the default (``SAGEMAKER_TRITON_DEFAULT_MODEL_NAME``, as the container's serve script sets it).
@@ -148,6 +170,8 @@ class TritonEndpoint:
     container; its own HTTP endpoint (readiness) stays on loopback.
     """
 
+    LOG = "tritonserver.log"
+
     def __init__(
         self,
         package_path: Path,
@@ -155,19 +179,8 @@ class TritonEndpoint:
         workdir: Path | None = None,
         startup_timeout_s: float = 180.0,
     ):
-        self.package_path = Path(package_path)
-        self.port, self.startup_timeout_s = port, startup_timeout_s
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="recserve-sagemaker-triton-"))
+        super().__init__(package_path, port, workdir, startup_timeout_s)
         self.server: TritonServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "tritonserver.log"
 
     def start(self) -> TritonEndpoint:
         from recserve.serving.processes import free_ports
@@ -205,14 +218,7 @@ class TritonEndpoint:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> TritonEndpoint:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        self._remove_workdir()
 
 
 def _tool_path() -> str:
