@@ -1,4 +1,4 @@
-"""``recserve train``: SASRec, BERT4Rec or Mult-VAE with PyTorch Lightning (progress, checkpoints, early stopping, DDP)."""
+"""``recserve train``: SASRec, BERT4Rec or Mult-VAE on PyTorch Lightning (checkpoints, early stopping, DDP)."""
 
 from __future__ import annotations
 
