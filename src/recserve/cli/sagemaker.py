@@ -82,9 +82,9 @@ def serve(
     frontend, the package's model the default, as the Triton container's serve script runs it; Triton 2.51's
     frontend listens on every interface, as in the container."""
     from recserve.serving.sagemaker.endpoint import LocalEndpoint, TritonEndpoint
-    from recserve.serving.sagemaker.package import package_runtime
+    from recserve.serving.sagemaker.package import inspect_package
 
-    runtime = package_runtime(model)
+    runtime = inspect_package(model).runtime
     endpoint: LocalEndpoint | TritonEndpoint
     if runtime == "triton":
         endpoint = TritonEndpoint(model, port=port, startup_timeout_s=startup_timeout_s)
@@ -174,7 +174,7 @@ def invoke(
     padded to its length, k and exclude_seen), whose answer is read back into the same shape."""
     from recserve.errors import ServingError
     from recserve.serving.sagemaker import protocol
-    from recserve.serving.sagemaker.package import package_runtime, triton_native_shape
+    from recserve.serving.sagemaker.package import inspect_package
 
     history = history_ids(item_ids, string_ids)
     settings = None
@@ -182,16 +182,17 @@ def invoke(
         from recserve.serving.sagemaker.deploy import load_settings
 
         settings = load_settings(env_file, endpoint_name=endpoint_name)
-    runtime = package_runtime(package_file) if package_file else settings.runtime if settings else "pytorch"
+    held = inspect_package(package_file) if package_file else None
+    runtime = held.runtime if held else settings.runtime if settings else "pytorch"
     shape = None
     if runtime == "triton":
-        if package_file is None:
+        if held is None or package_file is None:
             raise typer.BadParameter(
                 "a triton-runtime endpoint takes the native model's fixed history length: pass the package it "
                 "serves (--package model.tar.gz)",
                 param_hint="--package",
             )
-        _, shape = triton_native_shape(package_file)
+        shape = held.native_shape(package_file)
         body, content_type = protocol.triton_request(history, k, shape, binary=binary)
     else:
         body, content_type = protocol.pytorch_request(history, k)

@@ -20,6 +20,7 @@ import logging
 import shutil
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,59 +130,74 @@ def _write_triton(export_dir: Path, root: Path) -> None:
     (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
 
 
-def triton_model_name(package_path: Path) -> str:
-    """The one model folder of a triton-runtime package: what SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names.
+@dataclass(frozen=True)
+class PackageInfo:
+    """What a model.tar.gz holds, read in one pass (a package's gzip stream is read whole to list it)."""
+
+    runtime: str  # pytorch (code/inference.py inside) or triton (one model folder)
+    model: str | None  # triton: the one model folder, what SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names
+    config: str | None  # triton: that model's config.pbtxt
+
+    def native_shape(self, package_path: Path) -> NativeShape:
+        """What the triton package's native model takes (history length, padding, max_k).
+
+        Raises:
+            ServingError: a pytorch package, or a model that is not the native layout's.
+        """
+        from google.protobuf.json_format import MessageToDict
+
+        from recserve.client.triton import NativeShape
+        from recserve.serving.triton.model_config import parse_pbtxt
+
+        config = parse_pbtxt(self.config or "") if self.runtime == "triton" else None
+        shape = NativeShape.from_config(MessageToDict(config, preserving_proto_field_name=True)) if config else None
+        if shape is None:
+            raise ServingError(f"{package_path}: {self.model or 'its model'} is not the native layout's model")
+        return shape
+
+
+def inspect_package(package_path: Path) -> PackageInfo:
+    """The package's runtime, and for triton its model and config, from one read of the archive.
 
     Raises:
-        ServingError: a package that is not a triton-runtime one.
+        ServingError: not a readable model.tar.gz, or neither runtime's layout (naming what it holds).
     """
+    names, configs = [], {}
     try:
-        with tarfile.open(package_path, "r:gz") as tar:
-            tops = {Path(name).parts[0] for name in tar.getnames() if Path(name).parts}
+        with tarfile.open(package_path, "r|gz") as tar:  # streamed: one pass
+            for member in tar:
+                name = member.name.removeprefix("./")
+                names.append(name)
+                if member.isfile() and len(Path(name).parts) == 2 and name.endswith("/config.pbtxt"):
+                    extracted = tar.extractfile(member)
+                    configs[Path(name).parts[0]] = extracted.read().decode() if extracted else ""
     except (tarfile.TarError, OSError) as err:
         raise ServingError(f"{package_path}: not a readable model.tar.gz ({err})") from err
+    if f"code/{ENTRY_POINT}" in names:
+        return PackageInfo("pytorch", None, None)
+    tops = {Path(name).parts[0] for name in names if Path(name).parts}
     models = sorted(t for t in tops if t != "code" and "." not in t)
     if len(models) != 1 or "code" in tops:
         raise ServingError(
             f"{package_path}: not a triton-runtime package (one model folder at the top, found "
             f"{', '.join(sorted(tops)) or 'nothing'}); package it with --runtime triton"
         )
-    return models[0]
+    return PackageInfo("triton", models[0], configs.get(models[0]))
 
 
-def package_runtime(package_path: Path) -> str:
-    """pytorch (code/inference.py inside) or triton (one model folder); ServingError for anything else."""
-    try:
-        with tarfile.open(package_path, "r:gz") as tar:
-            names = tar.getnames()
-    except (tarfile.TarError, OSError) as err:
-        raise ServingError(f"{package_path}: not a readable model.tar.gz ({err})") from err
-    if f"code/{ENTRY_POINT}" in names or f"./code/{ENTRY_POINT}" in names:
-        return "pytorch"
-    triton_model_name(package_path)  # refuses what is neither, naming what it found
-    return "triton"
-
-
-def triton_native_shape(package_path: Path) -> tuple[str, NativeShape]:
-    """The model a triton-runtime package serves and what its native contract takes (history length,
-    padding, max_k), read from the package's config.pbtxt.
+def triton_model_name(package_path: Path) -> str:
+    """The one model folder of a triton-runtime package: what SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names.
 
     Raises:
-        ServingError: not a triton-runtime package.
+        ServingError: a package that is not a triton-runtime one.
     """
-    from google.protobuf.json_format import MessageToDict
-
-    from recserve.client.triton import NativeShape
-    from recserve.serving.triton.model_config import parse_pbtxt
-
-    name = triton_model_name(package_path)
-    with tarfile.open(package_path, "r:gz") as tar:
-        member = tar.extractfile(f"{name}/config.pbtxt")
-        text = member.read().decode() if member is not None else ""
-    shape = NativeShape.from_config(MessageToDict(parse_pbtxt(text), preserving_proto_field_name=True))
-    if shape is None:
-        raise ServingError(f"{package_path}: {name} is not the native layout's model")
-    return name, shape
+    info = inspect_package(package_path)
+    if info.model is None:
+        raise ServingError(
+            f"{package_path}: not a triton-runtime package (it holds code/{ENTRY_POINT}: a pytorch one); "
+            "package it with --runtime triton"
+        )
+    return info.model
 
 
 def copy_package(target: Path) -> None:
