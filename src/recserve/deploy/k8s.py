@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY_FILE
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
-from recserve.serving.triton.launcher import serving_flags
+from recserve.serving.triton.launcher import model_backends, serving_flags
 
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 MODELS_PATH = "/models"
@@ -353,13 +353,12 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
 def _check_image_backends(repo: Path) -> None:
     """The serving image is NVIDIA's Triton container with recserve installed: Triton's own backends, not
     recserve's (native/triton-backend is built against a source checkout's torch)."""
-    from recserve.serving.triton.model_config import parse_pbtxt
     from recserve.serving.triton.native_models import RECSERVE_BACKEND
 
-    for path in sorted(repo.glob("*/config.pbtxt")):
-        if parse_pbtxt(path.read_text()).backend == RECSERVE_BACKEND:
+    for model, backend, _ in model_backends(repo):
+        if backend == RECSERVE_BACKEND:
             raise ServingError(
-                f"{repo}: {path.parent.name} runs on recserve's own Triton backend, which the serving image "
+                f"{repo}: {model} runs on recserve's own Triton backend, which the serving image "
                 "(deploy/docker/Dockerfile.serve, NVIDIA's Triton container) does not hold: write the repository "
                 "with `recserve repo --native-runtime pytorch` for Kubernetes"
             )

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
@@ -120,26 +121,34 @@ def native_backends() -> list[Path]:
 PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxruntime"}  # Triton's own mapping
 
 
+def model_backends(repo: Path) -> list[tuple[str, str, Any]]:
+    """(model, the backend its config names, the parsed config) for each model of a repository; a model
+    whose config does not parse is left out (the server reports it in its own words)."""
+    from recserve.serving.triton.model_config import parse_pbtxt
+
+    found = []
+    for path in sorted(Path(repo).glob("*/config.pbtxt")):
+        try:
+            config = parse_pbtxt(path.read_text())
+        except Exception:
+            continue
+        found.append((path.parent.name, config.backend or PLATFORM_BACKENDS.get(config.platform, ""), config))
+    return found
+
+
 def check_backends(repo: Path, backend_dir: Path) -> None:
     """Refuses, before the server starts, a repository whose models need a backend the folder lacks.
 
     Raises:
         ServingError: naming the models, their backend and how to build it.
     """
-    from recserve.serving.triton.model_config import parse_pbtxt
-
     missing: dict[str, list[str]] = {}
     cpu_only: dict[str, list[str]] = {}
-    for path in sorted(Path(repo).glob("*/config.pbtxt")):
-        try:
-            config = parse_pbtxt(path.read_text())
-        except Exception:  # the server reports a malformed config in its own words
-            continue
-        backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
+    for model, backend, config in model_backends(repo):
         if backend and not (backend_dir / backend).is_dir():
-            missing.setdefault(backend, []).append(path.parent.name)
+            missing.setdefault(backend, []).append(model)
         elif backend in CUDA_BUILT and on_gpus(config) and not built_with_cuda(backend_dir / backend):
-            cpu_only.setdefault(backend, []).append(path.parent.name)
+            cpu_only.setdefault(backend, []).append(model)
     if missing:
         names = "; ".join(f"{', '.join(models)} need(s) Triton's {b} backend" for b, models in missing.items())
         raise ServingError(
