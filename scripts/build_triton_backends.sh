@@ -15,7 +15,7 @@
 # GPUs' architectures (nvcc needed: PATH or $CUDA_HOME/bin). TRITON_BACKENDS_GPU=1 asks for CUDA, =0 for a
 # CPU build; TRITON_CUDA_ARCHS (e.g. "80-real;90-real") overrides the architectures.
 # A build that cannot be done is an error; RECSERVE_SKIP_NATIVE=1 turns it into a warning (the native and
-# seed layouts are then missing, and the test summary says so). About 80 s on 2 cores; a second run with
+# seed layouts are then missing, and the test summary says so). About 2 min on 2 cores; a second run with
 # the same torch, onnxruntime, GPU choice and recserve backend source does nothing.
 # Usage: scripts/build_triton_backends.sh [PYTHON]   (default .venv/bin/python)
 set -euo pipefail
