@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import tritonclient.http as httpclient
+import tritonclient.grpc as grpcclient
 from tests.conftest import require_native, server_settings
 
 from recserve.constants import NATIVE_PAD_ID
@@ -69,22 +69,22 @@ def test_replayed_graphs_answer_what_the_graph_answers_eagerly(tmp_path, gpu):
     module = torch.jit.load(str(repo / "recommender_native" / "1" / "model.pt"), map_location=device).eval()
     length = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text()).input[0].dims[0]
     with TritonServer(repo, server_settings()) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
         for rows in range(1, MAX_BATCH + 1):  # every bucket full (1, 2, 4, 8, 16) and every partial one
             arrays = _requests(rows, length, seed=rows)
             inputs = []
             for name, value in arrays.items():
-                tensor = httpclient.InferInput(
+                tensor = grpcclient.InferInput(
                     name, list(value.shape), {"item_ids": "INT64", "k": "INT32"}.get(name, "BOOL")
                 )
                 tensor.set_data_from_numpy(value)
                 inputs.append(tensor)
             reply = client.infer("recommender_native", inputs)
-            names = [o["name"] for o in reply.get_response()["outputs"]]
+            names = [o.name for o in reply.get_response().outputs]
             got = [reply.as_numpy(n) for n in names]
             expected = _eager(module, arrays, device)
             np.testing.assert_array_equal(got[0], expected[0], err_msg=f"item IDs, {rows} rows")
             np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, err_msg=f"scores, {rows} rows")
             np.testing.assert_array_equal(got[2], expected[2], err_msg=f"unknown IDs, {rows} rows")
-        stats = client.get_inference_statistics("recommender_native")["model_stats"][0]
+        stats = client.get_inference_statistics("recommender_native", as_json=True)["model_stats"][0]
         assert int(stats["execution_count"]) == MAX_BATCH

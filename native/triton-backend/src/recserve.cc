@@ -12,6 +12,7 @@
 // Parameters (config.pbtxt): buckets ("1,2,4,..."), padding_id (the histories' padding, default -1),
 // intra_op_thread_count (CPU threads of an instance, default 1), warmup (calls before a capture, default 3).
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>

@@ -47,10 +47,16 @@ def ids_to_indices(
 
 
 class TopKHead(nn.Module):
-    """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout."""
+    """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout.
+
+    The scores stay in the encoder's precision up to the top-k (a bf16 graph selects over half the bytes of
+    float32, in half the radix passes: most of a large catalogue's time), and only the k chosen become
+    float32. Rows without a known item answer the most popular items, a constant of the graph.
+    """
 
     special: torch.Tensor
     popular_scores: torch.Tensor
+    popular_indices: torch.Tensor
 
     def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, popularity: np.ndarray, max_k: int):
         super().__init__()
@@ -62,20 +68,39 @@ class TopKHead(nn.Module):
         special = torch.zeros(cfg.vocab_size)
         special[[PAD_INDEX, cfg.mask_index]] = float("-inf")  # added to every score: never recommended
         self.register_buffer("special", special, persistent=False)
-        pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32))
-        self.register_buffer("popular_scores", pop, persistent=False)
+        pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32)) + special
+        popular_scores, popular_indices = pop.topk(self.max_k)  # the answer to a history of no known item
+        self.register_buffer("popular_scores", popular_scores, persistent=False)
+        self.register_buffer("popular_indices", popular_indices, persistent=False)
 
     def scores(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
 
         Returns:
-            (B, V) float32 scores, -inf for padding, the mask token and (where asked) the seen items.
+            (B, V) scores in the encoder's precision, -inf for padding, the mask token and (where asked) the
+            seen items. Rows without a known item take their answer from ``popular`` instead.
         """
-        scores = self.encoder(tokens).float()  # (B, V): the mask position only
-        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
-        scores = torch.where(known, scores, self.popular_scores) + self.special
+        scores = self.encoder(tokens)  # (B, V): the mask position only
+        scores = scores + self.special.to(scores.dtype)
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
+
+    def popular(
+        self, tokens: torch.Tensor, top_scores: torch.Tensor, top_indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k of ``scores`` with float32 scores, and the most popular items in the rows of ``tokens``
+        without a known item (only the mask token); as wide as the top-k given."""
+        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+        rank = torch.ones_like(top_indices).cumsum(1) - 1  # (B, K) 0..K-1 without a shape constant (ONNX edits K)
+        return (
+            torch.where(known, top_scores.float(), self.popular_scores[rank]),
+            torch.where(known, top_indices, self.popular_indices[rank]),
+        )
+
+    def top(self, tokens: torch.Tensor, exclude_seen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top ``k`` (at most ``max_k``) scores (B, k) float32 and vocabulary indices (B, k) int64, best
+        first."""
+        return self.popular(tokens, *self.scores(tokens, exclude_seen).topk(k, dim=1))
 
     def forward(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
@@ -83,7 +108,7 @@ class TopKHead(nn.Module):
         Returns:
             Top-k vocabulary indices (B, K) int64 and scores (B, K) float32, best first.
         """
-        top_scores, top_indices = self.scores(tokens, exclude_seen).topk(self.max_k, dim=1)
+        top_scores, top_indices = self.top(tokens, exclude_seen, self.max_k)
         return top_indices, top_scores
 
 
@@ -98,7 +123,7 @@ class SeedStep(nn.Module):
 
     def forward(self, input__0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keep_seen = torch.zeros_like(input__0[:, 0], dtype=torch.bool)
-        top_scores, top_indices = self.head.scores(input__0, keep_seen).topk(self.k, dim=1)
+        top_scores, top_indices = self.head.top(input__0, keep_seen, self.k)
         return top_indices, top_scores
 
 
@@ -202,9 +227,9 @@ class NativeGraph(nn.Module):
         tokens = F.pad(indices, (0, 1), value=g.mask_index)
         scores = g.head.scores(tokens, exclude_seen[:, 0])
         if self.dynamic_k:
-            top_scores, top_indices = _top_k(scores, k, self.max_k)
+            top_scores, top_indices = g.head.popular(tokens, *_top_k(scores, k, self.max_k))
         else:
-            top_scores, top_indices = scores.topk(self.max_k, dim=1)
+            top_scores, top_indices = g.head.popular(tokens, *scores.topk(self.max_k, dim=1))
         rank = torch.ones_like(top_scores).cumsum(1)  # 1..K without a shape constant (ONNX edits K)
         usable = (k >= 1) & (k <= self.k_limit)
         keep = (rank <= k) & usable

@@ -1,0 +1,130 @@
+"""Where the native graph's GPU time goes at a catalogue size: the export's native TorchScript graph (as
+`recserve export --device cuda` freezes it) replayed as a CUDA graph at several batch sizes, its kernels by
+GPU time at one batch size, and the top-k step alone (torch.topk over the whole row against a two-stage
+top-k over chunks of the row) on the same scores. Figures printed and written to --out as JSON.
+
+    python benchmarks/native_graph_profile.py --items 1000000 --out runs/native-profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from recserve.bench.synthetic import make_random_run
+from recserve.export import native
+from recserve.export.graph import build_graph, load_spec
+from recserve.export.torchscript import _frozen
+from recserve.models.inference import NativeGraph
+
+
+def replay_ms(fn, repeats: int = 50) -> float:
+    """Median milliseconds of one replay of ``fn`` captured as a CUDA graph (warmed up first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def chunked_topk(scores: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top k of each row: the top k of each chunk of the row, then the top k of those."""
+    rows, width = scores.shape
+    pad = (-width) % chunk
+    padded = torch.nn.functional.pad(scores, (0, pad), value=float("-inf")) if pad else scores
+    local_scores, local_idx = padded.view(rows, -1, chunk).topk(min(k, chunk), dim=2)
+    offsets = torch.arange(0, width + pad, chunk, device=scores.device)[None, :, None]
+    top_scores, pos = local_scores.reshape(rows, -1).topk(k, dim=1)
+    return top_scores, (local_idx + offsets).reshape(rows, -1).gather(1, pos)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--profile-batch", type=int, default=64)
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--max-k", type=int, default=100)
+    parser.add_argument("--chunks", default="1024,4096,16384")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/native-profile"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
+    spec = load_spec(run)
+    graph = build_graph(run, spec, args.max_k, args.precision).cuda()
+    length = spec.window - 1
+    result: dict = {
+        "items": args.items,
+        "precision": args.precision,
+        "max_k": args.max_k,
+        "gpu": torch.cuda.get_device_name(),
+    }
+    with torch.inference_mode():
+        example = tuple(t.cuda() for t in native.example(4, length, spec))
+        model = _frozen(NativeGraph(graph, dynamic_k=False), example)
+        rows = []
+        for batch in map(int, args.batches.split(",")):
+            inputs = tuple(t.cuda() for t in native.example(batch, length, spec, seed=batch))
+            graph_ms = replay_ms(lambda inputs=inputs: model(*inputs))
+            scores = graph.head.scores(
+                torch.nn.functional.pad(
+                    torch.randint(1, args.items, (batch, length), device="cuda"), (0, 1), value=graph.mask_index
+                ),
+                torch.ones(batch, dtype=torch.bool, device="cuda"),
+            )
+            row = {"batch": batch, "graph_ms": graph_ms, "topk_ms": replay_ms(lambda s=scores: s.topk(args.max_k, 1))}
+            for chunk in map(int, args.chunks.split(",")):
+                expected = scores.topk(args.max_k, 1)
+                got = chunked_topk(scores, args.max_k, chunk)
+                assert torch.equal(got[0], expected[0]), "chunked top-k scores differ from torch.topk's"
+                row[f"chunked{chunk}_ms"] = replay_ms(lambda s=scores, c=chunk: chunked_topk(s, args.max_k, c))
+            rows.append(row)
+            print(
+                f"batch {batch:4d}: graph {graph_ms:7.3f} ms ({1000 * graph_ms / batch:7.1f} us a row), topk "
+                + ", ".join(
+                    f"{k.removesuffix('_ms')} {v:.3f}" for k, v in row.items() if k.endswith("_ms") and k != "graph_ms"
+                ),
+                flush=True,
+            )
+        result["batches"] = rows
+        inputs = tuple(t.cuda() for t in native.example(args.profile_batch, length, spec, seed=1))
+        for _ in range(3):
+            model(*inputs)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                model(*inputs)
+            torch.cuda.synchronize()
+    kernels = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:15]
+    result["profile"] = {
+        "batch": args.profile_batch,
+        "kernels": [
+            {"name": e.key[:120], "ms_per_call": e.device_time_total / 5 / 1000, "count": e.count // 5} for e in kernels
+        ],
+    }
+    print(f"kernels at batch {args.profile_batch} (ms a call):")
+    for k in result["profile"]["kernels"]:
+        print(f"  {k['ms_per_call']:7.3f}  x{k['count']:<3d} {k['name']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
