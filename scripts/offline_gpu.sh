@@ -84,8 +84,13 @@ cmd_bench() {
 }
 
 # The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.
+# The export tests prepare ML-100K, which needs polars: carry .gpu-carry/wheels for them.
 cmd_test() {
   carried_server
+  if ls .gpu-carry/wheels/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  fi
   python3 -m pytest -q -p no:cacheprovider "${@:-tests/gpu}"
 }
 
