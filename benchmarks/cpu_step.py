@@ -24,7 +24,7 @@ import sys, time, torch
 from recserve.data.datasets import load_prepared
 from recserve.train.tasks import build_task
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
-from recserve.models.bert4rec import Bert4RecConfig
+from recserve.models.config import Bert4RecConfig
 try:
     from recserve.train.config import MODEL_DEFAULTS, TrainConfig
 except ImportError:  # checkouts before train/config.py

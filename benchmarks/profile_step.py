@@ -33,9 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from recserve.data.sequences import Sequences
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.models.bert4rec import Bert4Rec
+from recserve.models.config import Bert4RecConfig
 from recserve.train.batches import ClozeSettings, WindowEpochs
-from recserve.train.losses import CatalogueLoss, LossSettings
+from recserve.train.config import LossSettings
+from recserve.train.losses import CatalogueLoss
 from recserve.train.objectives import cloze_loss
 
 OPTIONS = ("plain", "bf16", "view", "static", "fused", "local", "compile")

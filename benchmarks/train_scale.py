@@ -230,7 +230,8 @@ def main() -> None:
             log = work / "log.parquet"
             generate(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
-        defaults = MODEL_DEFAULTS[args.model]
+        defaults = {"weight_decay": TrainConfig.weight_decay, "samples_per_user": TrainConfig.samples_per_user}
+        defaults |= MODEL_DEFAULTS[args.model]
         cfg = TrainConfig(
             epochs=args.epochs,
             batch_size=args.batch_size,

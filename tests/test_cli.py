@@ -84,6 +84,11 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
         (["bench", "--repo", "{tmp}/nope", "--out", "{tmp}/b"], "no such model repository"),
         (["data", "{tmp}", "--out", "{tmp}/d"], "a folder; give the log file itself"),
         (["data", "{tmp}/empty.csv", "--out", "{tmp}/d"], "empty"),
+        (
+            ["train", "--data", "{tmp}", "--out", "{tmp}/t", "--model", "sasrec", "--mask-prob", "0.3"],
+            "--mask-prob: not a setting of sasrec",
+        ),
+        (["train", "--data", "{tmp}", "--out", "{tmp}/t", "--model", "multvae", "--layers", "2"], "--layers: not a"),
     ],
 )
 def test_bad_input_gets_one_line_that_says_what_to_do(args, message, tmp_path):

@@ -5,7 +5,8 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.models.multvae import Bag, MultVAE, MultVAEConfig
+from recserve.models.config import MultVAEConfig
+from recserve.models.multvae import Bag, MultVAE
 
 
 def small(**overrides) -> MultVAE:

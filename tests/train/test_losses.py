@@ -10,7 +10,8 @@ from recserve.data.sequences import Sequences
 from recserve.errors import ConfigError
 from recserve.models import Bert4Rec, Bert4RecConfig
 from recserve.train.batches import ClozeSettings, WindowEpochs
-from recserve.train.losses import FULL_SOFTMAX_MAX_ITEMS, CatalogueLoss, LossSettings
+from recserve.train.config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
+from recserve.train.losses import CatalogueLoss
 from recserve.train.objectives import cloze_loss
 
 N = 40

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
+from recserve.models.bert4rec import Bert4Rec
+from recserve.models.config import Bert4RecConfig
 
 
 def make_random_run(

@@ -8,6 +8,23 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
+from recserve.models.config import (
+    DENSE_DROPOUT,
+    SPARSE_DROPOUT,
+    SPARSE_MEDIAN_LENGTH,
+    Bert4RecConfig,
+    MultVAEConfig,
+    SASRecConfig,
+)
+from recserve.train.config import MODEL_DEFAULTS, TrainConfig
+
+B, S, M = Bert4RecConfig, SASRecConfig, MultVAEConfig  # their defaults, in the options' help
+
+
+def _per_model(name: str) -> str:
+    """A training setting's default for each model, as the options' help shows it: "(bert4rec 60, ...)"."""
+    values = [f"{model} {MODEL_DEFAULTS[model].get(name, getattr(TrainConfig, name))}" for model in MODEL_DEFAULTS]
+    return "(" + ", ".join(values) + ")"
 
 
 @handle_errors
@@ -24,24 +41,32 @@ def train(
     window: Annotated[
         int | None,
         typer.Option(
-            help="BERT4Rec, SASRec: longest input, mask (reserved) token "
-            "included [100]. Mult-VAE: most history items served [1024]."
+            help=f"BERT4Rec, SASRec: longest input, mask (reserved) token included [{B.window}, {S.window}]. "
+            f"Mult-VAE: most history items served [{M.window}]."
         ),
     ] = None,
     hidden: Annotated[
-        int | None, typer.Option(help="BERT4Rec, SASRec: model width [64]. Mult-VAE: hidden layer [600].")
+        int | None,
+        typer.Option(
+            help=f"BERT4Rec, SASRec: model width [{B.hidden}, {S.hidden}]. Mult-VAE: hidden layer [{M.hidden}]."
+        ),
     ] = None,
-    layers: Annotated[int | None, typer.Option(help="BERT4Rec, SASRec: transformer blocks [1, 2].")] = None,
-    heads: Annotated[int | None, typer.Option(help="BERT4Rec, SASRec: attention heads [2, 1].")] = None,
+    layers: Annotated[
+        int | None, typer.Option(help=f"BERT4Rec, SASRec: transformer blocks [{B.layers}, {S.layers}].")
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option(help=f"BERT4Rec, SASRec: attention heads [{B.heads}, {S.heads}].")
+    ] = None,
     dropout: Annotated[
         float | None,
         typer.Option(
-            help="Dropout rate [BERT4Rec 0.2; SASRec 0.5 where the median "
-            "training history is under 20 items, else 0.2; Mult-VAE 0.5 "
-            "on the input]."
+            help=f"Dropout rate [BERT4Rec {B.dropout}; SASRec {SPARSE_DROPOUT} where the median training history "
+            f"is under {SPARSE_MEDIAN_LENGTH} items, else {DENSE_DROPOUT}; Mult-VAE {M.dropout} on the input]."
         ),
     ] = None,
-    mask_prob: Annotated[float, typer.Option(help="BERT4Rec: Cloze masking probability.")] = 0.4,
+    mask_prob: Annotated[
+        float | None, typer.Option(help=f"BERT4Rec: Cloze masking probability [{B.mask_prob}].")
+    ] = None,
     loss_exclude_seen: Annotated[
         bool,
         typer.Option(
@@ -49,13 +74,12 @@ def train(
             "softmax; SASRec: the items up to each position; as serving "
             "leaves seen items out."
         ),
-    ] = True,
+    ] = TrainConfig.loss_exclude_seen,
     samples_per_user: Annotated[
         int | None,
         typer.Option(
-            help="BERT4Rec, SASRec: windows drawn per user per "
-            "epoch [4, 2]; a SASRec window predicts at every "
-            "position."
+            help=f"Windows drawn per user per epoch {_per_model('samples_per_user')}; a SASRec window "
+            "predicts at every position."
         ),
     ] = None,
     loss: Annotated[
@@ -65,29 +89,33 @@ def train(
             "sampled-uniform or sampled-popularity (in-batch plus drawn negatives, "
             "log-Q corrected); auto: full up to 50,000 items, else sampled-uniform."
         ),
-    ] = "auto",
+    ] = TrainConfig.loss,
     negatives: Annotated[
         int, typer.Option(help="Sampled losses: negatives drawn per batch, beside as many in-batch targets.")
-    ] = 8192,
-    latent: Annotated[int, typer.Option(help="Mult-VAE: latent dimensions.")] = 200,
-    anneal_cap: Annotated[float, typer.Option(help="Mult-VAE: the largest KL weight.")] = 0.2,
+    ] = TrainConfig.negatives,
+    latent: Annotated[int | None, typer.Option(help=f"Mult-VAE: latent dimensions [{M.latent}].")] = None,
+    anneal_cap: Annotated[float | None, typer.Option(help=f"Mult-VAE: the largest KL weight [{M.anneal_cap}].")] = None,
     anneal_steps: Annotated[
-        int, typer.Option(help="Mult-VAE: optimizer steps for the KL weight to reach 1 (it stops at the cap).")
-    ] = 2000,
+        int | None,
+        typer.Option(
+            help=f"Mult-VAE: optimizer steps for the KL weight to reach 1 (it stops at the cap) [{M.anneal_steps}]."
+        ),
+    ] = None,
     heldout_share: Annotated[
         float, typer.Option(help="Mult-VAE: share of users held out for validation, and for test.")
-    ] = 0.1,
+    ] = TrainConfig.heldout_share,
     epochs: Annotated[
-        int | None, typer.Option(help="Most epochs; early stopping may end sooner [60, 100, 200].")
+        int | None, typer.Option(help=f"Most epochs; early stopping may end sooner {_per_model('epochs')}.")
     ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Samples per step [128, 100].")] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate [1e-3].")] = None,
+    batch_size: Annotated[int | None, typer.Option(help=f"Samples per step {_per_model('batch_size')}.")] = None,
+    lr: Annotated[float | None, typer.Option(help=f"Learning rate {_per_model('lr')}.")] = None,
     lr_schedule: Annotated[
         str, typer.Option(help="constant, or cosine (5% warm-up, then down to 0 at --epochs).")
-    ] = "constant",
-    weight_decay: Annotated[float | None, typer.Option(help="Weight decay [0.01, 0].")] = None,
+    ] = TrainConfig.lr_schedule,
+    weight_decay: Annotated[float | None, typer.Option(help=f"Weight decay {_per_model('weight_decay')}.")] = None,
     patience: Annotated[
-        int | None, typer.Option(help="Epochs without a better validation metric before stopping [8, 20].")
+        int | None,
+        typer.Option(help=f"Epochs without a better validation metric before stopping {_per_model('patience')}."),
     ] = None,
     refit: Annotated[
         bool,
@@ -95,9 +123,9 @@ def train(
             help="BERT4Rec, SASRec: then train again on every item but the test one, for "
             "the epoch count validation chose, and keep that model."
         ),
-    ] = False,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    ] = TrainConfig.refit,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = TrainConfig.seed,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TrainConfig.device,
     devices: Annotated[
         int,
         typer.Option(
@@ -105,8 +133,10 @@ def train(
             "--batch-size is the whole step's, split between them: below about 1,000 rows a GPU each step is "
             "bound by launching its kernels, so give a second GPU a larger batch."
         ),
-    ] = 1,
-    precision: Annotated[str, typer.Option(help="auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32.")] = "auto",
+    ] = TrainConfig.devices,
+    precision: Annotated[
+        str, typer.Option(help="auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32.")
+    ] = TrainConfig.precision,
     compile: Annotated[
         bool,
         typer.Option(
@@ -115,7 +145,7 @@ def train(
             "(on an H200 the bare step ran 1.6x as fast at 1M items, batch 512; a whole epoch on video.txt at "
             "batch 128, where Lightning's per-step work dominates, 1.05x).",
         ),
-    ] = False,
+    ] = TrainConfig.compile,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -131,9 +161,10 @@ def train(
     SASRec (the default) trains on the next item at every position, BERT4Rec on the Cloze task; both
     validate NDCG@10 on each user's second-to-last item. Mult-VAE trains on held-out-user splits and
     validates NDCG@100 (the paper's protocol). Values in brackets are the defaults of the models named
-    (BERT4Rec first), where they differ.
+    (BERT4Rec first), where they differ; in parentheses, each model's. A setting of another model than the
+    chosen one is refused.
     """
-    from recserve.train.config import MODEL_DEFAULTS, TrainConfig
+    from recserve.train.config import model_settings
     from recserve.train.trainer import train as run_training
     from recserve.train.trainer import write_metrics
 
@@ -162,16 +193,20 @@ def train(
         compile=compile,
         **settings,
     )
-    if model == "bert4rec":
-        overrides = dict(mask_prob=mask_prob)
-    elif model == "multvae":
-        overrides = dict(latent=latent, anneal_cap=anneal_cap, anneal_steps=anneal_steps)
-    else:
-        overrides = {}
-    given = dict(window=window, hidden=hidden, dropout=dropout)
-    if model != "multvae":
-        given |= dict(layers=layers, heads=heads)
-    overrides |= {k: v for k, v in given.items() if v is not None}
+    overrides = model_settings(
+        model,
+        dict(
+            window=window,
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            dropout=dropout,
+            mask_prob=mask_prob,
+            latent=latent,
+            anneal_cap=anneal_cap,
+            anneal_steps=anneal_steps,
+        ),
+    )
     summary = run_training(data, out, overrides, cfg, model=model, overwrite=overwrite)
     if not summary:
         return  # a DDP worker other than rank 0

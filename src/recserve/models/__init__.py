@@ -1,7 +1,23 @@
-"""Recommendation models and the ID-in, top-k-out inference graph."""
+"""Recommendation models and the ID-in, top-k-out inference graph.
 
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-from recserve.models.multvae import MultVAE, MultVAEConfig
-from recserve.models.sasrec import SASRec, SASRecConfig
+The names below load on first use, so ``recserve.models.config`` (the configs, no torch) imports alone.
+"""
 
+from importlib import import_module
+from typing import Any
+
+_HOMES = {
+    "Bert4Rec": "bert4rec",
+    "MultVAE": "multvae",
+    "SASRec": "sasrec",
+    "Bert4RecConfig": "config",
+    "MultVAEConfig": "config",
+    "SASRecConfig": "config",
+}
 __all__ = ["Bert4Rec", "Bert4RecConfig", "MultVAE", "MultVAEConfig", "SASRec", "SASRecConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'recserve.models' has no attribute {name!r}")
+    return getattr(import_module(f"recserve.models.{_HOMES[name]}"), name)

@@ -7,35 +7,11 @@ itself is ``models.transformer``, shared with SASRec.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from torch import nn
 
-from recserve.errors import ConfigError
-from recserve.models.config import ModelConfig
-from recserve.models.transformer import ItemTransformer, transformer_problems
-
-
-@dataclass(frozen=True)
-class Bert4RecConfig(ModelConfig):
-    MODEL: ClassVar[str] = "bert4rec"
-
-    num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and the mask token (N + 1)
-    window: int = 100  # longest input, the mask token included
-    hidden: int = 64  # embedding and model width
-    layers: int = 1  # transformer blocks (1 does best on ML-100K-sized data: docs/quality.md)
-    heads: int = 2  # attention heads; hidden must divide by it
-    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
-    mask_prob: float = 0.4  # Cloze masking probability in training (the paper: 0.2 on MovieLens, 0.4 on Steam)
-
-    def validate(self) -> None:
-        problems = transformer_problems(self)
-        if not 0 < self.mask_prob < 1:
-            problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
-        if problems:
-            raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
+from recserve.models.config import Bert4RecConfig
+from recserve.models.transformer import ItemTransformer
 
 
 class Bert4Rec(ItemTransformer):

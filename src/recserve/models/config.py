@@ -1,12 +1,15 @@
-"""What every model config shares: the index space (0 padding, items 1..N, N + 1 the mask token) and its
-file, ``model_config.json``, which holds the model's name and the dataclass fields."""
+"""The models' configs, without torch (so the command line can show their defaults): what every config
+shares (the index space, 0 padding, items 1..N, N + 1 the mask token, and its file, ``model_config.json``,
+which holds the model's name and the dataclass fields), and BERT4Rec's, SASRec's and Mult-VAE's fields."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, Self
+
+from recserve.errors import ConfigError
 
 
 class ModelConfig:
@@ -32,3 +35,89 @@ class ModelConfig:
         raw = json.loads(Path(path).read_text())
         raw.pop("model", None)
         return cls(**raw)
+
+
+SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median: sparse (Amazon-like) data
+SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
+
+
+def transformer_problems(cfg) -> list[str]:
+    """What is wrong with the settings every transformer config has (empty when nothing is)."""
+    problems = []
+    if cfg.num_items < 1:
+        problems.append(f"num_items={cfg.num_items}: must be at least 1")
+    if cfg.window < 2:
+        problems.append(f"window={cfg.window}: must be at least 2 (one item and the mask or reserved token)")
+    if cfg.hidden < 1 or cfg.heads < 1 or cfg.hidden % cfg.heads:
+        problems.append(f"hidden={cfg.hidden}, heads={cfg.heads}: hidden must be a multiple of heads")
+    if cfg.layers < 1:
+        problems.append(f"layers={cfg.layers}: must be at least 1")
+    if not 0 <= cfg.dropout < 1:
+        problems.append(f"dropout={cfg.dropout}: must be in [0, 1)")
+    return problems
+
+
+@dataclass(frozen=True)
+class Bert4RecConfig(ModelConfig):
+    MODEL: ClassVar[str] = "bert4rec"
+
+    num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and the mask token (N + 1)
+    window: int = 100  # longest input, the mask token included
+    hidden: int = 64  # embedding and model width
+    layers: int = 1  # transformer blocks (1 does best on ML-100K-sized data: docs/quality.md)
+    heads: int = 2  # attention heads; hidden must divide by it
+    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
+    mask_prob: float = 0.4  # Cloze masking probability in training (the paper: 0.2 on MovieLens, 0.4 on Steam)
+
+    def validate(self) -> None:
+        problems = transformer_problems(self)
+        if not 0 < self.mask_prob < 1:
+            problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
+        if problems:
+            raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class SASRecConfig(ModelConfig):
+    MODEL: ClassVar[str] = "sasrec"
+
+    num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and a reserved index (N + 1)
+    window: int = 100  # longest input the serving graph builds: window - 1 history items and the reserved token
+    hidden: int = 64  # embedding and model width
+    layers: int = 2  # transformer blocks
+    heads: int = 1  # attention heads; hidden must divide by it
+    dropout: float = DENSE_DROPOUT  # on embeddings, attention and outputs; `recserve train`: dropout_for(data)
+
+    def validate(self) -> None:
+        problems = transformer_problems(self)
+        if problems:
+            raise ConfigError("bad SASRec config: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class MultVAEConfig(ModelConfig):
+    MODEL: ClassVar[str] = "multvae"
+
+    num_items: int  # N, the catalogue size
+    hidden: int = 600  # the paper's [I -> 600 -> 200 -> 600 -> I]
+    latent: int = 200
+    dropout: float = 0.5  # on the normalised input
+    anneal_cap: float = 0.2  # the KL weight grows linearly, and stops at this
+    anneal_steps: int = 2000  # optimizer steps for the weight to reach 1 (the paper's total_anneal_steps)
+    window: int = 1024  # most history items a served request keeps (the most recent)
+
+    def validate(self) -> None:
+        problems = []
+        if self.num_items < 1:
+            problems.append(f"num_items={self.num_items}: must be at least 1")
+        for name in ("hidden", "latent", "anneal_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout={self.dropout}: must be in [0, 1)")
+        if not 0 <= self.anneal_cap <= 1:
+            problems.append(f"anneal_cap={self.anneal_cap}: must be in [0, 1]")
+        if self.window < 2:
+            problems.append(f"window={self.window}: must be at least 2")
+        if problems:
+            raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))

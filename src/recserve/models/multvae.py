@@ -10,44 +10,14 @@ the serving graph; the special columns are never fed in and never recommended.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
-from recserve.errors import ConfigError
-from recserve.models.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class MultVAEConfig(ModelConfig):
-    MODEL: ClassVar[str] = "multvae"
-
-    num_items: int  # N, the catalogue size
-    hidden: int = 600  # the paper's [I -> 600 -> 200 -> 600 -> I]
-    latent: int = 200
-    dropout: float = 0.5  # on the normalised input
-    anneal_cap: float = 0.2  # the KL weight grows linearly, and stops at this
-    anneal_steps: int = 2000  # optimizer steps for the weight to reach 1 (the paper's total_anneal_steps)
-    window: int = 1024  # most history items a served request keeps (the most recent)
-
-    def validate(self) -> None:
-        problems = []
-        if self.num_items < 1:
-            problems.append(f"num_items={self.num_items}: must be at least 1")
-        for name in ("hidden", "latent", "anneal_steps"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)}: must be at least 1")
-        if not 0 <= self.dropout < 1:
-            problems.append(f"dropout={self.dropout}: must be in [0, 1)")
-        if not 0 <= self.anneal_cap <= 1:
-            problems.append(f"anneal_cap={self.anneal_cap}: must be in [0, 1]")
-        if self.window < 2:
-            problems.append(f"window={self.window}: must be at least 2")
-        if problems:
-            raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
+from recserve.models.config import MultVAEConfig
 
 
 @dataclass

@@ -9,9 +9,10 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-from recserve.models.multvae import MultVAE, MultVAEConfig
-from recserve.models.sasrec import SASRec, SASRecConfig
+from recserve.models.bert4rec import Bert4Rec
+from recserve.models.config import Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.multvae import MultVAE
+from recserve.models.sasrec import SASRec
 
 MODELS: dict[str, tuple[type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig], type]] = {
     "bert4rec": (Bert4RecConfig, Bert4Rec),

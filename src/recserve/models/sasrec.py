@@ -10,38 +10,14 @@ token after the history as it does for BERT4Rec, and SASRec reads the history be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
-from recserve.errors import ConfigError
-from recserve.models.config import ModelConfig
-from recserve.models.transformer import ItemTransformer, transformer_problems
-
-SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median: sparse (Amazon-like) data
-SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
-
-
-@dataclass(frozen=True)
-class SASRecConfig(ModelConfig):
-    MODEL: ClassVar[str] = "sasrec"
-
-    num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and a reserved index (N + 1)
-    window: int = 100  # longest input the serving graph builds: window - 1 history items and the reserved token
-    hidden: int = 64  # embedding and model width
-    layers: int = 2  # transformer blocks
-    heads: int = 1  # attention heads; hidden must divide by it
-    dropout: float = DENSE_DROPOUT  # on embeddings, attention and outputs; `recserve train`: dropout_for(data)
-
-    def validate(self) -> None:
-        problems = transformer_problems(self)
-        if problems:
-            raise ConfigError("bad SASRec config: " + "; ".join(problems))
+from recserve.models.config import DENSE_DROPOUT, SPARSE_DROPOUT, SPARSE_MEDIAN_LENGTH, SASRecConfig
+from recserve.models.transformer import ItemTransformer
 
 
 def dropout_for(lengths: np.ndarray) -> float:

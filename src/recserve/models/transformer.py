@@ -132,22 +132,6 @@ class Block(nn.Module):
         return x + self.ffn(self.ln2(x))
 
 
-def transformer_problems(cfg) -> list[str]:
-    """What is wrong with the settings every transformer config has (empty when nothing is)."""
-    problems = []
-    if cfg.num_items < 1:
-        problems.append(f"num_items={cfg.num_items}: must be at least 1")
-    if cfg.window < 2:
-        problems.append(f"window={cfg.window}: must be at least 2 (one item and the mask or reserved token)")
-    if cfg.hidden < 1 or cfg.heads < 1 or cfg.hidden % cfg.heads:
-        problems.append(f"hidden={cfg.hidden}, heads={cfg.heads}: hidden must be a multiple of heads")
-    if cfg.layers < 1:
-        problems.append(f"layers={cfg.layers}: must be at least 1")
-    if not 0 <= cfg.dropout < 1:
-        problems.append(f"dropout={cfg.dropout}: must be in [0, 1)")
-    return problems
-
-
 class ItemTransformer(nn.Module):
     """Embeddings, blocks and the tied output layer; subclasses choose the attention and the head.
 

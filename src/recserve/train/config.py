@@ -1,22 +1,57 @@
-"""The training settings: ``TrainConfig`` and the values where the models' usual ones differ."""
+"""The training settings without torch: ``TrainConfig``, the loss settings, the values where the models' usual
+ones differ and which model has which setting."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import torch
-
 from recserve.errors import ConfigError
-from recserve.train.losses import LossSettings
+from recserve.models.config import Bert4RecConfig, ModelConfig, MultVAEConfig, SASRecConfig
 
-# The training settings where the models' usual values differ (TrainConfig's own defaults are BERT4Rec's);
+# The training settings where a model's usual values differ from TrainConfig's own (which are BERT4Rec's);
 # `recserve train` starts from these, an option given on the command line wins.
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert4rec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=60, patience=8, samples_per_user=4),
-    "sasrec": dict(batch_size=128, lr=1e-3, weight_decay=0.01, epochs=100, patience=8, samples_per_user=2),
-    "multvae": dict(batch_size=100, lr=1e-3, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
+    "bert4rec": {},
+    "sasrec": dict(epochs=100, samples_per_user=2),
+    "multvae": dict(batch_size=100, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
 }
+MODEL_CONFIGS: dict[str, type[ModelConfig]] = {
+    "bert4rec": Bert4RecConfig,
+    "sasrec": SASRecConfig,
+    "multvae": MultVAEConfig,
+}
+
+LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
+FULL_SOFTMAX_MAX_ITEMS = 50_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    name: str = "auto"  # one of LOSSES; auto picks full or sampled-uniform by catalogue size
+    negatives: int = 8192  # sampled: items drawn per batch, beside as many in-batch targets
+    exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving leaves seen items
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.name not in LOSSES:
+            problems.append(f"loss={self.name!r}: expected one of {', '.join(LOSSES)}")
+        if self.negatives < 1:
+            problems.append(f"negatives={self.negatives}: must be at least 1")
+        return problems
+
+    def resolve(self, num_items: int) -> LossSettings:
+        """``auto`` made concrete for a catalogue of ``num_items``."""
+        if self.name != "auto":
+            return self
+        return replace(self, name="full" if num_items <= FULL_SOFTMAX_MAX_ITEMS else "sampled-uniform")
+
+    def describe(self) -> dict:
+        """What metrics.json records."""
+        out = {"name": self.name, "exclude_seen": self.exclude_seen}
+        if self.name.startswith("sampled"):
+            out |= {"negatives": self.negatives, "in_batch": True, "log_q_correction": True}
+        return out
 
 
 @dataclass(frozen=True)
@@ -27,9 +62,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     lr_schedule: str = "constant"  # constant, or cosine: a 5% warm-up, then down to 0 at the last epoch
     samples_per_user: int = 4  # BERT4Rec: windows drawn per user per epoch
-    loss: str = "auto"  # BERT4Rec, SASRec: full, sampled-uniform or sampled-popularity; auto: full up to 50k items
-    negatives: int = 8192  # sampled losses: items drawn per batch, beside the in-batch targets
-    loss_exclude_seen: bool = True  # BERT4Rec: the sample's other items out of each softmax; SASRec: those up to it
+    loss: str = LossSettings.name  # BERT4Rec, SASRec: one of LOSSES
+    negatives: int = LossSettings.negatives  # sampled losses: items drawn per batch, beside the in-batch targets
+    # BERT4Rec: the sample's other items out of each softmax; SASRec: the items up to each position
+    loss_exclude_seen: bool = LossSettings.exclude_seen
     refit: bool = False  # BERT4Rec, SASRec: then train again on items[:-1] for the best epoch count; that model is kept
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = 0.1  # Mult-VAE: share of users held out for validation, and again for test
@@ -60,10 +96,10 @@ class TrainConfig:
             problems.append(f"precision={self.precision!r}: expected auto, bf16 or 32")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device={self.device!r}: expected auto, cpu or cuda")
-        elif self.device == "cuda" and not torch.cuda.is_available():
+        elif self.device == "cuda" and not _cuda_count():
             problems.append("device='cuda': no CUDA device is available here; use --device cpu")
-        elif self.device == "cuda" and self.devices > torch.cuda.device_count():
-            problems.append(f"devices={self.devices}: only {torch.cuda.device_count()} GPUs are visible")
+        elif self.device == "cuda" and self.devices > _cuda_count():
+            problems.append(f"devices={self.devices}: only {_cuda_count()} GPUs are visible")
         if problems:
             raise ConfigError("bad training settings: " + "; ".join(problems))
 
@@ -95,5 +131,23 @@ class TrainConfig:
     @property
     def accelerator(self) -> str:
         if self.device == "auto":
-            return "gpu" if torch.cuda.is_available() else "cpu"
+            return "gpu" if _cuda_count() else "cpu"
         return "gpu" if self.device == "cuda" else "cpu"
+
+
+def _cuda_count() -> int:
+    import torch  # here: the settings and their defaults import without torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def model_settings(model: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The options given (None: not given) that ``model``'s config has, to override its defaults; an option
+    the model has no field for is a ``ConfigError`` naming both."""
+    known = {f.name for f in fields(MODEL_CONFIGS[model])} - {"num_items"}  # type: ignore[arg-type]
+    chosen = {name: value for name, value in given.items() if value is not None}
+    foreign = sorted(set(chosen) - known)
+    if foreign:
+        options = ", ".join("--" + name.replace("_", "-") for name in foreign)
+        raise ConfigError(f"{options}: not a setting of {model} (its settings: {', '.join(sorted(known))})")
+    return chosen

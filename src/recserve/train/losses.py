@@ -12,7 +12,6 @@ the pool), never through a dense (positions x catalogue) mask.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -21,37 +20,7 @@ import torch.nn.functional as F
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
 from recserve.train.batches import row_contains
-
-LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
-FULL_SOFTMAX_MAX_ITEMS = 50_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    name: str = "auto"  # one of LOSSES; auto picks full or sampled-uniform by catalogue size
-    negatives: int = 8192  # sampled: items drawn per batch, beside as many in-batch targets
-    exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving leaves seen items
-
-    def validate(self) -> list[str]:
-        problems = []
-        if self.name not in LOSSES:
-            problems.append(f"loss={self.name!r}: expected one of {', '.join(LOSSES)}")
-        if self.negatives < 1:
-            problems.append(f"negatives={self.negatives}: must be at least 1")
-        return problems
-
-    def resolve(self, num_items: int) -> LossSettings:
-        """``auto`` made concrete for a catalogue of ``num_items``."""
-        if self.name != "auto":
-            return self
-        return replace(self, name="full" if num_items <= FULL_SOFTMAX_MAX_ITEMS else "sampled-uniform")
-
-    def describe(self) -> dict:
-        """What metrics.json records."""
-        out = {"name": self.name, "exclude_seen": self.exclude_seen}
-        if self.name.startswith("sampled"):
-            out |= {"negatives": self.negatives, "in_batch": True, "log_q_correction": True}
-        return out
+from recserve.train.config import LossSettings
 
 
 class CatalogueLoss:

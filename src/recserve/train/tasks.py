@@ -16,9 +16,10 @@ import torch
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
-from recserve.models.bert4rec import Bert4Rec, Bert4RecConfig
-from recserve.models.multvae import MultVAE, MultVAEConfig
-from recserve.models.sasrec import SASRec, SASRecConfig, dropout_for
+from recserve.models.bert4rec import Bert4Rec
+from recserve.models.config import Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.multvae import MultVAE
+from recserve.models.sasrec import SASRec, dropout_for
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
 from recserve.train.config import TrainConfig
 from recserve.train.evaluate import Ranker, history_counts
