@@ -24,7 +24,7 @@ from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository import ServingSettings
+from recserve.serving.triton.repository import RepositorySettings
 
 RUNTIMES = ("pytorch", "recserve")
 
@@ -42,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="native-runtimes-") as tmp:
         run = make_random_run(Path(tmp) / "run", num_items=args.items, hidden=args.hidden, heads=2, window=40)
         histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
-        base = ServingSettings(device=args.device, max_queue_delay_microseconds=0 if args.device == "cpu" else 300)
+        base = RepositorySettings(device=args.device, max_queue_delay_microseconds=0 if args.device == "cpu" else 300)
         repos = {}
         for runtime in RUNTIMES:  # one export's graph, the same file in both repositories
             repos[runtime] = Path(tmp) / f"repo-{runtime}"

@@ -26,13 +26,13 @@ from recserve.bench.report import ratios, write_report
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository import ServingSettings
+from recserve.serving.triton.repository import RepositorySettings
 
 log = logging.getLogger("gpu_bench")
 
 
 def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
-    batched = ServingSettings(
+    batched = RepositorySettings(
         device=device,
         instance_count=instances,
         max_queue_delay_microseconds=delay_us,
@@ -84,7 +84,7 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
         on_gpus
         | native
         | {
-            "seed": {"layout": "seed", "settings": ServingSettings(device=device, instance_count=1)},
+            "seed": {"layout": "seed", "settings": RepositorySettings(device=device, instance_count=1)},
             "echo": {"layout": "echo", "settings": batched},
             "fused-eager-fp32": {"layout": "fused", "backend": "eager", "precision": "fp32", "settings": batched},
             "fused-eager-bf16": {"layout": "fused", "backend": "eager", "precision": "bf16", "settings": batched},

@@ -13,7 +13,7 @@ import pytest
 from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
 from recserve.serving.triton.launcher import ServerSettings, TritonServer, native_backends
-from recserve.serving.triton.repository import ServingSettings
+from recserve.serving.triton.repository import RepositorySettings
 
 
 @pytest.fixture(scope="session")
@@ -185,7 +185,7 @@ def int_repo(tiny_run, tmp_path_factory):
     """Every layout of ``tiny_run``: fused from an eager export, native and seed from a torchscript one."""
     repo = tmp_path_factory.mktemp("repo-int") / "repo"
     repository_from_run(
-        tiny_run, repo, SERVED_LAYOUTS, ServingSettings(max_queue_delay_microseconds=2000), backend="eager"
+        tiny_run, repo, SERVED_LAYOUTS, RepositorySettings(max_queue_delay_microseconds=2000), backend="eager"
     )
     return repo
 

@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from recserve.constants import DEFAULT_MAX_K
+from recserve.devices import torch_device
 from recserve.export.backends import default_backend
 from recserve.export.exporter import export_run
-from recserve.serving.triton.repository import LAYOUTS, ServingSettings, check_request, write_repository
+from recserve.serving.triton.repository import LAYOUTS, RepositorySettings, check_request, write_repository
 
 NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
 
@@ -22,7 +23,7 @@ def repository_from_run(
     run_dir: Path,
     repo: Path,
     layouts: tuple[str, ...] = ("fused",),
-    settings: ServingSettings | None = None,
+    settings: RepositorySettings | None = None,
     backend: str | None = None,
     precision: str = "fp32",
     version: int = 1,
@@ -32,9 +33,9 @@ def repository_from_run(
     the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from ``backend`` where it
     is torchscript or onnx, else from onnx on CPUs (dense integer IDs) and torchscript on GPUs, and the seed
     layout's model step from a torchscript fp32 export."""
-    settings = settings or ServingSettings()
+    settings = settings or RepositorySettings()
     check_request(layouts, settings, version)  # before the export, which takes a while
-    device = "cuda" if settings.device == "gpu" else "cpu"
+    device = torch_device(settings.device)
     chosen = backend or default_backend(device)
     groups: dict[tuple[str, str], tuple[str, ...]] = {}
     for layout in layouts:  # the export each layout serves (the table's ``export``), one export per kind

@@ -22,12 +22,12 @@ MAX_BATCH = 16  # buckets 1, 2, 4, 8, 16
 def _repository(tmp_path: Path, gpu: int) -> Path:
     from recserve.bench.synthetic import make_random_run
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import ServingSettings
+    from recserve.serving.triton.repository import RepositorySettings
 
     require_native("recserve")
     run = make_random_run(tmp_path / "run", num_items=5_000, hidden=64, layers=2, heads=2, window=20)
     repo = tmp_path / "repo"
-    settings = ServingSettings(device="gpu", gpus=(gpu,), max_batch_size=MAX_BATCH, instance_count=1)
+    settings = RepositorySettings(device="gpu", gpus=(gpu,), max_batch_size=MAX_BATCH, instance_count=1)
     repository_from_run(run, repo, ("native",), settings, backend="torchscript", precision="fp32")
     config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
     assert config.backend == "recserve", "on GPUs the native layout runs on recserve's backend by default"

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository import ServingSettings
+from recserve.serving.triton.repository import RepositorySettings
 from tests.conftest import start_serve
 from tests.reliability.test_shutdown import _wait_ready
 
@@ -27,7 +27,7 @@ def _infer(port: int) -> str:
 
 def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tmp_path):
     repo = tmp_path / "repo"
-    repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=1)
+    repository_from_run(tiny_run, repo, ("fused",), RepositorySettings(), backend="onnx", version=1)
     serve, http, grpc, metrics = start_serve(repo, "--model-control", "poll", "--poll-secs", "1")
     versions, failures, stop = [], [], threading.Event()
 
@@ -44,7 +44,7 @@ def test_a_new_version_replaces_the_old_under_load_without_failures(tiny_run, tm
         for t in threads:
             t.start()
         time.sleep(1)
-        repository_from_run(tiny_run, repo, ("fused",), ServingSettings(), backend="onnx", version=2)
+        repository_from_run(tiny_run, repo, ("fused",), RepositorySettings(), backend="onnx", version=2)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (not versions or versions[-1] != "2"):
             time.sleep(0.5)

@@ -12,7 +12,7 @@ import pytest
 from recserve.client import AsyncRecommenderClient, RecommenderClient, ServerBusyError
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.repository import ServingSettings
+from recserve.serving.triton.repository import RepositorySettings
 from tests.conftest import server_settings
 
 BURST = 300
@@ -22,7 +22,7 @@ QUEUE_TIMEOUT_US = 200_000
 @pytest.fixture(scope="module")
 def small_queue_server(tiny_run, tmp_path_factory):
     repo = tmp_path_factory.mktemp("overload") / "repo"
-    settings = ServingSettings(max_batch_size=4, max_queue_size=4, queue_timeout_microseconds=QUEUE_TIMEOUT_US)
+    settings = RepositorySettings(max_batch_size=4, max_queue_size=4, queue_timeout_microseconds=QUEUE_TIMEOUT_US)
     repository_from_run(tiny_run, repo, ("fused",), settings, backend="onnx")
     with TritonServer(repo, server_settings()) as server:
         yield server

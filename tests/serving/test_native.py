@@ -13,7 +13,7 @@ from tests.conftest import require_native, server_settings
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.model_config import InstanceGroup, ModelConfig, TensorSpec, to_pbtxt
+from recserve.serving.triton.model_config import InstanceGroup, TensorSpec, TritonModelConfig, to_pbtxt
 
 HISTORY = np.array([[3, 17, 42, 0], [5, 0, 0, 0]], dtype=np.int64)
 
@@ -43,7 +43,7 @@ def _model_dir(tmp_path: Path, backend: str) -> Path:
 def _serve_once(model_dir: Path, backend: str, names: tuple[str, str, str]) -> tuple[np.ndarray, np.ndarray]:
     """Writes the model's config, serves the repository, and asks once for ``HISTORY``'s top items."""
     source, ids, scores = names
-    config = ModelConfig(
+    config = TritonModelConfig(
         "top_items",
         (TensorSpec(source, "INT64", (-1,)),),
         (TensorSpec(ids, "INT64", (5,)), TensorSpec(scores, "FP32", (5,))),
@@ -102,12 +102,12 @@ def native_server(request, tiny_run, tmp_path_factory):
     """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export, on
     Triton's PyTorch or ONNX Runtime backend or on recserve's own."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import ServingSettings
+    from recserve.serving.triton.repository import RepositorySettings
 
     runtime = NATIVE_SERVERS[request.param]
     require_native(runtime)
     repo = tmp_path_factory.mktemp(f"native-{request.param}") / "repo"
-    settings = ServingSettings(
+    settings = RepositorySettings(
         instance_count=2,
         native_instance_count=2,
         max_queue_delay_microseconds=2000,
@@ -234,7 +234,7 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
     """An export without a native model (eager; string IDs) and a traced model asked for another device."""
     from recserve.errors import ServingError
     from recserve.export.exporter import export_run
-    from recserve.serving.triton.repository import ServingSettings, write_repository
+    from recserve.serving.triton.repository import RepositorySettings, write_repository
 
     with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
         write_repository(tiny_export, tmp_path / "a", ("native",))
@@ -243,7 +243,7 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
     with pytest.raises(ServingError, match="string IDs cannot be tensors.*fused layout"):
         write_repository(strings, tmp_path / "b", ("native",))
     with pytest.raises(ServingError, match="traced on cpu and runs there only; serve it with --device cpu"):
-        write_repository(strings, tmp_path / "c", ("seed",), ServingSettings(device="gpu"))
+        write_repository(strings, tmp_path / "c", ("seed",), RepositorySettings(device="gpu"))
 
 
 def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_starts(tmp_path):
@@ -286,15 +286,15 @@ def test_native_config_takes_padded_ids_and_its_own_instance_count(tiny_run, tmp
 
     from recserve.export.exporter import export_run
     from recserve.serving.triton.model_config import parse_pbtxt
-    from recserve.serving.triton.repository import ServingSettings, write_repository
+    from recserve.serving.triton.repository import RepositorySettings, write_repository
 
     export_run(tiny_run, "torchscript", "fp32", tmp_path / "ts")
-    write_repository(tmp_path / "ts", tmp_path / "a", ("native",), ServingSettings(instance_count=1))
+    write_repository(tmp_path / "ts", tmp_path / "a", ("native",), RepositorySettings(instance_count=1))
     config = parse_pbtxt((tmp_path / "a" / "recommender_native" / "config.pbtxt").read_text())
     assert config.platform == "pytorch_libtorch" and list(config.input[0].dims) == [19]  # window 20 - the mask
     assert [i.optional for i in config.input] == [False, False, False]  # native batching needs every input
     assert config.parameters["padding_id"].string_value == "-1" and config.parameters["max_k"].string_value == "100"
     assert config.instance_group[0].count == min(8, 4 * len(os.sched_getaffinity(0)))  # threads in the server
-    write_repository(tmp_path / "ts", tmp_path / "b", ("native",), ServingSettings(native_instance_count=3))
+    write_repository(tmp_path / "ts", tmp_path / "b", ("native",), RepositorySettings(native_instance_count=3))
     config = parse_pbtxt((tmp_path / "b" / "recommender_native" / "config.pbtxt").read_text())
     assert config.instance_group[0].count == 3

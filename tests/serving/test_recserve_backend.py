@@ -24,11 +24,11 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
     """One torchscript export of ``tiny_run`` in the native layout on Triton's PyTorch backend
     (``recommender_native``) and on recserve's (the same files as ``native_recserve``), in one repository."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import ServingSettings
+    from recserve.serving.triton.repository import RepositorySettings
 
     require_native("pytorch", "recserve")
     repo = tmp_path_factory.mktemp("runtimes") / "repo"
-    settings = ServingSettings(
+    settings = RepositorySettings(
         native_instance_count=1, native_runtime="pytorch", max_batch_size=64, max_queue_delay_microseconds=5000
     )
     repository_from_run(tiny_run, repo, ("native",), settings, backend="torchscript")
@@ -177,10 +177,12 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
     from recserve.export.manifest import ExportManifest
     from recserve.pipeline import repository_from_run
     from recserve.serving.triton.native_models import native_backend
-    from recserve.serving.triton.repository import ServingSettings
+    from recserve.serving.triton.repository import RepositorySettings
 
     repo = tmp_path / "repo"
-    repository_from_run(tiny_run, repo, ("native",), ServingSettings(native_runtime="recserve"), backend="torchscript")
+    repository_from_run(
+        tiny_run, repo, ("native",), RepositorySettings(native_runtime="recserve"), backend="torchscript"
+    )
     config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
     assert config.backend == "recserve" and not config.platform
     assert config.parameters["intra_op_thread_count"].string_value == "1"
@@ -194,7 +196,7 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
     with pytest.raises(ServingError, match="--native-runtime recserve runs TorchScript; this onnx export"):
         native_backend(onnx, "recserve", "cpu")
     with pytest.raises(ServingError, match="native runtime 'tensorrt': expected one of recserve, pytorch"):
-        repository_from_run(tiny_run, tmp_path / "other", ("native",), ServingSettings(native_runtime="tensorrt"))
+        repository_from_run(tiny_run, tmp_path / "other", ("native",), RepositorySettings(native_runtime="tensorrt"))
     assert not (tmp_path / "other").exists()
 
 

@@ -22,7 +22,7 @@ from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
-from recserve.serving.triton.repository import ServingSettings, write_repository
+from recserve.serving.triton.repository import RepositorySettings, write_repository
 
 
 def _infer(url, model, **arrays):
@@ -68,14 +68,14 @@ def test_the_seed_layout_is_the_pocs_ensemble_around_a_torchscript_model(int_rep
 
 
 def test_instances_on_named_gpus_are_written_for_each_gpu(tiny_export, tiny_run, tmp_path):
-    settings = ServingSettings(device="gpu", gpus=(0, 1), instance_count=2)
+    settings = RepositorySettings(device="gpu", gpus=(0, 1), instance_count=2)
     write_repository(tiny_export, tmp_path, ("echo",), settings)
     [group] = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).instance_group
     assert group.kind == pb.ModelInstanceGroup.KIND_GPU and list(group.gpus) == [0, 1] and group.count == 2
     with pytest.raises(ServingError, match="GPU ids"):
-        write_repository(tiny_export, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+        write_repository(tiny_export, tmp_path / "cpu", ("echo",), RepositorySettings(gpus=(0,)))
     with pytest.raises(ServingError, match="GPU ids"):  # refused before the run is exported
-        repository_from_run(tiny_run, tmp_path / "cpu", ("echo",), ServingSettings(gpus=(0,)))
+        repository_from_run(tiny_run, tmp_path / "cpu", ("echo",), RepositorySettings(gpus=(0,)))
     assert not (tmp_path / "cpu").exists()
 
 
@@ -106,7 +106,7 @@ def test_bad_sources_for_a_repository_are_refused_with_what_to_do(tiny_export, t
     manifest = json.loads((compiled / "export.json").read_text()) | {"backend": "aoti", "portable": False}
     (compiled / "export.json").write_text(json.dumps(manifest))
     with pytest.raises(ServingError, match="the aoti export was built for cpu and runs there only"):
-        write_repository(compiled, tmp_path / "c", ("fused",), ServingSettings(device="gpu"))
+        write_repository(compiled, tmp_path / "c", ("fused",), RepositorySettings(device="gpu"))
     with pytest.raises(ServingError, match="layout nope"):
         write_repository(tiny_export, tmp_path / "d", ("nope",))
 
@@ -244,7 +244,7 @@ def test_recommend_command_asks_the_native_model_for_the_same_answer(int_server)
 
 def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path):
     write_repository(
-        tiny_export, tmp_path, ("echo",), ServingSettings(max_queue_size=8, queue_timeout_microseconds=5000)
+        tiny_export, tmp_path, ("echo",), RepositorySettings(max_queue_size=8, queue_timeout_microseconds=5000)
     )
     policy = parse_pbtxt((tmp_path / "echo" / "config.pbtxt").read_text()).dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 8 and policy.default_timeout_microseconds == 5000
@@ -254,7 +254,7 @@ def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path
 def test_a_new_version_is_added_beside_the_old(tiny_export, tiny_run, int_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(int_repo, repo)
-    write_repository(tiny_export, repo, ("fused",), ServingSettings(), version=2)
+    write_repository(tiny_export, repo, ("fused",), RepositorySettings(), version=2)
     assert (repo / "recommender" / "1" / "model.py").exists() and (repo / "recommender" / "2" / "export").is_dir()
     with TritonServer(repo, server_settings()) as server:  # Triton's default policy: the newest version only
         http = httpclient.InferenceServerClient(server.http_url)

@@ -22,13 +22,16 @@ def export(
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu or gpu (cuda is taken for gpu).")] = "cpu",
     max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
     data: Annotated[Path | None, typer.Option(help="Data folder for the NDCG@10 change (default: the run's).")] = None,
     report: Annotated[bool, typer.Option(help="Export and time every backend and precision available here.")] = False,
     seconds: Annotated[float, typer.Option(help="Timing per variant and batch size (--report).")] = 1.0,
 ) -> None:
     """Export the ID-in, top-k-out graph; parity-checked against eager fp32 before anything is written."""
+    from recserve.devices import torch_device
+
+    device = torch_device(device)
     if report:
         from recserve.export.report import build_report
 

@@ -48,7 +48,7 @@ def repo(
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
-    device: Annotated[str, typer.Option(help="cpu or gpu: where model instances run.")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu or gpu (cuda is taken for gpu): where model instances run.")] = "cpu",
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_batch_size: Annotated[int, typer.Option(help="Largest dynamic batch.")] = 256,
     max_queue_delay_microseconds: Annotated[
@@ -96,10 +96,11 @@ def repo(
     Layouts: fused serves any export and string IDs through a python model; native serves the whole graph
     without Python (integer IDs, histories padded to a fixed length by the client); seed is the PoC's
     ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
-    from recserve.serving.triton.repository import ServingSettings, write_repository
+    from recserve.devices import serving_device
+    from recserve.serving.triton.repository import RepositorySettings, write_repository
 
     source = export_or_run(export, run)
-    settings = ServingSettings(
+    settings = RepositorySettings(
         max_batch_size=max_batch_size,
         max_queue_delay_microseconds=max_queue_delay_microseconds,
         max_queue_size=max_queue_size,
@@ -107,7 +108,7 @@ def repo(
         instance_count=instances,
         native_instance_count=native_instances,
         native_runtime=native_runtime,
-        device=device,
+        device=serving_device(device),
         response_cache=response_cache,
         versions_served=versions_served,
         gpus=_gpu_ids(gpus),

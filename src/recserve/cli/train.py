@@ -125,7 +125,7 @@ def train(
         ),
     ] = TrainConfig.refit,
     seed: Annotated[int, typer.Option(help="Random seed.")] = TrainConfig.seed,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TrainConfig.device,
+    device: Annotated[str, typer.Option(help="auto, cpu or gpu (cuda is taken for gpu).")] = TrainConfig.device,
     devices: Annotated[
         int,
         typer.Option(
@@ -164,6 +164,7 @@ def train(
     (BERT4Rec first), where they differ; in parentheses, each model's. A setting of another model than the
     chosen one is refused.
     """
+    from recserve.devices import torch_device
     from recserve.train.config import model_settings
     from recserve.train.trainer import train as run_training
     from recserve.train.trainer import write_metrics
@@ -182,7 +183,7 @@ def train(
     cfg = TrainConfig(
         heldout_share=heldout_share,
         seed=seed,
-        device=device,
+        device=torch_device(device, allow_auto=True),
         devices=devices,
         lr_schedule=lr_schedule,
         loss_exclude_seen=loss_exclude_seen,
@@ -216,4 +217,4 @@ def train(
     if evaluate:
         from recserve.cli.evaluate import show_and_save
 
-        show_and_save(out, data, seed, "cuda" if cfg.accelerator == "gpu" else "cpu")
+        show_and_save(out, data, seed, torch_device(cfg.accelerator))

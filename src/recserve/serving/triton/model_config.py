@@ -47,7 +47,7 @@ class EnsembleStep:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class TritonModelConfig:
     """What one config.pbtxt holds; ``backend`` is empty for ensembles (``platform`` is set instead)."""
 
     name: str
@@ -102,7 +102,7 @@ def _ensemble_step(step: EnsembleStep, message) -> None:
     message.output_map.update(step.output_map)
 
 
-def to_proto(config: ModelConfig) -> pb.ModelConfig:
+def to_proto(config: TritonModelConfig) -> pb.ModelConfig:
     message = pb.ModelConfig(name=config.name, max_batch_size=config.max_batch_size)
     if config.platform:
         message.platform = config.platform
@@ -127,7 +127,7 @@ def to_proto(config: ModelConfig) -> pb.ModelConfig:
     return message
 
 
-def to_pbtxt(config: ModelConfig) -> str:
+def to_pbtxt(config: TritonModelConfig) -> str:
     """The config.pbtxt text of ``config``."""
     return text_format.MessageToString(to_proto(config))
 

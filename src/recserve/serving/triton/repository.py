@@ -53,9 +53,9 @@ from recserve.serving.triton.model_config import (
     DynamicBatching,
     EnsembleStep,
     InstanceGroup,
-    ModelConfig,
     QueuePolicy,
     TensorSpec,
+    TritonModelConfig,
     to_pbtxt,
 )
 from recserve.serving.triton.native_models import (
@@ -77,8 +77,9 @@ NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of th
 
 
 @dataclass(frozen=True)
-class ServingSettings:
-    """How the fused and echo models batch and queue (Triton's own field names, units in names)."""
+class RepositorySettings:
+    """How a repository's models batch, queue and where their instances run (Triton's own field names, units
+    in names); the server's own settings are `launcher.ServerSettings`."""
 
     max_batch_size: int = 256
     preferred_batch_sizes: tuple[int, ...] = ()
@@ -120,7 +121,7 @@ class ServingSettings:
         return GPU_QUEUE_DELAY_US if self.device == "gpu" else 0
 
 
-def _instances(settings: ServingSettings) -> tuple[InstanceGroup, ...]:
+def _instances(settings: RepositorySettings) -> tuple[InstanceGroup, ...]:
     if settings.device == "gpu":
         return (InstanceGroup(count=settings.instance_count, kind="KIND_GPU", gpus=settings.gpus),)
     return (InstanceGroup(count=settings.instance_count, kind="KIND_CPU"),)
@@ -144,8 +145,8 @@ def _contract(id_type: str, unknown_output: bool) -> tuple[tuple[TensorSpec, ...
 
 
 def _batched_config(
-    name: str, id_type: str, settings: ServingSettings, parameters: dict, manifest: ExportManifest | None = None
-) -> ModelConfig:
+    name: str, id_type: str, settings: RepositorySettings, parameters: dict, manifest: ExportManifest | None = None
+) -> TritonModelConfig:
     """A dynamically batched model of the ``recommender`` contract: a python model, or (``manifest`` given)
     the export's native model on its backend."""
     backend = "python"
@@ -158,7 +159,7 @@ def _batched_config(
     policy = None
     if settings.max_queue_size or settings.queue_timeout_microseconds:
         policy = QueuePolicy(settings.max_queue_size, settings.queue_timeout_microseconds)
-    return ModelConfig(
+    return TritonModelConfig(
         name=name,
         inputs=inputs,
         outputs=outputs,
@@ -179,7 +180,7 @@ def _python_model(source: str, target_dir: Path) -> None:
     (target_dir / "model.py").write_text(text)
 
 
-def _write_config(model_dir: Path, config: ModelConfig) -> None:
+def _write_config(model_dir: Path, config: TritonModelConfig) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
 
@@ -190,7 +191,7 @@ def _id_type(export_dir: Path) -> str:
 
 
 def write_fused(
-    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
 ) -> None:
     """The ``recommender`` model: the export (copied whole) behind a batched python model."""
     model_dir = repo / FUSED_MODEL
@@ -205,7 +206,7 @@ def write_fused(
 
 
 def write_native(
-    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
 ) -> None:
     """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on a native backend
     (recserve's own or Triton's, ``native_backend``)."""
@@ -226,7 +227,7 @@ def write_native(
 
 
 def write_echo(
-    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
 ) -> None:
     """The ``echo`` model: the same contract and batching, a fixed answer, no compute."""
     id_type = _id_type(export_dir)
@@ -236,7 +237,7 @@ def write_echo(
 
 
 def write_seed(
-    repo: Path, export_dir: Path, manifest: ExportManifest, settings: ServingSettings, version: int = 1
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
 ) -> None:
     """The PoC's layout and names: python pre- and postprocessing around the TorchScript model step on the
     PyTorch backend (``pytorch_libtorch``), at batch size 1."""
@@ -244,14 +245,14 @@ def write_seed(
     window = manifest.window
     instances = _instances(settings)
     # the history keeps its window - 1 most recent items, then the mask token: at most 40 tokens
-    pre = ModelConfig(
+    pre = TritonModelConfig(
         SEED_PREPROCESSING,
         (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
         (TensorSpec(SEED_TOKENS, "INT64", (1, -1)),),
         instance_groups=instances,
         parameters={"window": str(window)},
     )
-    model = ModelConfig(  # the PoC's TorchScript model on Triton's PyTorch backend
+    model = TritonModelConfig(  # the PoC's TorchScript model on Triton's PyTorch backend
         SEED_MODEL,
         (TensorSpec(SEED_MODEL_INPUT, "INT64", (-1,)),),
         (TensorSpec(SEED_OUTPUT_IDS, "INT64", (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
@@ -260,13 +261,13 @@ def write_seed(
         instance_groups=instances,
         parameters=backend_parameters("pytorch_libtorch", settings.device),
     )
-    post = ModelConfig(
+    post = TritonModelConfig(
         SEED_POSTPROCESSING,
         (TensorSpec(SEED_INDICES, "INT64", (1, SEED_K)), TensorSpec(SEED_TOP_SCORES, "FP32", (1, SEED_K))),
         (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
         instance_groups=instances,
     )
-    ensemble = ModelConfig(
+    ensemble = TritonModelConfig(
         SEED_ENSEMBLE,
         (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
         (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
@@ -296,17 +297,17 @@ def write_seed(
     _write_config(repo / SEED_ENSEMBLE, ensemble)
 
 
-def _check_fused(export_dir: Path, manifest: ExportManifest, settings: ServingSettings) -> None:
+def _check_fused(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     if not manifest.portable:
         require_built_for(manifest, settings.device, f"the {manifest.backend} export was built for")
 
 
-def _check_native(export_dir: Path, manifest: ExportManifest, settings: ServingSettings) -> None:
+def _check_native(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     check_native(export_dir, manifest, settings.device)
     native_backend(manifest, settings.native_runtime, settings.device)
 
 
-def _describe_fused(manifest: ExportManifest, settings: ServingSettings) -> list[dict]:
+def _describe_fused(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
     return [
         {
             "name": FUSED_MODEL,
@@ -317,7 +318,7 @@ def _describe_fused(manifest: ExportManifest, settings: ServingSettings) -> list
     ]
 
 
-def _describe_native(manifest: ExportManifest, settings: ServingSettings) -> list[dict]:
+def _describe_native(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
     return [
         {
             "name": NATIVE_MODEL,
@@ -337,9 +338,9 @@ class Layout:
     # (backend, precision) of the export it serves from a run: None keeps what was asked for; "native": the
     # native graph's backend for the run and device (``pipeline.repository_from_run`` chooses)
     export: tuple[str | None, str | None]
-    check: Callable[[Path, ExportManifest, ServingSettings], None]
-    write: Callable[[Path, Path, ExportManifest, ServingSettings, int], None]
-    describe: Callable[[ExportManifest, ServingSettings], list[dict]]
+    check: Callable[[Path, ExportManifest, RepositorySettings], None]
+    write: Callable[[Path, Path, ExportManifest, RepositorySettings, int], None]
+    describe: Callable[[ExportManifest, RepositorySettings], list[dict]]
 
     @property
     def entry(self) -> str:
@@ -370,7 +371,7 @@ def write_repository(
     export_dir: Path,
     repo: Path,
     layouts: tuple[str, ...] = ("fused",),
-    settings: ServingSettings = ServingSettings(),
+    settings: RepositorySettings = RepositorySettings(),
     version: int = 1,
 ) -> dict:
     """Writes (or adds to) a model repository from an export folder; returns a summary of what it holds.
@@ -396,7 +397,7 @@ def write_repository(
     return summary
 
 
-def check_request(layouts: tuple[str, ...], settings: ServingSettings, version: int) -> None:
+def check_request(layouts: tuple[str, ...], settings: RepositorySettings, version: int) -> None:
     """Refuses unknown layouts, devices and versions, and GPU ids without device gpu (ServingError)."""
     unknown = [layout for layout in layouts if layout not in LAYOUTS]
     if unknown or not layouts:
