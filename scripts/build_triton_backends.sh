@@ -2,8 +2,8 @@
 # Builds Triton's native PyTorch and ONNX Runtime backends (r24.10, the release of the bundled server 2.51)
 # from source, and recserve's own backend (native/triton-backend: the native graph replayed as CUDA graphs),
 # against the torch and onnxruntime installed in the given Python, into
-# build/triton-backends/{pytorch,recserve,onnxruntime}/ ($TRITON_BACKENDS_OUT). The server loads them from
-# recserve's backend folder beside the python backend (serving.triton.launcher).
+# build/triton-backends/{pytorch,recserve,onnxruntime}/ ($TRITON_BACKENDS_OUT), and links that folder into
+# recserve's cache folder, where the server's backend folder takes them from (serving.triton.bundle).
 #
 # Sources (recserve.serving.triton.sources): Triton's repositories cloned from $TRITON_SOURCES_URL (default
 # https://github.com/triton-inference-server) at pinned commits, rapidjson's headers and ONNX Runtime's C API
@@ -22,6 +22,21 @@ set -euo pipefail
 py=${1:-.venv/bin/python}
 out=${TRITON_BACKENDS_OUT:-build/triton-backends}
 export PATH="$(dirname "$py"):$PATH"
+
+# recserve finds the backends without a variable: a link to $out in its cache folder
+# (serving.triton.bundle.native_backends; RECSERVE_TRITON_BACKENDS overrides it)
+register() {
+  PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$out" <<'PY'
+import sys
+from pathlib import Path
+from recserve.files import cache_dir
+from recserve.serving.triton.bundle import NATIVE_BACKENDS_LINK
+link, target = cache_dir() / NATIVE_BACKENDS_LINK, Path(sys.argv[1]).resolve()
+if link.is_symlink() or link.exists():
+    link.unlink()
+link.symlink_to(target, target_is_directory=True)
+PY
+}
 
 fail() {
   echo "error: $*" >&2
@@ -58,6 +73,7 @@ stamp="torch=$torch_version cuda=$gpu archs=$archs onnxruntime=${ort_version:-no
 if [ -f "$out/pytorch/libtriton_pytorch.so" ] && [ -f "$out/recserve/libtriton_recserve.so" ] \
    && [ "$(cat "$out/build.txt" 2>/dev/null)" = "$stamp" ] \
    && { [ -z "$ort_version" ] || [ -f "$out/onnxruntime/libtriton_onnxruntime.so" ]; }; then
+  register
   exit 0
 fi
 for tool in cmake patchelf git make; do
@@ -119,7 +135,7 @@ build pytorch triton-pytorch-backend "$src/pytorch_backend" -DTRITON_PYTORCH_ENA
   -DTRITON_ENABLE_NVTX=OFF "-DTRITON_PYTORCH_INCLUDE_PATHS=$torch/include;$torch/include/torch/csrc/api/include" \
   "-DTRITON_PYTORCH_LIB_PATHS=$torch/lib"
 patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/pytorch/libtriton_pytorch.so"
-# what serving reads to refuse a GPU repository on a CPU build (serving.triton.launcher.check_backends)
+# what serving reads to refuse a GPU repository on a CPU build (serving.triton.bundle.check_backends)
 printf '{"cuda": %s, "cuda_archs": "%s", "torch": "%s"}\n' "$([ "$gpu" = ON ] && echo true || echo false)" \
   "$archs" "$torch_version" > "$out/pytorch/build.json"
 echo "built $out/pytorch against torch $torch_version ($([ "$gpu" = ON ] && echo "CUDA, $archs" || echo CPU))"
@@ -143,3 +159,4 @@ else
   echo "warning: no onnxruntime in $py: the onnxruntime backend is not built (pip install 'recserve[export]')" >&2
 fi
 echo "$stamp" > "$out/build.txt"
+register

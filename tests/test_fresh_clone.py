@@ -85,15 +85,22 @@ def clone(tmp_path_factory) -> Path:
     return alone / "recserve"
 
 
+def _clone_cache(clone: Path) -> Path:
+    return clone.parent / "home" / ".cache" / "recserve"
+
+
 def test_the_clone_builds_both_native_backends_without_root(clone):
     for backend in ("pytorch", "onnxruntime"):
         assert (clone / "build" / "triton-backends" / backend / f"libtriton_{backend}.so").is_file()
+    # where serving finds them without a variable: the build's link in recserve's cache folder
+    assert (_clone_cache(clone) / "native-backends").resolve() == (clone / "build" / "triton-backends").resolve()
 
 
 def test_the_clone_serves_native_and_seed_with_the_fused_answers(clone, tiny_run, ml100k_dir, tmp_path):
     from recserve.data.datasets import load_prepared
 
-    env = os.environ | {"PYTHONPATH": str(clone / "src")}  # the clone's own code, and its build folder
+    # the clone's own code, and the backends its build linked into its user's cache folder
+    env = os.environ | {"PYTHONPATH": str(clone / "src"), "RECSERVE_CACHE": str(_clone_cache(clone))}
     env.pop("RECSERVE_TRITON_BACKENDS", None)
     cli = [sys.executable, "-m", "recserve.cli.main"]
     repo = tmp_path / "repo"

@@ -185,7 +185,8 @@ def test_the_values_that_matter_agree(manifests):
 
 
 def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flags(manifests, tmp_path):
-    from recserve.serving.triton.launcher import Bundle, ServerSettings, server_args, serving_flags
+    from recserve.serving.triton.bundle import Bundle
+    from recserve.serving.triton.launcher import ServerSettings, server_args, serving_flags
 
     [deployment] = _objects(manifests / "base" / "deployment.yaml")
     [runtime] = _objects(manifests / "kserve" / "servingruntime.yaml")

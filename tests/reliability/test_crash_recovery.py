@@ -62,6 +62,7 @@ def test_a_model_process_that_died_before_supervision_began_is_still_noticed(int
     import threading
 
     from recserve.serving.triton.launcher import TritonServer
+    from recserve.serving.triton.supervisor import dead_stubs, stub_count, supervise
     from tests.conftest import server_settings
 
     repo = tmp_path / "repo"
@@ -71,7 +72,7 @@ def test_a_model_process_that_died_before_supervision_began_is_still_noticed(int
         (stub,) = [pid for pid in _stubs_of("echo") if str(repo) in Path(f"/proc/{pid}/cmdline").read_text()]
         os.kill(stub, signal.SIGKILL)
         time.sleep(0.5)
-        assert server.dead_stubs() == 1
+        assert dead_stubs(server) == 1
         stop = threading.Event()
 
         def stop_once_recovered() -> None:
@@ -82,8 +83,8 @@ def test_a_model_process_that_died_before_supervision_began_is_still_noticed(int
 
         # supervised from this thread: the server it restarts is tied to the life of the thread that starts it
         threading.Thread(target=stop_once_recovered, daemon=True).start()
-        server.supervise(stop, 0.5, 120, reports.append)
+        supervise(server, stop, 0.5, 120, reports.append)
         assert reports and reports[0] == "1 model process(es) died: restarting the server", reports
-        assert server.dead_stubs() == 0 and server.stub_count() == 1
+        assert dead_stubs(server) == 0 and stub_count(server) == 1
         client = RecommenderClient(server.http_url, "http", model="echo", timeout_s=5)
         assert len(client.recommend([1, 2]).item_ids) == 10

@@ -248,7 +248,7 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
 
 def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_starts(tmp_path):
     from recserve.errors import ServingError
-    from recserve.serving.triton.launcher import check_backends
+    from recserve.serving.triton.bundle import check_backends
 
     folder = tmp_path / "backends"
     (folder / "python").mkdir(parents=True)
@@ -263,7 +263,7 @@ def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_st
 
 def test_a_gpu_repository_on_a_backend_built_without_cuda_is_refused_naming_the_rebuild(tmp_path):
     from recserve.errors import ServingError
-    from recserve.serving.triton.launcher import check_backends
+    from recserve.serving.triton.bundle import check_backends
 
     folder = tmp_path / "backends"
     (folder / "pytorch").mkdir(parents=True)

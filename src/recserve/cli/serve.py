@@ -55,6 +55,7 @@ def serve(
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
     from recserve.serving.triton.launcher import ServerSettings, TritonServer
+    from recserve.serving.triton.supervisor import supervise
 
     settings = ServerSettings(
         host=host,
@@ -82,7 +83,7 @@ def serve(
         f"ready: HTTP {host}:{http_port}, gRPC {host}:{grpc_port}, metrics {host}:{metrics_port} "
         f"(log {server.log_path}){', models on the GPU' if gpu else ''}"
     )
-    exited = server.supervise(stop, watch_secs, ready_timeout_s, report=lambda m: console.print(f"[yellow]{m}[/]"))
+    exited = supervise(server, stop, watch_secs, ready_timeout_s, report=lambda m: console.print(f"[yellow]{m}[/]"))
     if exited is not None:
         console.print(f"[red]tritonserver exited with code {exited}[/]\n{server.failure_summary()}")
         raise typer.Exit(1)

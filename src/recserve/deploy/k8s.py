@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY_FILE
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
-from recserve.serving.triton.launcher import model_backends, serving_flags
+from recserve.serving.triton.bundle import model_backends
+from recserve.serving.triton.launcher import serving_flags
 
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 MODELS_PATH = "/models"

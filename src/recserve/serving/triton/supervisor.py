@@ -1,0 +1,59 @@
+"""Keeps a running Triton up: counts its python model processes (Triton 2.51 neither restarts one that dies
+nor reaps it) and restarts the whole server when one is gone."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from recserve.serving.processes import child_pids, cmdline, proc_name, proc_stat
+from recserve.serving.triton.launcher import TritonServer
+
+log = logging.getLogger(__name__)
+
+
+def stub_count(server: TritonServer) -> int:
+    """Live python-backend stub processes of this server (one per python model instance)."""
+    if server.process is None or server.process.poll() is not None:
+        return 0
+    return sum(b"triton_python_backend_stub" in cmdline(pid) for pid in child_pids(server.process.pid))
+
+
+def dead_stubs(server: TritonServer) -> int:
+    """Python-backend stubs of this server that died and were not reaped (zombies: Triton 2.51 keeps them)."""
+    if server.process is None or server.process.poll() is not None:
+        return 0
+    dead = 0
+    for pid in child_pids(server.process.pid):
+        fields = proc_stat(pid)
+        dead += fields is not None and fields[0] == "Z" and proc_name(pid).startswith("triton_python")
+    return dead
+
+
+def supervise(
+    server: TritonServer,
+    stop: threading.Event,
+    watch_secs: float,
+    ready_timeout_s: float = 300,
+    report: Callable[[str], None] = log.warning,
+) -> int | None:
+    """Keeps the server up until ``stop`` is set; returns its exit code if it exits on its own first.
+
+    Every ``watch_secs`` (0: never) it counts the python model processes; one that died (Triton 2.51 does
+    not restart it) restarts the whole server, told through ``report``. Only with model control
+    ``none``, where model processes never change on purpose.
+    """
+    stubs, next_check = stub_count(server), time.monotonic() + watch_secs
+    while not stop.wait(0.5):
+        if (code := server.exit_code()) is not None:
+            return code
+        if watch_secs and server.settings.model_control_mode == "none" and time.monotonic() >= next_check:
+            alive, dead = stub_count(server), dead_stubs(server)
+            if alive < stubs or dead:  # dead: also one that died before the first count
+                report(f"{max(stubs - alive, dead)} model process(es) died: restarting the server")
+                report(f"recovered in {server.restart(ready_timeout_s):.1f} s")
+                alive = stub_count(server)
+            stubs, next_check = alive, time.monotonic() + watch_secs
+    return None
