@@ -19,9 +19,9 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.datasets import load_prepared
 from recserve.models.runs import load_run
-from recserve.train.batches import SequenceTensors
 from recserve.train.evaluate import history_counts, popularity_score_fn
 from recserve.train.metrics import ranking_metrics
+from recserve.train.tensors import SequenceTensors
 
 
 def both_ranks(score_fn, inputs, targets, window: int, mask_index: int, batch: int = 256) -> dict[str, np.ndarray]:

@@ -136,7 +136,8 @@ def ours_from_run(run_dir: Path) -> list[dict]:
 
 def train_ours(data_dir: Path, out: Path) -> Path:
     from recserve.train.evaluate import evaluate_run
-    from recserve.train.trainer import TrainConfig, train, write_metrics
+    from recserve.train.runfolder import write_metrics
+    from recserve.train.trainer import TrainConfig, train
 
     run = out / "recserve-small"
     started = time.perf_counter()

@@ -27,7 +27,8 @@ def ml100k_dir(tmp_path_factory) -> Path:
 
 
 def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides) -> Path:
-    from recserve.train.trainer import TrainConfig, train, write_metrics
+    from recserve.train.runfolder import write_metrics
+    from recserve.train.trainer import TrainConfig, train
 
     settings = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
     summary = train(
@@ -220,7 +221,8 @@ def ml100k_implicit_dir(tmp_path_factory) -> Path:
 def vae_run(ml100k_implicit_dir, tmp_path_factory) -> Path:
     """Mult-VAE trained briefly on implicit ML-100K, its test metrics in metrics.json."""
     from recserve.train.heldout import evaluate_heldout_run
-    from recserve.train.trainer import TrainConfig, train, write_metrics
+    from recserve.train.runfolder import write_metrics
+    from recserve.train.trainer import TrainConfig, train
 
     out = tmp_path_factory.mktemp("vae") / "run"
     cfg = TrainConfig(epochs=25, batch_size=100, weight_decay=0.0, patience=25, device="cpu", resume=False)

@@ -6,14 +6,8 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
-from recserve.train.batches import (
-    ClozeSettings,
-    NextItemSettings,
-    SequenceTensors,
-    WindowEpochs,
-    masked_capacity,
-    row_contains,
-)
+from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs, masked_capacity
+from recserve.train.tensors import SequenceTensors, row_contains
 
 MASK = 51
 

@@ -14,26 +14,17 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     from rich.table import Table
 
     from recserve.models.runs import model_name
-    from recserve.train.evaluate import evaluate_run
-    from recserve.train.heldout import evaluate_heldout_run
-    from recserve.train.trainer import write_metrics
+    from recserve.train.evaluation import evaluate_test, split_of
+    from recserve.train.runfolder import write_metrics
 
-    model = model_name(run)
+    model, split = model_name(run), split_of(run)
     with console.status("ranking the test split"):
-        if model == "multvae":
-            result = evaluate_heldout_run(run, data, device=device)
-        else:
-            result = evaluate_run(run, data, seed=seed, device=device)
+        result = evaluate_test(run, data, seed=seed, device=device)
     write_metrics(run, result)
-    split = "held-out test users, 80% of items fed" if model == "multvae" else "leave-one-out"
-    table = Table(title=f"test split ({split}); all metrics in metrics.json")
+    table = Table(title=f"test split ({split.description}); all metrics in metrics.json")
     table.add_column("model")
     table.add_column("protocol")
-    keys = (
-        ["recall@20", "recall@50", "ndcg@100"]
-        if model == "multvae"
-        else ["hr@10", "ndcg@10", "hr@20", "ndcg@20", "mrr"]
-    )
+    keys = split.headline
     for key in keys:
         table.add_column(key, justify="right")
     for who in ("test", "popularity"):
@@ -41,15 +32,7 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
             name = model if who == "test" else "popularity"
             table.add_row(name, protocol, *(f"{metrics[k]:.4f}" for k in keys))
     console.print(table)
-    if model == "multvae":
-        console.print(
-            "heldout: every item ranked for each test user, the fed items excluded (the Mult-VAE paper's protocol)"
-        )
-    else:
-        console.print(
-            "full: every item ranked, seen items excluded (what serving does); sampled: against 100 "
-            "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items"
-        )
+    console.print(split.protocols)
     return result
 
 

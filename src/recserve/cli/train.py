@@ -166,8 +166,8 @@ def train(
     """
     from recserve.devices import torch_device
     from recserve.train.config import model_settings
+    from recserve.train.runfolder import write_metrics
     from recserve.train.trainer import train as run_training
-    from recserve.train.trainer import write_metrics
 
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")

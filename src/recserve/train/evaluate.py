@@ -19,8 +19,8 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
-from recserve.train.batches import SequenceTensors, widest
 from recserve.train.metrics import ranking_metrics
+from recserve.train.tensors import SequenceTensors, widest
 
 log = logging.getLogger(__name__)
 

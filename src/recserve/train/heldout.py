@@ -20,8 +20,8 @@ from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
 from recserve.models.multvae import Bag
-from recserve.train.batches import SequenceTensors, row_contains, widest
 from recserve.train.evaluate import ScoreFn, eval_batch_size, popularity_score_fn
+from recserve.train.tensors import SequenceTensors, row_contains, widest
 
 FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
 RECALL_KS = (20, 50)

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.train.batches import row_contains
 from recserve.train.config import LossSettings
+from recserve.train.tensors import row_contains
 
 
 class CatalogueLoss:

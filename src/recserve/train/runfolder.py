@@ -1,5 +1,6 @@
-"""A run folder remembers what trained it (``run.json``: model, settings, data); a rerun that disagrees is
-refused with the differences named, before anything is written."""
+"""A run folder's own files: what trained it (``run.json``: model, settings, data; a rerun that disagrees is
+refused with the differences named, before anything is written), the catalogue serving needs (copied from
+the data folder) and ``metrics.json``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, RUN_FILE
+from recserve.constants import ITEM_TABLE_FILE, ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError
 
@@ -101,3 +103,19 @@ def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
         elif old != new:
             out.append(f"{prefix}{key}: {old!r} in the run, {new!r} now")
     return out
+
+
+def save_catalog(run_dir: Path, data: PreparedData) -> None:
+    """Copies what serving needs from the data folder, so that a run folder stands alone."""
+    np.save(run_dir / ITEM_TABLE_FILE, data.vocab.ids, allow_pickle=False)
+    np.save(run_dir / POPULARITY_FILE, data.popularity, allow_pickle=False)
+    shutil.copyfile(Path(data.info["folder"]) / ITEMS_FILE, run_dir / ITEMS_FILE)
+
+
+def write_metrics(run_dir: Path, update: dict) -> dict:
+    """Merges ``update`` into the run's metrics.json and returns the whole file."""
+    path = Path(run_dir) / METRICS_FILE
+    metrics = json.loads(path.read_text()) if path.exists() else {}
+    metrics |= update
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from recserve.constants import (
-    ITEM_TABLE_FILE,
-    ITEMS_FILE,
-    METRICS_FILE,
     MODEL_CONFIG_FILE,
-    POPULARITY_FILE,
     WEIGHTS_FILE,
 )
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
 from recserve.train.config import TrainConfig
-from recserve.train.runfolder import LAST_CHECKPOINT, prepare_run_folder, run_identity
+from recserve.train.curves import plot_curves
+from recserve.train.runfolder import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +101,7 @@ def train(
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
         summary["refit"] = {"epochs": epochs, "trained_on": "items[:-1] (the validation item included)"}
     torch.save(weights, out_dir / WEIGHTS_FILE)
-    _plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
+    plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
 
 
@@ -155,67 +149,8 @@ def _quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
 
 
-def save_catalog(run_dir: Path, data: PreparedData) -> None:
-    """Copies what serving needs from the data folder, so that a run folder stands alone."""
-    np.save(run_dir / ITEM_TABLE_FILE, data.vocab.ids, allow_pickle=False)
-    np.save(run_dir / POPULARITY_FILE, data.popularity, allow_pickle=False)
-    shutil.copyfile(Path(data.info["folder"]) / ITEMS_FILE, run_dir / ITEMS_FILE)
-
-
 def _best_epoch(path: str) -> int | None:
     try:
         return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
     except (KeyError, OSError):
         return None
-
-
-def write_metrics(run_dir: Path, update: dict) -> dict:
-    """Merges ``update`` into the run's metrics.json and returns the whole file."""
-    path = Path(run_dir) / METRICS_FILE
-    metrics = json.loads(path.read_text()) if path.exists() else {}
-    metrics |= update
-    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return metrics
-
-
-def curves(csv_path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each logged metric (``train_loss``, ``val_*``) per epoch from Lightning's CSV log: name -> (epochs
-    counted from 1, values); empty when there is no log."""
-    import polars as pl
-
-    if not csv_path.exists():
-        return {}
-    frame = pl.read_csv(csv_path, infer_schema_length=None)
-    out = {}
-    for column in sorted(c for c in frame.columns if c == "train_loss" or c.startswith("val_")):
-        rows = frame.filter(pl.col(column).is_not_null())
-        out[column] = (rows["epoch"].to_numpy() + 1, rows[column].to_numpy())
-    return out
-
-
-def _plot_curves(csv_path: Path, png_path: Path) -> None:
-    """Training loss and the validation metrics per epoch, from Lightning's CSV log."""
-    try:
-        import matplotlib
-    except ImportError:
-        log.warning("no %s: matplotlib is not installed (pip install 'recserve[train]')", png_path.name)
-        return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = curves(csv_path)
-    if not series:
-        return
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    if "train_loss" in series:
-        ax1.plot(*series.pop("train_loss"), marker="o")
-    ax1.set(title="training loss", xlabel="epoch", ylabel="loss")
-    for column, (epochs, values) in series.items():
-        ax2.plot(epochs, values, marker="o", label=column.removeprefix("val_"))
-    if series:
-        ax2.legend()
-    ax2.set(title="validation (full ranking, seen items excluded)", xlabel="epoch")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
