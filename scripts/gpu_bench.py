@@ -26,7 +26,7 @@ from recserve.bench.report import ratios, write_report
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository import RepositorySettings
+from recserve.serving.triton.settings import RepositorySettings
 
 log = logging.getLogger("gpu_bench")
 

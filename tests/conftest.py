@@ -14,7 +14,7 @@ from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
 from recserve.serving.triton.bundle import native_backends
 from recserve.serving.triton.launcher import ServerSettings, TritonServer
-from recserve.serving.triton.repository import RepositorySettings
+from recserve.serving.triton.settings import RepositorySettings
 
 
 @pytest.fixture(scope="session")

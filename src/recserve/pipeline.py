@@ -14,7 +14,8 @@ from recserve.constants import DEFAULT_MAX_K
 from recserve.devices import torch_device
 from recserve.export.backends import default_backend
 from recserve.export.exporter import export_run
-from recserve.serving.triton.repository import LAYOUTS, RepositorySettings, check_request, write_repository
+from recserve.serving.triton.repository import LAYOUTS, check_request, write_repository
+from recserve.serving.triton.settings import RepositorySettings
 
 NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
 

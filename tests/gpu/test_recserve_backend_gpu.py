@@ -22,7 +22,7 @@ MAX_BATCH = 16  # buckets 1, 2, 4, 8, 16
 def _repository(tmp_path: Path, gpu: int) -> Path:
     from recserve.bench.synthetic import make_random_run
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import RepositorySettings
+    from recserve.serving.triton.settings import RepositorySettings
 
     require_native("recserve")
     run = make_random_run(tmp_path / "run", num_items=5_000, hidden=64, layers=2, heads=2, window=20)

@@ -102,7 +102,7 @@ def native_server(request, tiny_run, tmp_path_factory):
     """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export, on
     Triton's PyTorch or ONNX Runtime backend or on recserve's own."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import RepositorySettings
+    from recserve.serving.triton.settings import RepositorySettings
 
     runtime = NATIVE_SERVERS[request.param]
     require_native(runtime)
@@ -234,7 +234,8 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
     """An export without a native model (eager; string IDs) and a traced model asked for another device."""
     from recserve.errors import ServingError
     from recserve.export.exporter import export_run
-    from recserve.serving.triton.repository import RepositorySettings, write_repository
+    from recserve.serving.triton.repository import write_repository
+    from recserve.serving.triton.settings import RepositorySettings
 
     with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
         write_repository(tiny_export, tmp_path / "a", ("native",))
@@ -286,7 +287,8 @@ def test_native_config_takes_padded_ids_and_its_own_instance_count(tiny_run, tmp
 
     from recserve.export.exporter import export_run
     from recserve.serving.triton.model_config import parse_pbtxt
-    from recserve.serving.triton.repository import RepositorySettings, write_repository
+    from recserve.serving.triton.repository import write_repository
+    from recserve.serving.triton.settings import RepositorySettings
 
     export_run(tiny_run, "torchscript", "fp32", tmp_path / "ts")
     write_repository(tmp_path / "ts", tmp_path / "a", ("native",), RepositorySettings(instance_count=1))

@@ -24,7 +24,7 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
     """One torchscript export of ``tiny_run`` in the native layout on Triton's PyTorch backend
     (``recommender_native``) and on recserve's (the same files as ``native_recserve``), in one repository."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository import RepositorySettings
+    from recserve.serving.triton.settings import RepositorySettings
 
     require_native("pytorch", "recserve")
     repo = tmp_path_factory.mktemp("runtimes") / "repo"
@@ -177,7 +177,7 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
     from recserve.export.manifest import ExportManifest
     from recserve.pipeline import repository_from_run
     from recserve.serving.triton.native_models import native_backend
-    from recserve.serving.triton.repository import RepositorySettings
+    from recserve.serving.triton.settings import RepositorySettings
 
     repo = tmp_path / "repo"
     repository_from_run(

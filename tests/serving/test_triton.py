@@ -22,7 +22,8 @@ from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
 from recserve.serving.triton.model_config import parse_pbtxt
-from recserve.serving.triton.repository import RepositorySettings, write_repository
+from recserve.serving.triton.repository import write_repository
+from recserve.serving.triton.settings import RepositorySettings
 
 
 def _infer(url, model, **arrays):

@@ -97,7 +97,8 @@ def repo(
     without Python (integer IDs, histories padded to a fixed length by the client); seed is the PoC's
     ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
     from recserve.devices import serving_device
-    from recserve.serving.triton.repository import RepositorySettings, write_repository
+    from recserve.serving.triton.repository import write_repository
+    from recserve.serving.triton.settings import RepositorySettings
 
     source = export_or_run(export, run)
     settings = RepositorySettings(

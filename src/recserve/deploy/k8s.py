@@ -313,7 +313,7 @@ def render_overlay(s: K8sSettings, overlay: str) -> list[dict[str, Any]]:
 def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     """Writes every manifest under ``out``; returns the files written. ``repo`` is checked to be a
     recserve repository (its record names the layouts the image must hold)."""
-    from recserve.serving.triton.repository import read_repository_info
+    from recserve.serving.triton.settings import read_repository_info
 
     s.check()
     if not (Path(repo) / REPOSITORY_FILE).is_file():

@@ -8,9 +8,7 @@ wrote and checked. ``recserve.pipeline.repository_from_run`` is the shortcut tha
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +29,6 @@ from recserve.constants import (
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
-    REPOSITORY_FILE,
     SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
     SEED_INDICES,
@@ -68,57 +65,11 @@ from recserve.serving.triton.native_models import (
     native_contract,
     require_built_for,
 )
+from recserve.serving.triton.settings import RepositorySettings, record_layouts
 
 log = logging.getLogger(__name__)
 
 EXPORT_SUBDIR = "export"
-GPU_QUEUE_DELAY_US = 300
-NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
-
-
-@dataclass(frozen=True)
-class RepositorySettings:
-    """How a repository's models batch, queue and where their instances run (Triton's own field names, units
-    in names); the server's own settings are `launcher.ServerSettings`."""
-
-    max_batch_size: int = 256
-    preferred_batch_sizes: tuple[int, ...] = ()
-    # How long the batcher waits to fill a batch; None: 0 on CPU, where an idle instance should take what is
-    # queued at once (+8% at concurrency 16 on 2 cores against 200 us), 300 on a GPU, where bigger batches
-    # amortise each launch (+17% at concurrency 256 on an H200 against 100 us). See docs/benchmarks.md.
-    max_queue_delay_microseconds: int | None = None
-    # A queue policy bounds the queue (beyond max_queue_size: rejected at once, UNAVAILABLE / 503) and
-    # rejects requests queued longer than the timeout. Off by default: with any default_queue_policy,
-    # Triton 2.51's dynamic batcher stalls some requests for about 500 ms (measured: echo at concurrency 16
-    # drops from ~6,900 to ~1,000 requests/s, p99 from 4 ms to 503 ms). Turn it on for overload protection.
-    max_queue_size: int = 0  # 0: unbounded
-    queue_timeout_microseconds: int = 0  # 0: no timeout
-    instance_count: int = 1  # per GPU where ``gpus`` names them
-    # The native layout's instances; None: on CPUs at least instance_count and 4 a core (at most 8), where
-    # they are threads inside the server and more of them cut the tail (docs/benchmarks.md); on GPUs
-    # instance_count. Each instance holds its own copy of the model.
-    native_instance_count: int | None = None
-    device: str = "cpu"  # cpu or gpu: where model instances run
-    # What runs a TorchScript native model (native_models.NATIVE_RUNTIMES); None: recserve's own backend on
-    # GPUs, Triton's PyTorch backend on CPUs
-    native_runtime: str | None = None
-    gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
-    response_cache: bool = False
-    versions_served: int = 1  # the newest N versions are served
-
-    @property
-    def native_instances(self) -> int:
-        if self.native_instance_count is not None:
-            return self.native_instance_count
-        if self.device == "gpu":
-            return self.instance_count
-        return max(self.instance_count, min(NATIVE_CPU_INSTANCES_MAX, 4 * len(os.sched_getaffinity(0))))
-
-    @property
-    def queue_delay_microseconds(self) -> int:
-        if self.max_queue_delay_microseconds is not None:
-            return self.max_queue_delay_microseconds
-        return GPU_QUEUE_DELAY_US if self.device == "gpu" else 0
 
 
 def _instances(settings: RepositorySettings) -> tuple[InstanceGroup, ...]:
@@ -393,7 +344,7 @@ def write_repository(
     for layout in chosen:
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
-    _record(repo, layouts, manifest)
+    record_layouts(repo, layouts, manifest)
     return summary
 
 
@@ -410,26 +361,3 @@ def check_request(layouts: tuple[str, ...], settings: RepositorySettings, versio
         raise ServingError(f"version {version}: must be at least 1")
     if settings.native_runtime is not None and settings.native_runtime not in NATIVE_RUNTIMES:
         raise ServingError(f"native runtime {settings.native_runtime!r}: expected one of {', '.join(NATIVE_RUNTIMES)}")
-
-
-def _record(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
-    """Adds the layouts just written, with the export each was built from, to the repository's record."""
-    info = read_repository_info(repo)
-    for layout in layouts:
-        info["layouts"][layout] = {
-            "backend": manifest.backend,
-            "precision": manifest.precision,
-            "device": manifest.device,
-        }
-    info["run"] = manifest.run
-    (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
-
-
-def read_repository_info(repo: Path) -> dict:
-    """The repository's record (``recserve.json``): the run it serves and each layout's export (backend,
-    precision, device); empty if none."""
-    path = Path(repo) / REPOSITORY_FILE
-    info = json.loads(path.read_text()) if path.is_file() else {}
-    if not isinstance(info.get("layouts"), dict):  # written by an older recserve: a list of names
-        info["layouts"] = {}
-    return info
