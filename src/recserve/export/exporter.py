@@ -23,7 +23,7 @@ from recserve.export.backends import backend_module
 from recserve.export.graph import PRECISIONS, build_graph, load_spec
 from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
-from recserve.export.validate import check_parity, serving_ndcg10
+from recserve.export.validate import check_parity, served_ndcg10
 from recserve.files import replaced_on_success
 
 log = logging.getLogger(__name__)
@@ -103,11 +103,7 @@ def _quality_change(reference, runner, spec, run_dir: Path, data_dir: Path | Non
     data_dir = data_dir or _data_dir_of(run_dir)
     if data_dir is None:
         return {"ndcg10_delta": None, "ndcg10_note": "no data folder known; pass --data"}
-    from recserve.data.datasets import load_prepared
-
-    data = load_prepared(data_dir)
-    inputs, targets = data.sequences.truncated(2), data.sequences.last(2)
-    ref, got = serving_ndcg10(reference, spec, inputs, targets), serving_ndcg10(runner, spec, inputs, targets)
+    ref, got = served_ndcg10((reference, runner), spec, data_dir)
     return {"ndcg10_reference": ref, "ndcg10": got, "ndcg10_delta": got - ref}
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from recserve.data.sequences import Sequences
 from recserve.errors import ExportError
 from recserve.export.graph import GraphSpec, example_inputs
 
@@ -72,17 +72,24 @@ def check_parity(reference, runner, spec: GraphSpec, precision: str, fixed_lengt
     }
 
 
-def serving_ndcg10(runner, spec: GraphSpec, inputs: Sequences, targets: np.ndarray, batch_size: int = 256) -> float:
-    """NDCG@10 of the served answers (seen items excluded) for each user's target: the served quality."""
-    gains = []
+def served_ndcg10(runners: tuple, spec: GraphSpec, data_dir: Path, batch_size: int = 256) -> list[float]:
+    """Validation NDCG@10 of each runner's served answers (seen items excluded) on the prepared data folder:
+    every user's second-to-last item as the target, the items before it as the request; one pass over the
+    users, every runner answering the same batches."""
+    from recserve.data.datasets import load_prepared
+
+    sequences = load_prepared(data_dir).sequences
+    inputs, targets = sequences.truncated(2), sequences.last(2)
+    gains: list[list[np.ndarray]] = [[] for _ in runners]
     limit = spec.window - 1
     for start in range(0, inputs.num_users, batch_size):
         users = np.arange(start, min(start + batch_size, inputs.num_users))
         indices = inputs.windows(users, inputs.lengths[users], limit)
         ids = indices if spec.id_mapping == "predictor" else np.where(indices > 0, spec.vocab_ids[indices - 1], 0)
         lengths = np.minimum(inputs.lengths[users], limit)
-        top_ids, _ = runner(ids.astype(np.int64), lengths.astype(np.int64), np.ones(len(users), dtype=bool))
         target_ids = targets[users] if spec.id_mapping == "predictor" else spec.vocab_ids[targets[users] - 1]
-        hit = top_ids[:, :TOP] == target_ids[:, None]
-        gains.append((hit / np.log2(np.arange(TOP) + 2)).sum(1))
-    return float(np.mean(np.concatenate(gains)))
+        for runner, runner_gains in zip(runners, gains):
+            top_ids, _ = runner(ids.astype(np.int64), lengths.astype(np.int64), np.ones(len(users), dtype=bool))
+            hit = top_ids[:, :TOP] == target_ids[:, None]
+            runner_gains.append((hit / np.log2(np.arange(TOP) + 2)).sum(1))
+    return [float(np.mean(np.concatenate(g))) for g in gains]
