@@ -344,7 +344,8 @@ def write_repository(
     for layout in chosen:
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
-    record_layouts(repo, layouts, manifest)
+    export = {"backend": manifest.backend, "precision": manifest.precision, "device": manifest.device}
+    record_layouts(repo, layouts, export, manifest.run)
     return summary
 
 

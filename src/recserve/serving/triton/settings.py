@@ -1,6 +1,7 @@
 """How a repository's models batch, queue and place their instances (``RepositorySettings``), and the
-repository's record (``recserve.json``: the run it serves, each layout's export). No protobuf and no torch:
-the Kubernetes manifests and the benchmarks read these without the repository writer."""
+repository's record (``recserve.json``: the run it serves, each layout's export). Nothing of the export
+stage, no protobuf and no torch: the Kubernetes manifests and the benchmarks read these without the
+repository writer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recserve.constants import REPOSITORY_FILE
-from recserve.export.manifest import ExportManifest
 
 GPU_QUEUE_DELAY_US = 300
 NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
@@ -61,16 +61,13 @@ class RepositorySettings:
         return GPU_QUEUE_DELAY_US if self.device == "gpu" else 0
 
 
-def record_layouts(repo: Path, layouts: tuple[str, ...], manifest: ExportManifest) -> None:
-    """Adds the layouts just written, with the export each was built from, to the repository's record."""
+def record_layouts(repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str) -> None:
+    """Adds the layouts just written to the repository's record, with the export each was built from
+    (``export``: its backend, precision and device) and the run it came from."""
     info = read_repository_info(repo)
     for layout in layouts:
-        info["layouts"][layout] = {
-            "backend": manifest.backend,
-            "precision": manifest.precision,
-            "device": manifest.device,
-        }
-    info["run"] = manifest.run
+        info["layouts"][layout] = dict(export)
+    info["run"] = run
     (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
