@@ -1,8 +1,9 @@
-"""Stage shortcuts: a training run to a repository or a SageMaker package, through a validated export.
+"""Stage shortcuts: a repository or a SageMaker package from either source, an export as it is or a
+training run through a validated export.
 
-``recserve repo --run`` and ``recserve sagemaker package --run`` use these; each exports the run with the
-export stage's own entry point (``recserve.export.exporter.export_run``, parity-checked) into a temporary
-folder, then hands that export to the serving stage, which never exports anything itself.
+``recserve repo`` and ``recserve sagemaker package`` use these; a run is exported with the export stage's own
+entry point (``recserve.export.exporter.export_run``, parity-checked) into a temporary folder, then handed to
+the serving stage, which never exports anything itself. From an export nothing of torch is imported.
 """
 
 from __future__ import annotations
@@ -12,12 +13,31 @@ from pathlib import Path
 
 from recserve.constants import DEFAULT_MAX_K
 from recserve.devices import torch_device
-from recserve.export.backends import default_backend
-from recserve.export.exporter import export_run
 from recserve.serving.triton.repository import LAYOUTS, check_request, write_repository
 from recserve.serving.triton.settings import RepositorySettings
 
 NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
+
+
+def repository(
+    repo: Path,
+    layouts: tuple[str, ...],
+    settings: RepositorySettings,
+    version: int = 1,
+    *,
+    export: Path | None = None,
+    run: Path | None = None,
+    backend: str | None = None,
+    precision: str = "fp32",
+    max_k: int = DEFAULT_MAX_K,
+) -> dict:
+    """The layouts written into ``repo`` from an export as it is, or from a run exported first
+    (``repository_from_run``, with ``backend``, ``precision`` and ``max_k``); ``recserve repo``'s two sources."""
+    if export is not None:
+        return write_repository(export, repo, layouts, settings, version)
+    if run is None:
+        raise ValueError("repository: give an export or a run")
+    return repository_from_run(run, repo, layouts, settings, backend, precision, version, max_k)
 
 
 def repository_from_run(
@@ -34,6 +54,9 @@ def repository_from_run(
     the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from ``backend`` where it
     is torchscript or onnx, else from onnx on CPUs (dense integer IDs) and torchscript on GPUs, and the seed
     layout's model step from a torchscript fp32 export."""
+    from recserve.export.backends import default_backend
+    from recserve.export.exporter import export_run
+
     settings = settings or RepositorySettings()
     check_request(layouts, settings, version)  # before the export, which takes a while
     device = torch_device(settings.device)
@@ -67,6 +90,18 @@ def _native_backend(run_dir: Path, device: str) -> str:
     return "onnx" if device == "cpu" and dense else "torchscript"
 
 
+def package(out: Path, runtime: str, *, export: Path | None = None, run: Path | None = None) -> dict:
+    """The SageMaker package for ``runtime`` from an export as it is, or from a run exported first
+    (``package_from_run``); ``recserve sagemaker package``'s two sources."""
+    if export is not None:
+        from recserve.serving.sagemaker.package import package as write_package
+
+        return write_package(export, runtime, out)
+    if run is None:
+        raise ValueError("package: give an export or a run")
+    return package_from_run(run, runtime, out)
+
+
 def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAULT_MAX_K) -> dict:
     """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
     (``RUNTIME_EXPORTS``); string IDs for the triton runtime are refused before anything is exported."""
@@ -74,6 +109,7 @@ def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAUL
 
     from recserve.constants import ITEM_TABLE_FILE
     from recserve.errors import ServingError
+    from recserve.export.exporter import export_run
     from recserve.serving.sagemaker.package import NO_NATIVE_FOR_TRITON, RUNTIME_EXPORTS, check_runtime, package
 
     check_runtime(runtime, out)

@@ -97,10 +97,10 @@ def repo(
     without Python (integer IDs, histories padded to a fixed length by the client); seed is the PoC's
     ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
     from recserve.devices import serving_device
-    from recserve.serving.triton.repository import write_repository
+    from recserve.pipeline import repository
     from recserve.serving.triton.settings import RepositorySettings
 
-    source = export_or_run(export, run)
+    export_or_run(export, run)  # exactly one of them
     settings = RepositorySettings(
         max_batch_size=max_batch_size,
         max_queue_delay_microseconds=max_queue_delay_microseconds,
@@ -116,12 +116,9 @@ def repo(
     )
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     with console.status(f"writing {', '.join(layouts)} into {out}"):
-        if export is not None:
-            summary = write_repository(source, out, layouts, settings, version)
-        else:
-            from recserve.pipeline import repository_from_run
-
-            summary = repository_from_run(source, out, layouts, settings, backend, precision, version, max_k)
+        summary = repository(
+            out, layouts, settings, version, export=export, run=run, backend=backend, precision=precision, max_k=max_k
+        )
     console.print(f"{out}: " + ", ".join(m["name"] for m in summary["models"]) + f" (version {version})")
 
 

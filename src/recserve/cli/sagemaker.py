@@ -50,19 +50,14 @@ def package(
     ] = "pytorch",
 ) -> None:
     """Write model.tar.gz in the layout the chosen SageMaker container expects."""
+    from recserve.pipeline import package as write_package
     from recserve.serving.sagemaker.package import RUNTIMES
-    from recserve.serving.sagemaker.package import package as write_package
 
     if runtime not in RUNTIMES:
         raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
     source = export_or_run(export, run)
     with console.status(f"packaging {source} for the {runtime} container"):
-        if export is not None:
-            summary = write_package(export, runtime, out)
-        else:
-            from recserve.pipeline import package_from_run
-
-            summary = package_from_run(source, runtime, out)
+        summary = write_package(out, runtime, export=export, run=run)
     console.print(f"{summary['package']}: {summary['model']} ({summary['backend']}), {summary['bytes'] / 1e6:.1f} MB")
     console.print("endpoint environment: " + ", ".join(f"{k}={v}" for k, v in summary["environment"].items()))
 
