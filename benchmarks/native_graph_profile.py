@@ -18,7 +18,7 @@ import torch
 from recserve.bench.synthetic import make_random_run
 from recserve.export import native
 from recserve.export.graph import build_graph, load_spec
-from recserve.export.torchscript import _frozen
+from recserve.export.torchscript import trace_frozen
 from recserve.models.inference import NativeGraph
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     }
     with torch.inference_mode():
         example = tuple(t.cuda() for t in native.example(4, length, spec))
-        model = _frozen(NativeGraph(graph, dynamic_k=False), example)
+        model = trace_frozen(NativeGraph(graph, dynamic_k=False), example)
         rows = []
         for batch in map(int, args.batches.split(",")):
             inputs = tuple(t.cuda() for t in native.example(batch, length, spec, seed=batch))

@@ -37,13 +37,13 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         torch.jit.save(torch.jit.trace(graph, example, check_trace=False), out / FILE)
         tokens = torch.nn.functional.pad(example[0] % (len(spec.vocab_ids) + 1), (0, 1), value=graph.mask_index)
         seed = SeedStep(graph.head, SEED_K)
-        torch.jit.save(_frozen(seed, (tokens,)), out / SEED_TORCHSCRIPT_FILE)
+        torch.jit.save(trace_frozen(seed, (tokens,)), out / SEED_TORCHSCRIPT_FILE)
         reason = native.unsupported(spec)
         if reason is None:
             inputs = tuple(t.to(device) for t in native.example(4, spec.window - 1, spec))
             # on a GPU the answer is max_k wide: choosing the batch's k would wait for the GPU mid-graph
             model = NativeGraph(graph, dynamic_k=device == "cpu")
-            torch.jit.save(_frozen(model, inputs), out / NATIVE_TORCHSCRIPT_FILE)
+            torch.jit.save(trace_frozen(model, inputs), out / NATIVE_TORCHSCRIPT_FILE)
             added["native_model"] = NATIVE_TORCHSCRIPT_FILE
         else:
             log.info("no native model: %s", reason)
@@ -51,7 +51,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     return added
 
 
-def _frozen(module: torch.nn.Module, example: tuple) -> torch.jit.ScriptModule:
+def trace_frozen(module: torch.nn.Module, example: tuple) -> torch.jit.ScriptModule:
     """Traced and frozen: weights become constants of the graph, so Triton's PyTorch backend runs no attribute
     lookups (a third of the unfrozen graph's nodes) on each call."""
     return torch.jit.freeze(torch.jit.trace(module.eval(), example, check_trace=False))
