@@ -62,3 +62,8 @@ SEED_TORCHSCRIPT_FILE = "seed.pt"  # in a torchscript export: the seed layout's 
 HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
+
+# Model instances a SageMaker triton package asks for, by its export's device: set for the endpoint's machine,
+# not the packaging one's cores (4 CPU instances suit the 4 vCPUs of an ml.m5.xlarge or ml.c5.xlarge; on a GPU
+# Triton places the count on each GPU, and 2 overlap one's copies and launches)
+PACKAGE_INSTANCES = {"cpu": 4, "gpu": 2}

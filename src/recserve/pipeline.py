@@ -90,21 +90,37 @@ def _native_backend(run_dir: Path, device: str) -> str:
     return "onnx" if device == "cpu" and dense else "torchscript"
 
 
-def package(out: Path, runtime: str, *, export: Path | None = None, run: Path | None = None) -> dict:
-    """The SageMaker package for ``runtime`` from an export as it is, or from a run exported first
-    (``package_from_run``); ``recserve sagemaker package``'s two sources."""
+def package(
+    out: Path,
+    runtime: str,
+    *,
+    export: Path | None = None,
+    run: Path | None = None,
+    device: str = "cpu",
+    instances: int | None = None,
+) -> dict:
+    """The SageMaker package for ``runtime`` from an export as it is (made for its own device), or from a run
+    exported first for ``device`` (``package_from_run``); ``recserve sagemaker package``'s two sources."""
     if export is not None:
         from recserve.serving.sagemaker.package import package as write_package
 
-        return write_package(export, runtime, out)
+        return write_package(export, runtime, out, instances)
     if run is None:
         raise ValueError("package: give an export or a run")
-    return package_from_run(run, runtime, out)
+    return package_from_run(run, runtime, out, device=device, instances=instances)
 
 
-def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAULT_MAX_K) -> dict:
+def package_from_run(
+    run_dir: Path,
+    runtime: str,
+    out: Path,
+    max_k: int = DEFAULT_MAX_K,
+    device: str = "cpu",
+    instances: int | None = None,
+) -> dict:
     """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
-    (``RUNTIME_EXPORTS``); string IDs for the triton runtime are refused before anything is exported."""
+    (``RUNTIME_EXPORTS``); a triton package's export is made for ``device`` (cpu or gpu: a GPU package is
+    traced on this machine's GPU); string IDs for the triton runtime are refused before anything is exported."""
     import numpy as np
 
     from recserve.constants import ITEM_TABLE_FILE
@@ -117,6 +133,8 @@ def package_from_run(run_dir: Path, runtime: str, out: Path, max_k: int = DEFAUL
     table = Path(run_dir) / ITEM_TABLE_FILE
     if runtime == "triton" and table.is_file() and np.load(table, allow_pickle=False).dtype.kind not in "iu":
         raise ServingError(NO_NATIVE_FOR_TRITON.format(reason="string IDs"))
+    # the pytorch runtime's handler chooses the endpoint's device itself: its eager export is made anywhere
+    export_device = torch_device(device) if runtime == "triton" else "cpu"
     with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
-        export_run(run_dir, backend, precision, Path(tmp) / "export", device="cpu", max_k=max_k)
-        return package(Path(tmp) / "export", runtime, out)
+        export_run(run_dir, backend, precision, Path(tmp) / "export", device=export_device, max_k=max_k)
+        return package(Path(tmp) / "export", runtime, out, instances)

@@ -202,6 +202,54 @@ def test_deploy_names_the_model_the_triton_package_holds(tiny_run, bert_package,
         triton_model_name(bert_package)  # a pytorch package
 
 
+def test_a_triton_package_asks_for_the_endpoints_instances_not_this_machines_cores(tiny_run, tmp_path):
+    """The packaging machine's cores say nothing of the endpoint's; the container runs Triton's own backends."""
+    from recserve.constants import PACKAGE_INSTANCES
+    from recserve.serving.sagemaker.package import inspect_package
+    from recserve.serving.triton.model_config import parse_pbtxt
+
+    def config(count):
+        out = tmp_path / f"model-{count}.tar.gz"
+        package_from_run(tiny_run, "triton", out, instances=count)
+        info = inspect_package(out)
+        assert not info.on_gpus
+        return parse_pbtxt(info.config)
+
+    default, three = config(None), config(3)
+    assert [g.count for g in default.instance_group] == [PACKAGE_INSTANCES["cpu"]]
+    assert [g.count for g in three.instance_group] == [3]
+    assert default.platform == "pytorch_libtorch" and not default.backend  # Triton's PyTorch backend
+    with pytest.raises(ServingError, match="instances 0: must be at least 1"):
+        package(tmp_path / "nowhere", "triton", tmp_path / "m.tar.gz", instances=0)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: the package can be made")
+def test_a_gpu_package_needs_a_gpu_to_trace_on_and_says_so(tiny_run, tmp_path):
+    from recserve.errors import ExportError
+
+    with pytest.raises(ExportError, match="no CUDA device is available here; use --device cpu"):
+        package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz", device="gpu")
+    assert not (tmp_path / "model.tar.gz").exists()
+
+
+@pytest.mark.parametrize(
+    ("on_gpus", "instance_type", "level"),
+    [
+        (True, "ml.c5.xlarge", "error"),
+        (False, "ml.g5.xlarge", "warning"),
+        (True, "ml.p4d.24xlarge", None),
+        (False, "ml.m5.large", None),
+    ],
+)
+def test_a_package_and_an_instance_type_that_disagree_are_named(on_gpus, instance_type, level):
+    from recserve.serving.sagemaker.deploy import instance_mismatch
+
+    found = instance_mismatch(on_gpus, instance_type)
+    assert (found and found[0]) == level
+    if found:
+        assert instance_type in found[1] and "--device" in found[1]
+
+
 @pytest.mark.parametrize(
     ("runtime", "out", "message"),
     [("tensorflow", "m.tar.gz", "runtime 'tensorflow'"), ("pytorch", "m.zip", "must be a .tar.gz")],
@@ -354,6 +402,30 @@ def test_deploy_uploads_creates_and_waits_for_in_service(aws_env, moto, bert_pac
         app, ["sagemaker", "invoke", "1", "2", "--env-file", str(aws_env), "--endpoint-name", "recs"]
     )
     assert result.exit_code == 0, result.output
+
+
+def test_deploy_warns_that_a_cpu_package_leaves_the_instance_types_gpu_idle(
+    aws_env, moto, tiny_run, tmp_path, monkeypatch
+):
+    package_from_run(tiny_run, "triton", tmp_path / "model.tar.gz")
+    monkeypatch.setenv("RECSERVE_SAGEMAKER_RUNTIME", "triton")
+    result = CliRunner().invoke(
+        app,
+        [
+            "sagemaker",
+            "deploy",
+            "--package",
+            str(tmp_path / "model.tar.gz"),
+            "--env-file",
+            str(aws_env),
+            "--endpoint-name",
+            "cpu-on-gpu",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning: the package's model runs on CPUs, so the GPU of ml.g4dn.xlarge would sit idle" in " ".join(
+        result.output.split()
+    )
 
 
 def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monkeypatch):

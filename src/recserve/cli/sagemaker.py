@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, export_or_run, handle_errors, history_ids
+from recserve.constants import PACKAGE_INSTANCES
 
 app = typer.Typer(
     help="SageMaker: model.tar.gz, a local endpoint (/ping, /invocations), deployment, invocation.",
@@ -48,6 +49,21 @@ def package(
             "triton (SageMaker Triton container, a model repository)."
         ),
     ] = "pytorch",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="triton, with --run: cpu or gpu (cuda is taken for gpu), where the endpoint's model instances "
+            "run; a gpu package is traced on this machine's GPU. With --export, the export's own device decides; "
+            "the pytorch runtime's handler picks the endpoint's device itself."
+        ),
+    ] = "cpu",
+    instances: Annotated[
+        int | None,
+        typer.Option(
+            help="triton: model instances (on each GPU), set for the endpoint's machine "
+            f"[{', '.join(f'{n} on {d}' for d, n in PACKAGE_INSTANCES.items())}]."
+        ),
+    ] = None,
 ) -> None:
     """Write model.tar.gz in the layout the chosen SageMaker container expects."""
     from recserve.pipeline import package as write_package
@@ -57,7 +73,7 @@ def package(
         raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
     source = export_or_run(export, run)
     with console.status(f"packaging {source} for the {runtime} container"):
-        summary = write_package(out, runtime, export=export, run=run)
+        summary = write_package(out, runtime, export=export, run=run, device=device, instances=instances)
     console.print(f"{summary['package']}: {summary['model']} ({summary['backend']}), {summary['bytes'] / 1e6:.1f} MB")
     console.print("endpoint environment: " + ", ".join(f"{k}={v}" for k, v in summary["environment"].items()))
 
@@ -128,9 +144,18 @@ def deploy(
 
     settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait, replace_failed=replace_failed or None)
     if package_file is not None and settings.runtime == "triton":  # the model the package holds, not a guess
-        from recserve.serving.sagemaker.package import triton_model_name
+        from recserve.errors import ServingError
+        from recserve.serving.sagemaker.deploy import instance_mismatch
+        from recserve.serving.sagemaker.package import inspect_package
 
-        settings = settings.model_copy(update={"triton_model": triton_model_name(package_file)})
+        info = inspect_package(package_file)  # one read of the archive
+        model = info.triton_model(package_file)
+        mismatch = instance_mismatch(info.on_gpus, settings.instance_type)
+        if mismatch and mismatch[0] == "error":
+            raise ServingError(f"{package_file}: {mismatch[1]}")
+        if mismatch:
+            console.print(f"[yellow]warning: {mismatch[1]}[/]")
+        settings = settings.model_copy(update={"triton_model": model})
     if package_file is not None:
         with console.status(f"uploading {package_file} to {settings.model_data}"):
             upload(package_file, settings)

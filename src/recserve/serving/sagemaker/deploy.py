@@ -284,3 +284,23 @@ def invoke_endpoint(settings: DeploySettings, body: bytes, content_type: str = "
     except (BotoCoreError, ClientError) as err:
         raise ServingError(f"invoking endpoint {settings.endpoint_name!r} failed: {err}") from err
     return response.get("ContentType", ""), response["Body"].read()
+
+
+GPU_FAMILIES = ("ml.g", "ml.p")  # SageMaker's instance families with NVIDIA GPUs (g4dn, g5, g6, p3, p4d, p5, ...)
+
+
+def instance_mismatch(on_gpus: bool, instance_type: str) -> tuple[str, str] | None:
+    """("error" or "warning", why) where a triton package and the endpoint's instance type disagree: GPU
+    instances cannot load on a machine without a GPU; CPU instances on a GPU machine leave the GPU idle."""
+    gpu_machine = instance_type.startswith(GPU_FAMILIES)
+    if on_gpus and not gpu_machine:
+        return "error", (
+            f"the package's model runs on GPUs, and {instance_type} has none: deploy on a GPU instance type "
+            "(e.g. ml.g5.xlarge) or package with --device cpu"
+        )
+    if not on_gpus and gpu_machine:
+        return "warning", (
+            f"the package's model runs on CPUs, so the GPU of {instance_type} would sit idle: package with "
+            "--device gpu on a GPU host, or deploy on a CPU instance type (e.g. ml.c5.xlarge)"
+        )
+    return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE
+from recserve.constants import NATIVE_MODEL, PACKAGE_INSTANCES, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
@@ -73,15 +73,19 @@ def check_runtime(runtime: str, out: Path) -> None:
         raise ServingError(f"{out}: the package must be a .tar.gz file (SageMaker reads model.tar.gz)")
 
 
-def package(export_dir: Path, runtime: str, out: Path) -> dict:
+def package(export_dir: Path, runtime: str, out: Path, instances: int | None = None) -> dict:
     """Writes ``out`` (a model.tar.gz) for ``runtime`` from an export folder; returns what it holds and the
-    environment to set.
+    environment to set. A triton package runs where its export was made for (KIND_GPU instances for a CUDA
+    export), ``instances`` model instances (default ``constants.PACKAGE_INSTANCES``) on Triton's PyTorch or ONNX
+    Runtime backend, which the SageMaker Triton container has.
 
     Raises:
         ServingError: an unknown runtime, an output name that is not .tar.gz, or an export whose backend the
             runtime's container cannot run (``RUNTIME_BACKENDS``).
     """
     check_runtime(runtime, out)
+    if instances is not None and instances < 1:
+        raise ServingError(f"instances {instances}: must be at least 1")
     export_dir, out = Path(export_dir), Path(out)
     manifest = ExportManifest.read(export_dir)
     if manifest.backend not in RUNTIME_BACKENDS[runtime]:
@@ -98,7 +102,7 @@ def package(export_dir: Path, runtime: str, out: Path) -> dict:
         if runtime == "pytorch":
             _write_pytorch(export_dir, root)
         else:
-            _write_triton(export_dir, root)
+            _write_triton(export_dir, root, manifest, instances)
         with replaced_on_success(out, folder=False) as partial, tarfile.open(partial, "w:gz") as tar:
             for path in sorted(root.rglob("*")):
                 if "__pycache__" not in path.parts:
@@ -123,10 +127,18 @@ def _write_pytorch(export_dir: Path, root: Path) -> None:
     copy_package(code)
 
 
-def _write_triton(export_dir: Path, root: Path) -> None:
+def _write_triton(export_dir: Path, root: Path, manifest: ExportManifest, instances: int | None) -> None:
+    from recserve.devices import serving_device
     from recserve.serving.triton.repository import write_repository
+    from recserve.serving.triton.settings import RepositorySettings
 
-    write_repository(export_dir, root, ("native",))  # Triton's own backend runs it: nothing to install
+    device = serving_device(manifest.device)
+    count = instances or PACKAGE_INSTANCES[device]
+    # Triton's own backends run it (the container has no recserve backend): nothing to install
+    settings = RepositorySettings(
+        device=device, instance_count=count, native_instance_count=count, native_runtime="pytorch"
+    )
+    write_repository(export_dir, root, ("native",), settings)
     (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
 
 
@@ -137,6 +149,27 @@ class PackageInfo:
     runtime: str  # pytorch (code/inference.py inside) or triton (one model folder)
     model: str | None  # triton: the one model folder, what SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names
     config: str | None  # triton: that model's config.pbtxt
+
+    def triton_model(self, package_path: Path) -> str:
+        """The one model folder of a triton-runtime package.
+
+        Raises:
+            ServingError: a pytorch package.
+        """
+        if self.model is None:
+            raise ServingError(
+                f"{package_path}: not a triton-runtime package (it holds code/{ENTRY_POINT}: a pytorch one); "
+                "package it with --runtime triton"
+            )
+        return self.model
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether the triton package's model runs in GPU instances (False for a pytorch package)."""
+        from recserve.serving.triton.bundle import on_gpus
+        from recserve.serving.triton.model_config import parse_pbtxt
+
+        return self.runtime == "triton" and on_gpus(parse_pbtxt(self.config or ""))
 
     def native_shape(self, package_path: Path) -> NativeShape:
         """What the triton package's native model takes (history length, padding, max_k).
@@ -191,13 +224,7 @@ def triton_model_name(package_path: Path) -> str:
     Raises:
         ServingError: a package that is not a triton-runtime one.
     """
-    info = inspect_package(package_path)
-    if info.model is None:
-        raise ServingError(
-            f"{package_path}: not a triton-runtime package (it holds code/{ENTRY_POINT}: a pytorch one); "
-            "package it with --runtime triton"
-        )
-    return info.model
+    return inspect_package(package_path).triton_model(package_path)
 
 
 def copy_package(target: Path) -> None:
