@@ -219,6 +219,10 @@ def test_a_triton_package_asks_for_the_endpoints_instances_not_this_machines_cor
     assert [g.count for g in default.instance_group] == [PACKAGE_INSTANCES["cpu"]]
     assert [g.count for g in three.instance_group] == [3]
     assert default.platform == "pytorch_libtorch" and not default.backend  # Triton's PyTorch backend
+    export_run(tiny_run, "onnx", "fp32", tmp_path / "onnx")  # an onnx native model: its one backend
+    package(tmp_path / "onnx", "triton", tmp_path / "onnx.tar.gz")
+    onnx = parse_pbtxt(inspect_package(tmp_path / "onnx.tar.gz").config)
+    assert onnx.platform == "onnxruntime_onnx" and [g.count for g in onnx.instance_group] == [PACKAGE_INSTANCES["cpu"]]
     with pytest.raises(ServingError, match="instances 0: must be at least 1"):
         package(tmp_path / "nowhere", "triton", tmp_path / "m.tar.gz", instances=0)
 

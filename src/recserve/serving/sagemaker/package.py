@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recserve.constants import NATIVE_MODEL, PACKAGE_INSTANCES, REPOSITORY_FILE
+from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, PACKAGE_INSTANCES, REPOSITORY_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
@@ -134,9 +134,11 @@ def _write_triton(export_dir: Path, root: Path, manifest: ExportManifest, instan
 
     device = serving_device(manifest.device)
     count = instances or PACKAGE_INSTANCES[device]
-    # Triton's own backends run it (the container has no recserve backend): nothing to install
+    # Triton's own backends run it (the container has no recserve backend): nothing to install. An ONNX
+    # graph has one backend, onnxruntime; TorchScript goes to Triton's PyTorch backend on GPUs too.
+    runtime = None if manifest.native_model == NATIVE_ONNX_FILE else "pytorch"
     settings = RepositorySettings(
-        device=device, instance_count=count, native_instance_count=count, native_runtime="pytorch"
+        device=device, instance_count=count, native_instance_count=count, native_runtime=runtime
     )
     write_repository(export_dir, root, ("native",), settings)
     (root / REPOSITORY_FILE).unlink(missing_ok=True)  # the container expects model folders only
