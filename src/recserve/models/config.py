@@ -121,3 +121,9 @@ class MultVAEConfig(ModelConfig):
             problems.append(f"window={self.window}: must be at least 2")
         if problems:
             raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
+
+
+# Each model's config class by the model's name (its ``MODEL``): what a run's model_config.json names.
+MODEL_CONFIGS: dict[str, type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig]] = {
+    cfg.MODEL: cfg for cfg in (Bert4RecConfig, SASRecConfig, MultVAEConfig)
+}

@@ -10,14 +10,13 @@ import torch
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.config import Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.config import MODEL_CONFIGS, Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.sasrec import SASRec
 
+_MODEL_CLASSES: dict[str, type] = {"bert4rec": Bert4Rec, "sasrec": SASRec, "multvae": MultVAE}
 MODELS: dict[str, tuple[type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig], type]] = {
-    "bert4rec": (Bert4RecConfig, Bert4Rec),
-    "sasrec": (SASRecConfig, SASRec),
-    "multvae": (MultVAEConfig, MultVAE),
+    name: (MODEL_CONFIGS[name], model) for name, model in _MODEL_CLASSES.items()
 }
 
 

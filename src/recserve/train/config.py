@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from recserve.errors import ConfigError
-from recserve.models.config import Bert4RecConfig, ModelConfig, MultVAEConfig, SASRecConfig
+from recserve.models.config import MODEL_CONFIGS
 
 # The training settings where a model's usual values differ from TrainConfig's own (which are BERT4Rec's);
 # `recserve train` starts from these, an option given on the command line wins.
@@ -15,11 +15,6 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "bert4rec": {},
     "sasrec": dict(epochs=100, samples_per_user=2),
     "multvae": dict(batch_size=100, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
-}
-MODEL_CONFIGS: dict[str, type[ModelConfig]] = {
-    "bert4rec": Bert4RecConfig,
-    "sasrec": SASRecConfig,
-    "multvae": MultVAEConfig,
 }
 
 LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
@@ -144,7 +139,7 @@ def _cuda_count() -> int:
 def model_settings(model: str, given: dict[str, Any]) -> dict[str, Any]:
     """The options given (None: not given) that ``model``'s config has, to override its defaults; an option
     the model has no field for is a ``ConfigError`` naming both."""
-    known = {f.name for f in fields(MODEL_CONFIGS[model])} - {"num_items"}  # type: ignore[arg-type]
+    known = {f.name for f in fields(MODEL_CONFIGS[model])} - {"num_items"}
     chosen = {name: value for name, value in given.items() if value is not None}
     foreign = sorted(set(chosen) - known)
     if foreign:

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import torch
 
-from recserve.constants import (
-    MODEL_CONFIG_FILE,
-    WEIGHTS_FILE,
-)
+from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
 from recserve.train.config import TrainConfig
