@@ -101,6 +101,7 @@ def package(
 ) -> dict:
     """The SageMaker package for ``runtime`` from an export as it is (made for its own device), or from a run
     exported first for ``device`` (``package_from_run``); ``recserve sagemaker package``'s two sources."""
+    torch_device(device)  # an unknown device word is refused whichever the source
     if export is not None:
         from recserve.serving.sagemaker.package import package as write_package
 

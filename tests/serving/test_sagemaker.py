@@ -236,6 +236,16 @@ def test_a_gpu_package_needs_a_gpu_to_trace_on_and_says_so(tiny_run, tmp_path):
     assert not (tmp_path / "model.tar.gz").exists()
 
 
+def test_an_unknown_device_is_refused_for_either_source_and_runtime(tiny_export, tiny_run, tmp_path):
+    from recserve.errors import ConfigError
+    from recserve.pipeline import package as package_either
+
+    for source in ({"export": tiny_export}, {"run": tiny_run}):
+        with pytest.raises(ConfigError, match="device 'tpu': expected cpu or gpu"):
+            package_either(tmp_path / "m.tar.gz", "pytorch", device="tpu", **source)
+    assert not (tmp_path / "m.tar.gz").exists()
+
+
 @pytest.mark.parametrize(
     ("on_gpus", "instance_type", "level"),
     [
