@@ -27,7 +27,7 @@ from recserve.serving.processes import free_ports
 from recserve.serving.sagemaker import inference
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
 from recserve.serving.sagemaker.inference import HandlerError, input_fn, model_fn, output_fn, predict_fn
-from recserve.serving.sagemaker.package import package, unpack
+from recserve.serving.sagemaker.package import package, pytorch_environment, unpack
 from recserve.serving.triton.launcher import TritonServer
 
 JSON = "application/json"
@@ -315,6 +315,52 @@ def test_local_endpoint_answers_ping_and_invocations(endpoint, tiny_run):
     assert status == 200 and clear[0] and answer["item_id"] == want[0][:5].tolist()
 
 
+def test_the_endpoint_keeps_torchserves_config_in_its_folder_with_recserves_batching(endpoint):
+    """The toolkit would write /etc/sagemaker-ts.properties (root only); here it lands in the work folder,
+    with the container settings deploy gives the model: batches of 16 within 1 ms, one worker."""
+    config = endpoint.workdir / "sagemaker-ts.properties"
+    assert f"'--ts-config', '{config}'" in endpoint.log_path.read_text()
+    text = config.read_text()
+    assert '"batchSize": 16' in text and '"maxBatchDelay": 1' in text and '"maxWorkers": 1' in text
+    assert "inference_address=http://127.0.0.1:" in text
+
+
+def test_a_batch_answers_each_request_with_its_own_status_and_the_models_answer(endpoint, bert_model, tiny_run):
+    """48 requests at once, a quarter of them bad: TorchServe batches them (up to 16), and each gets its own
+    answer (the in-process handler's, one request at a time) or its own 4xx; the toolkit's own transform
+    would answer a batch holding a bad request with 503 for every request in it."""
+    ids = np.load(tiny_run / "item_ids.npy")
+    good = [json.dumps({"item_id": ids[i : i + 1 + i % 9].tolist(), "k": 1 + i % 10}).encode() for i in range(36)]
+    bad = [
+        (b"{oops", JSON, 400, "malformed JSON"),
+        (b'{"item_id": [1], "k": 0}', JSON, 400, "out of range"),
+        (b'{"item_id": ["sku-1"]}', JSON, 400, "integer IDs"),
+        (b'{"item_id": [1]}', "text/csv", 415, "not supported"),
+    ] * 3
+    requests = [(body, JSON, 200, None) for body in good] + bad
+    order = np.random.default_rng(0).permutation(len(requests))
+    replies: dict[int, tuple[int, bytes]] = {}
+
+    def send(i: int) -> None:
+        body, content_type, _, _ = requests[i]
+        replies[i] = invoke(endpoint.url, body, content_type)
+
+    threads = [threading.Thread(target=send, args=(int(i),)) for i in order]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for i, (body, _, status, message) in enumerate(requests):
+        got_status, got = replies[i]
+        assert got_status == status, (body, got)
+        if message is None:  # a batch pads its rows to its longest: scores equal to float32 rounding
+            answer, want = json.loads(got), handle(bert_model, body)
+            assert answer["item_id"] == want["item_id"] and answer["unknown_item_ids"] == want["unknown_item_ids"]
+            np.testing.assert_allclose(answer["score"], want["score"], atol=1e-5)
+        else:
+            assert message in json.loads(got)["error"]
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "message"),
     [
@@ -405,7 +451,8 @@ def test_deploy_uploads_creates_and_waits_for_in_service(aws_env, moto, bert_pac
     variant = config["ProductionVariants"][0]
     assert variant["InstanceType"] == "ml.g4dn.xlarge" and variant["InitialInstanceCount"] == 1
     model = sm.describe_model(ModelName=variant["ModelName"])
-    assert model["PrimaryContainer"]["Environment"] == {"SAGEMAKER_PROGRAM": "inference.py"}
+    assert model["PrimaryContainer"]["Environment"] == pytorch_environment(workers=1)
+    assert model["PrimaryContainer"]["Environment"]["SAGEMAKER_PROGRAM"] == "inference.py"
     assert model["PrimaryContainer"]["ModelDataUrl"] == "s3://models/recserve/model.tar.gz"
     s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto)
     assert s3.head_object(Bucket="models", Key="recserve/model.tar.gz")["ContentLength"] == os.path.getsize(

@@ -9,7 +9,7 @@ import pytest
 from botocore.stub import Stubber
 
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.deploy import NAME_LIMIT, DeploySettings, deploy, resource_name
+from recserve.serving.sagemaker.deploy import NAME_LIMIT, DeploySettings, deploy, environment, resource_name
 
 NAME = "recs-20261201-abcd"
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:endpoint/recs"
@@ -60,6 +60,23 @@ def _creates(stubber, endpoint: str) -> None:
     stubber.add_response("create_model", {"ModelArn": f"{ARN}-model"})
     stubber.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}-config"})
     stubber.add_response(f"{endpoint}_endpoint", {"EndpointArn": ARN})
+
+
+# the PyTorch container's settings deploy gives the model (docs/sagemaker.md, "Throughput"), workers aside
+PYTORCH_ENVIRONMENT = {
+    "SAGEMAKER_PROGRAM": "inference.py",
+    "SAGEMAKER_TS_BATCH_SIZE": "16",
+    "SAGEMAKER_TS_MAX_BATCH_DELAY": "1",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def test_the_pytorch_container_gets_batching_one_thread_and_the_workers_asked_for():
+    four = environment(_settings(workers=4))
+    assert four == PYTORCH_ENVIRONMENT | {"SAGEMAKER_TS_MIN_WORKERS": "4", "SAGEMAKER_TS_MAX_WORKERS": "4"}
+    assert environment(_settings(runtime="triton")) == {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender_native"}
+    with pytest.raises(ValueError, match="workers"):
+        _settings(workers=0)
 
 
 def test_names_fit_sagemakers_limit_and_never_repeat():
@@ -162,7 +179,7 @@ def test_the_image_comes_from_the_table_for_the_region_runtime_and_processor(sm,
             "PrimaryContainer": {
                 "Image": image,
                 "ModelDataUrl": "s3://models/recserve/model.tar.gz",
-                "Environment": {"SAGEMAKER_PROGRAM": "inference.py"}
+                "Environment": PYTORCH_ENVIRONMENT | {"SAGEMAKER_TS_MIN_WORKERS": "1", "SAGEMAKER_TS_MAX_WORKERS": "1"}
                 if runtime == "pytorch"
                 else {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "recommender_native"},
             },

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from recserve.constants import NATIVE_MODEL
 from recserve.errors import ServingError
 from recserve.serving.sagemaker.images import image_uri
-from recserve.serving.sagemaker.package import ENVIRONMENT, TRITON_MODEL_ENV
+from recserve.serving.sagemaker.package import TRITON_MODEL_ENV, pytorch_environment
 from recserve.settings import read_settings
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,11 @@ ENV_FILE = ".env.inference"
 
 
 def environment(settings: DeploySettings) -> dict[str, str]:
-    """The container's environment: the entry point (pytorch) or the model to serve (triton)."""
+    """The container's environment: the model to serve (triton), or the entry point and TorchServe's batching,
+    workers and threads (pytorch)."""
     if settings.runtime == "triton":
         return {TRITON_MODEL_ENV: settings.triton_model}
-    return dict(ENVIRONMENT[settings.runtime])
+    return pytorch_environment(settings.workers)
 
 
 class DeploySettings(BaseSettings):
@@ -55,6 +56,9 @@ class DeploySettings(BaseSettings):
     )
     instance_type: str = "ml.g5.xlarge"  # one A10G, the PoC's GPU
     instance_count: int = Field(1, ge=1)
+    workers: int = Field(
+        1, ge=1, description="pytorch runtime: TorchServe workers (model processes) per instance, one thread each"
+    )
     endpoint_name: str = "recserve"
     wait: bool = True
     wait_timeout_s: int = Field(1800, ge=1)

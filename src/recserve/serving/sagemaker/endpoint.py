@@ -5,8 +5,7 @@ frontend, the package's one model as the default).
 
 For the PyTorch container, ``/ping`` says healthy before the model has loaded and stays healthy while
 workers crash, so readiness here is a real answer from ``/invocations``. Only one TorchServe runs per
-machine: the toolkit writes its config to a fixed path (``/etc/sagemaker-ts.properties``) and attaches to
-any running TorchServe.
+machine: TorchServe keeps its process ID in a fixed file and the toolkit attaches to any running TorchServe.
 """
 
 from __future__ import annotations
@@ -26,7 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.package import ENTRY_POINT, TRITON_MODEL_ENV, unpack
+from recserve.serving.sagemaker.package import (
+    ENTRY_POINT,
+    TRITON_MODEL_ENV,
+    WORKER_VARIABLES,
+    pytorch_environment,
+    unpack,
+)
 
 if TYPE_CHECKING:
     from recserve.serving.triton.launcher import TritonServer
@@ -106,13 +111,12 @@ class LocalEndpoint(_Endpoint):
             )
         if shutil.which("java") is None:
             raise ServingError("TorchServe needs Java 17 or newer on PATH; install a JDK (e.g. openjdk-17-jre)")
-        env = os.environ | {
-            "SAGEMAKER_BASE_DIR": str(self.workdir),
-            "SAGEMAKER_PROGRAM": ENTRY_POINT,
-            "SAGEMAKER_BIND_TO_PORT": str(self.port),
-            "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
-            "PATH": _tool_path(),
-        }
+        # what deploy gives the container (the caller's environment may tune batching and threads), then
+        # what this endpoint fixes: its folder, port and workers
+        container = pytorch_environment(self.workers)
+        fixed = {key: container[key] for key in ("SAGEMAKER_PROGRAM", *WORKER_VARIABLES)}
+        env = container | os.environ | fixed
+        env |= {"SAGEMAKER_BASE_DIR": str(self.workdir), "SAGEMAKER_BIND_TO_PORT": str(self.port), "PATH": _tool_path()}
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "recserve.serving.sagemaker.container"],

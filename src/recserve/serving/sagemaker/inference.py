@@ -5,7 +5,8 @@ The contract of SageMaker's PyTorch inference containers. JSON in, ``{"item_id":
 first, the input items excluded. Works for BERT4Rec and Mult-VAE exports, on CUDA when there is one. A bad
 request raises the toolkit's error type with a 4xx status and a message that names the problem; the error
 body is that message alone (the toolkit would add a traceback). Errors are logged with the request's
-context and, when ``RECSERVE_ERROR_HOOK_URL`` is set, posted there as JSON (off by default).
+context and, when ``RECSERVE_ERROR_HOOK_URL`` is set, posted there as JSON (off by default). ``transform``
+replaces the toolkit's for TorchServe's batches: one graph call a batch, each request its own status.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import threading
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +119,10 @@ def predict_fn(input_data: dict, model) -> dict:
         [answer] = model.predict([input_data["item_id"]], k=input_data["k"], exclude_seen=input_data["exclude_seen"])
     except RequestError as err:
         raise HandlerError(400, str(err), {"k": input_data["k"], "items": len(input_data["item_id"])}) from err
+    return _prediction(answer)
+
+
+def _prediction(answer) -> dict:
     return {
         "item_id": answer.item_ids.tolist(),
         "score": [round(float(s), 6) for s in answer.scores],
@@ -150,19 +156,77 @@ def report_error(status_code: int, message: str, context: dict) -> None:
     threading.Thread(target=post, daemon=True).start()
 
 
-def install_short_error_bodies() -> None:
-    """Makes the toolkit answer an error with its message alone; the traceback goes to the log only."""
+def predict_batch(inputs: Sequence[dict], model) -> list[dict | HandlerError]:
+    """``predict_fn`` for several parsed requests in one graph call; where that call refuses the batch (a
+    request the model cannot take), each request is answered alone, so only the bad ones get their error."""
+    if not inputs:
+        return []
     try:
-        from sagemaker_inference import utils
+        answers = model.predict(
+            [x["item_id"] for x in inputs],
+            k=[x["k"] for x in inputs],
+            exclude_seen=np.fromiter((x["exclude_seen"] for x in inputs), dtype=bool, count=len(inputs)),
+        )
+    except RequestError:
+        return [_answer_or_error(predict_fn, x, model) for x in inputs]
+    return [_prediction(answer) for answer in answers]
+
+
+def _answer_or_error(function, *args):
+    try:
+        return function(*args)
+    except HandlerError as err:
+        return err
+
+
+def transform(transformer, data: list[dict], context) -> list:
+    """The toolkit's ``Transformer.transform`` for a batch of requests (TorchServe's batching,
+    ``SAGEMAKER_TS_BATCH_SIZE``): each request parsed with its own headers and answered with its own status
+    and body, the good ones of a batch in one graph call. The toolkit's own reads every request with the first
+    one's headers, calls the model once a request, and fails the whole batch (every request gets 503) when one
+    request is bad. An error body is the message alone; the traceback goes to the log."""
+    try:
+        transformer.validate_and_initialize(model_dir=context.system_properties.get("model_dir"), context=context)
+        bodies: list = [None] * len(data)
+        good, accepts = {}, {}
+        for i, request in enumerate(data):
+            headers = context.get_all_request_header(i)
+            accepts[i] = headers.get("Accept") or headers.get("accept")
+            parsed = _answer_or_error(input_fn, request.get("body"), _content_type(headers))
+            if isinstance(parsed, HandlerError):
+                bodies[i] = _error_body(context, i, parsed)
+            else:
+                good[i] = parsed
+        for i, answer in zip(good, predict_batch(list(good.values()), transformer._model), strict=True):
+            reply = answer if isinstance(answer, HandlerError) else _answer_or_error(output_fn, answer, accepts[i])
+            if isinstance(reply, HandlerError):
+                bodies[i] = _error_body(context, i, reply)
+            else:
+                bodies[i], media_type = reply
+                context.set_response_content_type(i, media_type)
+        return bodies
+    except Exception as err:  # the endpoint answers 500 and stays up, as the toolkit's does
+        log.exception("transform failed for model %s", context.model_name)
+        message = json.dumps({"error": f"internal error: {err}"})
+        for i in range(len(data)):
+            context.set_response_status(code=500, phrase="Internal Server Error", idx=i)
+        return [message] * len(data)
+
+
+def _content_type(headers: dict) -> str | None:
+    return next((value for key, value in headers.items() if key.lower() == "content-type"), None)
+
+
+def _error_body(context, idx: int, err: HandlerError) -> str:
+    context.set_response_status(code=err.status_code, phrase=err.phrase.replace("\r", " ").replace("\n", " "), idx=idx)
+    return json.dumps({"error": err.message})
+
+
+def install_transform() -> None:
+    """Makes the toolkit answer requests with ``transform`` above (per request: its headers, status and body;
+    one graph call a batch)."""
+    try:
         from sagemaker_inference.transformer import Transformer
     except ImportError:
         return
-
-    def handle_error(context, inference_exception, trace):
-        log.error("transform failed for model %s: %s", context.model_name, trace)
-        context.set_response_status(
-            code=inference_exception.status_code, phrase=utils.remove_crlf(inference_exception.phrase)
-        )
-        return [json.dumps({"error": inference_exception.message})]
-
-    Transformer.handle_error = staticmethod(handle_error)
+    Transformer.transform = transform

@@ -47,21 +47,41 @@ NO_NATIVE_FOR_TRITON = (
 ENTRY_POINT = "inference.py"
 # what each container needs beside the model; the endpoint's environment variables
 TRITON_MODEL_ENV = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
+# The PyTorch container's TorchServe, as measured best on 2 cores (docs/sagemaker.md, "Throughput"): batches of
+# up to 16 requests gathered for at most 1 ms (the container reads SAGEMAKER_TS_*), answered by the handler's
+# batch transform in one graph call; one intra-op thread a worker (more spin against TorchServe's frontend)
+TS_BATCH_SIZE, TS_MAX_BATCH_DELAY_MS, TS_THREADS = 16, 1, 1
+WORKER_VARIABLES = ("SAGEMAKER_TS_MIN_WORKERS", "SAGEMAKER_TS_MAX_WORKERS")
+
+
+def pytorch_environment(workers: int = 1) -> dict[str, str]:
+    """The PyTorch container's environment for a recserve package with ``workers`` TorchServe workers (model
+    processes). With SAGEMAKER_TS_* set, the container takes the worker count from SAGEMAKER_TS_MIN_WORKERS and
+    SAGEMAKER_TS_MAX_WORKERS (SAGEMAKER_MODEL_SERVER_WORKERS no longer applies)."""
+    return {
+        "SAGEMAKER_PROGRAM": ENTRY_POINT,
+        "SAGEMAKER_TS_BATCH_SIZE": str(TS_BATCH_SIZE),
+        "SAGEMAKER_TS_MAX_BATCH_DELAY": str(TS_MAX_BATCH_DELAY_MS),
+        **dict.fromkeys(WORKER_VARIABLES, str(workers)),
+        "OMP_NUM_THREADS": str(TS_THREADS),
+    }
+
+
 ENVIRONMENT = {
-    "pytorch": {"SAGEMAKER_PROGRAM": ENTRY_POINT},
+    "pytorch": pytorch_environment(),
     "triton": {TRITON_MODEL_ENV: NATIVE_MODEL},
 }
 HANDLER_SHIM = '''"""SageMaker entry point written by `recserve sagemaker package`; the handler lives in recserve."""
 
 from recserve.serving.sagemaker.inference import (  # noqa: F401
     input_fn,
-    install_short_error_bodies,
+    install_transform,
     model_fn,
     output_fn,
     predict_fn,
 )
 
-install_short_error_bodies()
+install_transform()
 '''
 REQUIREMENTS = "numpy>=1.24,<2\n"  # torch comes with the container
 
