@@ -361,6 +361,20 @@ def test_a_batch_answers_each_request_with_its_own_status_and_the_models_answer(
             assert message in json.loads(got)["error"]
 
 
+def test_the_load_generator_counts_every_answer_by_its_status(endpoint):
+    """benchmarks/sagemaker_endpoint.py's Python client: closed loop over keep-alive connections, for a
+    bounded time, each answer counted under its status."""
+    from recserve.bench.http_load import measure
+
+    bodies = [(b'{"item_id": [1, 2], "k": 3}', JSON), (b"{oops", JSON)]
+    result = measure("127.0.0.1", endpoint.port, "/invocations", bodies, connections=4, seconds=1.0, warmup_s=0.2)
+    assert set(result.statuses) == {"200", "400"} and result.statuses["200"] > 10
+    assert result.requests == sum(result.statuses.values()) and result.throughput_rps == result.requests
+    assert 0 < result.p50_ms <= result.p99_ms
+    with pytest.raises(ValueError, match="connection"):
+        measure("127.0.0.1", endpoint.port, "/invocations", bodies, connections=0, seconds=1.0)
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status", "message"),
     [

@@ -72,7 +72,7 @@ async def _run(host, port, requests, connections, seconds, warmup_s, timeout_s) 
                 writer.write(requests[i % len(requests)])
                 i += 1
                 try:
-                    status = await asyncio.wait_for(_answer(reader), timeout_s)
+                    status, close = await asyncio.wait_for(_answer(reader), timeout_s)
                 except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError):
                     statuses["error"] += 1
                     return
@@ -80,6 +80,9 @@ async def _run(host, port, requests, connections, seconds, warmup_s, timeout_s) 
                 if begin <= sent and done <= end:
                     latencies.append(done - sent)
                     statuses[str(status)] += 1
+                if close:  # the server ends the connection after this answer (TorchServe does after an error)
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
         finally:
             writer.close()
 
@@ -90,14 +93,14 @@ async def _run(host, port, requests, connections, seconds, warmup_s, timeout_s) 
     return LoadResult(connections, seconds, len(ms), rate, float(p50), float(p90), float(p99), dict(statuses))
 
 
-async def _answer(reader: asyncio.StreamReader) -> int:
-    """Reads one response (status line, headers, a Content-Length body); returns its status."""
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """Reads one response (status line, headers, a Content-Length body); returns its status and whether the
+    server closes the connection after it."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
-    fields = (line.partition(":") for line in lines[1:])
-    length = next((int(value) for key, _, value in fields if key.lower() == "content-length"), None)
-    if length is None:
+    fields = {key.strip().lower(): value.strip() for key, _, value in (line.partition(":") for line in lines[1:])}
+    if "content-length" not in fields:
         raise ValueError("an answer without Content-Length")
-    await reader.readexactly(length)
-    return status
+    await reader.readexactly(int(fields["content-length"]))
+    return status, fields.get("connection", "").lower() == "close"
