@@ -53,14 +53,16 @@ def triton_package(tiny_run, tmp_path_factory) -> Path:
     return out
 
 
-def _inside_namespace(package: Path, cases: list) -> list[dict]:
+def _inside_namespace(package: Path, cases: list, script: str = INSIDE) -> list[dict]:
+    """Runs ``script`` (``INSIDE`` or one like it: the package and the cases as JSON its arguments) in a
+    network namespace of its own; its JSON lines back."""
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) is needed to keep Triton's SageMaker frontend off the network")
     probe = subprocess.run(["unshare", "--net", "--map-root-user", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"no network namespace can be made here ({probe.stderr.strip()}); the frontend binds 0.0.0.0")
     done = subprocess.run(
-        ["unshare", "--net", "--map-root-user", sys.executable, "-c", INSIDE, str(package), json.dumps(cases)],
+        ["unshare", "--net", "--map-root-user", sys.executable, "-c", script, str(package), json.dumps(cases)],
         capture_output=True,
         text=True,
         timeout=300,
