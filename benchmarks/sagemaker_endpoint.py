@@ -7,7 +7,7 @@ what it can show); either way closed loop, keep-alive HTTP/1.1, JSON bodies:
 - ``pytorch``: ``recserve sagemaker serve`` of the run's pytorch package with recserve's container settings
   (TorchServe batching, the handler's batch transform, one thread a worker: ``package.pytorch_environment``);
 - ``pytorch-unbatched``: the same package with the container's own defaults for batching and threads
-  (``SAGEMAKER_TS_BATCH_SIZE=1``, torch's threads unset), what an endpoint got before;
+  (``SAGEMAKER_TS_BATCH_SIZE=1``, torch's default of a thread a core), what an endpoint got before;
 - ``triton-native``: ``recserve serve`` of the run's native layout (the model SageMaker's Triton runtime
   serves), the KServe v2 JSON body of ``recserve sagemaker invoke`` posted to its HTTP endpoint.
 
@@ -44,7 +44,8 @@ from recserve.serving.triton.launcher import ServerSettings, TritonServer
 from recserve.serving.triton.settings import RepositorySettings
 
 ENDPOINTS = ("pytorch", "pytorch-unbatched", "triton-native")
-UNBATCHED = {"SAGEMAKER_TS_BATCH_SIZE": "1", "OMP_NUM_THREADS": None}  # None: unset
+# one request a message, torch with a thread a core (its default): what the container does by itself
+UNBATCHED = {"SAGEMAKER_TS_BATCH_SIZE": "1", "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
 
 
 def main() -> None:
@@ -149,13 +150,9 @@ def wrk(host: str, port: int, path: str, bodies, connections: int, seconds: floa
 
 
 @contextmanager
-def environment(changes: dict[str, str | None]):
+def environment(changes: dict[str, str]):
     saved = dict(os.environ)
-    for key, value in changes.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.update(changes)
     try:
         yield
     finally:
