@@ -88,7 +88,7 @@ def main() -> None:
     result = {
         "device": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "model": json.loads((args.run / "model_config.json").read_text()) | {"items": len(table)},
-        "settings": vars(args) | {"run": str(args.run), "out": str(args.out), "client": "recserve.bench.http_load"},
+        "settings": vars(args) | {"run": str(args.run), "out": str(args.out)},
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
