@@ -1,10 +1,17 @@
-"""Leave-one-out evaluation on the model's device: full ranking (seen items excluded, or not) and two
-sampled protocols, batched so that memory is bounded by a batch of (users x catalogue) scores.
+"""Leave-one-out evaluation on the model's device: full ranking (seen items excluded, or not), what serving
+ranks, and two sampled protocols, batched so that memory is bounded by a batch of (users x catalogue) scores.
 
-``sampled`` is the BERT4Rec paper's protocol: the target against 100 negatives drawn by popularity, never
-from the user's history. ``sampled_uniform`` is the SASRec paper's: 100 negatives drawn uniformly from the
-items the user never interacted with. Both use a fixed seed (a device's own random stream: the CPU and a GPU
-draw different negatives for the same seed).
+A target's rank is the count of rankable items that score at least as high (a tie counts against it, so
+every figure is a lower bound). ``full`` excludes the user's whole history but keeps a repeated target
+rankable; ``served`` excludes what the serving graph excludes, the window's items, so a target inside the
+window cannot be shown (``UNRANKABLE``); ``full_no_exclusion`` excludes nothing. ``sampled`` is the
+BERT4Rec paper's protocol: the target against 100 negatives drawn by popularity, never from the user's
+history; ``sampled_uniform`` the SASRec paper's: 100 negatives drawn uniformly from the items the user never
+interacted with. Each user's negatives come from a stream of its own (a counter-based hash of the seed,
+the protocol and the user), so neither a batch size nor a device moves a figure.
+
+Each batch makes one pass over its (users x catalogue) scores for the count of items at or above each
+target; the excluded items are subtracted by looking up their own scores, so no (users x catalogue) mask.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
@@ -26,8 +34,12 @@ log = logging.getLogger(__name__)
 
 ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, L) tokens -> (B, N + 2) scores
 SAMPLED_NEGATIVES = 100
-PROTOCOLS = ("full", "full_no_exclusion", "sampled", "sampled_uniform")
+PROTOCOLS = ("full", "served", "full_no_exclusion", "sampled", "sampled_uniform")
 SCORES_PER_BATCH = {"cpu": 2**25, "cuda": 2**27}  # users x catalogue scores at a time: 128 MB, 512 MB (float32)
+UNRANKABLE = 2**62  # the rank of a target that the protocol cannot show (served: it is in the window)
+SAMPLED = ("sampled", "sampled_uniform")
+STREAMS = {"sampled": 1, "sampled_uniform": 2}  # each protocol's own random stream
+CANDIDATES = 512  # a user's first candidate draws; the rare user they leave short is drawn exactly
 
 
 def eval_batch_size(vocab_size: int, device: str | torch.device = "cpu") -> int:
@@ -59,7 +71,13 @@ class Ranker:
         self.history = SequenceTensors.from_sequences(inputs, device)
         self.lengths = inputs.lengths  # on the host: batch widths without a device round trip
         self.targets = torch.as_tensor(targets, dtype=torch.int64, device=device)
-        self.weights = torch.as_tensor(popularity, dtype=torch.float32, device=device) + 1  # +1: all drawable
+        weights = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1  # +1: all drawable
+        self.specials = torch.tensor([PAD_INDEX, mask_index], device=device)
+        self.weights = {
+            "sampled": weights.index_fill(0, self.specials, 0.0),
+            "sampled_uniform": torch.ones_like(weights).index_fill(0, self.specials, 0.0),
+        }
+        self.cdfs = {name: w.cumsum(0) for name, w in self.weights.items()}
         self.negatives_drawn: dict[str, np.ndarray] = {}  # the last ranking's, per sampled protocol
 
     @property
@@ -72,9 +90,8 @@ class Ranker:
         """0-based rank of each user's target under each protocol: the count of rankable items that score at
         least as high (a tie counts against the target, so a number reported is a lower bound).
 
-        ``users`` (first, stop) ranks only those users: a DDP rank's share of validation. The full protocols
-        rank each user alike whatever the share; the sampled ones draw from one stream that starts at the
-        share's first user, so only whole runs are reproducible there. ``negatives_drawn`` then holds, per
+        ``users`` (first, stop) ranks only those users: a DDP rank's share of validation. Every protocol
+        ranks each user alike whatever the share or the batch. ``negatives_drawn`` then holds, per
         sampled protocol, how many negatives each user got (``SAMPLED_NEGATIVES``, or all the user's
         drawable items where fewer).
 
@@ -84,15 +101,14 @@ class Ranker:
         unknown = set(protocols) - set(PROTOCOLS)
         if unknown:
             raise DataError(f"protocols {sorted(unknown)}: expected some of {', '.join(PROTOCOLS)}")
-        generator = torch.Generator(device=self.device).manual_seed(self.seed)
         first, users_total = users or (0, self.user_count)
         out: dict[str, list[torch.Tensor]] = {name: [] for name in protocols}
         drawn: dict[str, list[torch.Tensor]] = {name: [] for name in protocols if name in SAMPLED}
         bad = torch.zeros((), dtype=torch.int64, device=self.device)
-        step = eval_batch_size(len(self.weights), self.device)
+        step = eval_batch_size(len(self.cdfs["sampled"]), self.device)
         for start in range(first, users_total, step):
             stop = min(start + step, users_total)
-            ranks, counts, bad_rows = self._rank_batch(score_fn, start, stop, protocols, generator)
+            ranks, counts, bad_rows = self._rank_batch(score_fn, start, stop, protocols)
             bad += bad_rows
             for name, value in ranks.items():
                 out[name].append(value)
@@ -107,58 +123,138 @@ class Ranker:
         return {name: _host(parts) for name, parts in out.items()}
 
     @torch.no_grad()
-    def _rank_batch(self, score_fn, start: int, stop: int, protocols, generator):
+    def _rank_batch(self, score_fn, start: int, stop: int, protocols):
         users = torch.arange(start, stop, device=self.device)
         lengths = self.history.lengths[users]
-        history = self.history.windows(users, lengths, self.window - 1)
+        window = self.history.windows(users, lengths, self.window - 1)  # what the serving graph is fed
         mask = torch.full((len(users), 1), self.mask_index, device=self.device)
-        scores = score_fn(torch.cat([history, mask], 1)).float()  # (B, V)
-        rows = torch.arange(len(users), device=self.device)
+        scores = score_fn(torch.cat([window, mask], 1)).float()  # (B, V)
         target = self.targets[users]
-        target_score = scores[rows, target][:, None]  # (B, 1)
-        specials = torch.tensor([PAD_INDEX, self.mask_index], device=self.device)
-        excluded = torch.zeros_like(scores, dtype=torch.bool).index_fill_(1, specials, True)
-        bad_rows = (~torch.isfinite(scores) & ~excluded).any(1).sum()
+        target_score = scores.gather(1, target[:, None])  # (B, 1)
+        bad_rows = self._nonfinite_rows(scores).sum()
+        at_least = scores >= target_score  # (B, V): the one pass over the catalogue
+        # every rankable item but the target itself that scores at least as high
+        above = at_least.sum(1) - at_least[:, self.specials].sum(1) - 1
         out, drawn = {}, {}
-        if "full_no_exclusion" in protocols:  # the target is among the rankable: it ties with itself
-            out["full_no_exclusion"] = ((scores >= target_score) & ~excluded).sum(1) - 1
-        whole_history = self.history.windows(users, lengths, widest(self.lengths, start, stop))
-        excluded.scatter_(1, whole_history, True)
-        excluded[rows, target] = False  # a repeated target stays rankable
-        if "full" in protocols:
-            out["full"] = ((scores >= target_score) & ~excluded).sum(1) - 1
-        excluded[rows, target] = True  # never a negative
-        for name, weights in (("sampled", self.weights), ("sampled_uniform", torch.ones_like(self.weights))):
+        if "full_no_exclusion" in protocols:
+            out["full_no_exclusion"] = above
+        whole = self.history.windows(users, lengths, widest(self.lengths, start, stop)).sort(1).values
+        if "full" in protocols:  # a repeated target stays rankable
+            out["full"] = above - _distinct_at_least(scores, whole, target, target_score)
+        if "served" in protocols:  # serving never shows an item of the window, the target included
+            served = above - _distinct_at_least(scores, window.sort(1).values, target, target_score)
+            out["served"] = torch.where((window == target[:, None]).any(1), UNRANKABLE, served)
+        for name in SAMPLED:
             if name in protocols:
-                negatives, valid = draw_negatives(weights, excluded, SAMPLED_NEGATIVES, generator)
+                negatives, valid = draw_negatives(
+                    self.cdfs[name], self.weights[name], whole, target, users, self.seed, STREAMS[name]
+                )
                 out[name] = ((scores.gather(1, negatives) >= target_score) & valid).sum(1)
                 drawn[name] = valid.sum(1)
         return out, drawn, bad_rows
 
+    def _nonfinite_rows(self, scores: torch.Tensor) -> torch.Tensor:
+        """(B,) True where a rankable item (any but padding and the mask token) scores NaN or +-inf."""
+        bad = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
+        for part in (scores[:, PAD_INDEX + 1 : self.mask_index], scores[:, self.mask_index + 1 :]):
+            if part.shape[1]:  # amin and amax carry a NaN through
+                low, high = torch.aminmax(part, dim=1)
+                bad |= ~(torch.isfinite(low) & torch.isfinite(high))
+        return bad
 
-SAMPLED = ("sampled", "sampled_uniform")
+
+def _distinct_at_least(scores, ordered, target, target_score) -> torch.Tensor:
+    """(B,) how many distinct items of each row of ``ordered`` (B, W), sorted, other than padding and the
+    target, score at least the target's: the excluded items that the catalogue count included."""
+    distinct = ordered != F.pad(ordered[:, :-1], (1, 0), value=-1)  # the first of each run of equal items
+    counted = distinct & (ordered != PAD_INDEX) & (ordered != target[:, None])
+    return ((scores.gather(1, ordered) >= target_score) & counted).sum(1)
 
 
 def draw_negatives(
-    weights: torch.Tensor, excluded: torch.Tensor, count: int, generator: torch.Generator
+    cdf: torch.Tensor,
+    weights: torch.Tensor,
+    seen: torch.Tensor,
+    target: torch.Tensor,
+    users: torch.Tensor,
+    seed: int,
+    stream: int,
+    count: int = SAMPLED_NEGATIVES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` items per row drawn without replacement with probability proportional to ``weights``,
-    among the items not ``excluded``; a row with fewer such items gets all of them.
+    """``count`` items per user drawn without replacement in proportion to ``weights``, never a ``seen``
+    item or the target; a user with fewer such items gets all of them.
 
-    The Gumbel top-k trick: the ``count`` largest of log(weight) + Gumbel noise are a draw without
-    replacement in proportion to the weights (as ``torch.multinomial`` draws, row by row).
+    Each user's draws with replacement come from its own stream (``user_uniforms``); the first ``count``
+    distinct allowed ones are a draw without replacement (each next one follows the weights of the items
+    still allowed). A user whose ``CANDIDATES`` draws leave it short is drawn exactly, by the Gumbel
+    top-k trick over the catalogue with noise from the same user's stream.
 
     Args:
-        weights: (V,) positive; excluded: (B, V) True where an item may not be drawn.
+        cdf: (V,) cumulative ``weights`` (zero where an item is never drawn); seen: (B, W) sorted items.
 
     Returns:
         (B, count) item indices and (B, count) True where the slot holds a drawn item.
     """
-    uniform = torch.rand(excluded.shape, generator=generator, device=excluded.device).clamp_(min=1e-12)
-    keys = weights.log()[None, :] - (-uniform.log_()).log_()  # (B, V): log w + Gumbel(0, 1)
-    keys.masked_fill_(excluded, -math.inf)
-    top, negatives = keys.topk(min(count, keys.shape[1]), dim=1)
+    uniform = user_uniforms(seed, stream, users, CANDIDATES)  # (B, M)
+    candidates = torch.searchsorted(cdf, uniform * cdf[-1], right=True).clamp(max=cdf.numel() - 1)
+    order = torch.argsort(candidates, dim=1, stable=True)
+    ordered = candidates.gather(1, order)
+    repeated = ordered == F.pad(ordered[:, :-1], (1, 0), value=-1)  # a later draw of an item drawn before
+    first = torch.zeros_like(repeated).scatter_(1, order, ~repeated)
+    allowed = first & ~_row_contains(seen, candidates) & (candidates != target[:, None])
+    taken = allowed & (allowed.cumsum(1) <= count)
+    slots = torch.argsort((~taken).to(torch.uint8), dim=1, stable=True)[:, :count]  # the taken, in draw order
+    negatives, valid = candidates.gather(1, slots), taken.gather(1, slots)
+    short = (valid.sum(1) < count).nonzero()[:, 0]
+    if short.numel():
+        negatives[short], valid[short] = _gumbel_draw(weights, seen[short], target[short], users[short], seed, stream, count)
+    return negatives, valid
+
+
+def _gumbel_draw(weights, seen, target, users, seed: int, stream: int, count: int):
+    """The exact draw for a few users: the ``count`` largest log(weight) + Gumbel noise over the catalogue."""
+    items = torch.arange(weights.numel(), device=weights.device)
+    uniform = user_uniforms(seed, stream + 1_000, users, weights.numel()).clamp_(min=1e-300)  # (b, V)
+    keys = weights.log()[None, :] - (-uniform.log_()).log_()
+    keys.scatter_(1, seen, -math.inf)
+    keys[torch.arange(len(users), device=keys.device), target] = -math.inf
+    top, negatives = keys.topk(min(count, items.numel()), dim=1)
     return negatives, top > -math.inf
+
+
+def _row_contains(ordered: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """(B, Q) True where ``queries[b, q]`` is among the sorted ``ordered[b]``."""
+    found = torch.searchsorted(ordered, queries).clamp(max=ordered.shape[1] - 1)
+    return ordered.gather(1, found) == queries
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32), in int64 arithmetic that never overflows."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser: every input bit moves every output bit."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def user_uniforms(seed: int, stream: int, users: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, count) float64 uniforms in [0, 1), draw j of user u a function of (seed, stream, u, j) alone.
+
+    A counter-based generator: the same user gets the same numbers in any batch, share or device.
+    """
+    key = _mix32(torch.tensor((seed * 0x9E3779B9 + stream) & _MASK32, device=users.device))
+    key = _mix32(key ^ (users[:, None] & _MASK32))  # (B, 1)
+    key = _mix32(key ^ torch.arange(count, device=users.device)[None, :])  # (B, count)
+    high, low = _mix32(key ^ 0x68E31DA4) >> 8, _mix32(key ^ 0x1B56C4E9) >> 8  # 24 bits each
+    return (high * 2**24 + low).double() / 2**48
 
 
 def _host(parts: list[torch.Tensor]) -> np.ndarray:
@@ -176,6 +272,20 @@ def negatives_summary(ranker: Ranker) -> dict:
             "users_below_requested": int((counts < SAMPLED_NEGATIVES).sum()),
         }
         for name, counts in ranker.negatives_drawn.items()
+    }
+
+
+def repeated_targets(inputs: Sequences, targets: np.ndarray, window: int) -> dict[str, int]:
+    """How many users' targets repeat an earlier item of theirs: anywhere in the history (``full`` keeps them
+    rankable) and among the ``window - 1`` most recent items (``served`` cannot show them)."""
+    lengths = inputs.lengths
+    owner = np.repeat(np.arange(len(lengths)), lengths)  # (total,) the user of each history item
+    hit = inputs.items == np.asarray(targets)[owner]
+    from_end = inputs.offsets[owner + 1] - np.arange(len(owner)) - 1  # 0: the most recent item
+    return {
+        "users": len(lengths),
+        "earlier_in_history": int(np.count_nonzero(np.bincount(owner[hit], minlength=len(lengths)))),
+        "in_served_window": int(np.count_nonzero(np.bincount(owner[hit & (from_end < window - 1)], minlength=len(lengths)))),
     }
 
 
@@ -226,6 +336,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
         "test": test,
         "popularity": evaluate_protocols(popularity_score_fn(counts, device), ranker),
         "test_users": int(inputs.num_users),
+        "repeated_targets": repeated_targets(inputs, targets, model.cfg.window),
         "sampled_negatives": drawn,
         "seed": seed,
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},

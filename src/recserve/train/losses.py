@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
 from recserve.train.config import LossSettings
-from recserve.train.tensors import row_contains
 
 
 class CatalogueLoss:
@@ -48,6 +47,7 @@ class CatalogueLoss:
         exclude: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        upto: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-position losses, 0 where the target is padding (an unused slot).
 
@@ -57,14 +57,21 @@ class CatalogueLoss:
             exclude: items left out of each position's softmax (the target stays; padding allowed): (B, R)
                 per sample with ``rows``, the (C,) sample row of each position, or (C, R) per position
                 without; None leaves nothing out.
+            upto: (C,) with ``rows``: position c leaves out only ``exclude[rows[c], : upto[c] + 1]`` (SASRec:
+                what the user has seen by then); None: the whole row.
 
         Returns:
             (C,) float32 cross-entropy.
         """
+        if exclude is not None and rows is None:  # per position: each position its own row
+            rows = torch.arange(len(targets), device=targets.device)
         if self.settings.name != "full":
-            return self._sampled(query, table, bias, targets, exclude, rows, generator)
-        if exclude is not None and rows is not None:
-            exclude = exclude[rows]  # (C, R): the scatter below needs it per position
+            return self._sampled(query, table, bias, targets, exclude, rows, upto, generator)
+        if exclude is not None:  # (C, R): the scatter below needs it per position
+            exclude = exclude[rows]
+            if upto is not None:
+                later = torch.arange(exclude.shape[1], device=exclude.device) > upto[:, None]
+                exclude = exclude.masked_fill(later, PAD_INDEX)
         return self._full(query, table, bias, targets, exclude)
 
     def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
@@ -73,7 +80,7 @@ class CatalogueLoss:
             exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
         return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude)
 
-    def _sampled(self, query, table, bias, targets, exclude, rows, generator) -> torch.Tensor:
+    def _sampled(self, query, table, bias, targets, exclude, rows, upto, generator) -> torch.Tensor:
         drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
         in_batch = targets[: self.settings.negatives]
         pool = torch.cat([in_batch, drawn])  # (S,)
@@ -86,13 +93,119 @@ class CatalogueLoss:
         target_bias, pool_bias = bias[gathered].split(split)
         pool_bias = (pool_bias.float() - expected.clamp(min=1e-30).log()).masked_fill(special, -math.inf)
         positive = ((query * target_vectors).sum(-1) + target_bias).float()  # (C,)
-        negative = torch.addmm(pool_bias.to(query.dtype), query, pool_vectors.T)  # (C, S)
-        drop = pool[None, :] == targets[:, None]  # (C, S) accidental hits: the positive is scored once
-        if exclude is not None:  # per sample, then spread to its positions; or per position
-            drop |= row_contains(exclude, pool)[rows] if rows is not None else row_contains(exclude, pool)
-        others = torch.logsumexp(negative.masked_fill(drop, -math.inf).float(), 1)
+        if exclude is None:
+            seen = torch.full((1, pool.numel()), NEVER, dtype=torch.int16, device=pool.device)
+            rows, limit = torch.zeros_like(targets), torch.zeros_like(targets)
+        else:
+            seen = first_columns(exclude, pool)  # (B, S)
+            limit = upto if upto is not None else torch.full_like(targets, exclude.shape[1] - 1)
+        others = pool_logsumexp(query, pool_vectors, pool_bias, pool, targets, seen, rows, limit)  # (C,)
         loss = torch.logaddexp(positive, others) - positive
         return torch.where(targets != PAD_INDEX, loss, 0.0)
+
+
+NEVER = torch.iinfo(torch.int16).max  # first_columns' "not in this row"
+POOL_CHUNK_ELEMENTS = 2**26  # the sampled loss's largest (positions x pool) block: 64M scores, 128 MB in bf16
+
+
+def first_columns(items: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """(B, S) int16: the first column of ``items`` (B, R) that holds ``pool[s]``, or ``NEVER``.
+
+    Padding is never found. Built from the pool's distinct items (a sorted search of each of the B x R
+    items, then a scatter), so no (B, R, S) comparison and nothing of the catalogue's size.
+    """
+    if items.shape[1] >= NEVER:
+        raise ConfigError(f"window={items.shape[1]}: the sampled losses take windows below {NEVER}")
+    distinct, inverse = torch.unique(pool, return_inverse=True)  # (U,), (S,)
+    slot = torch.searchsorted(distinct, items).clamp(max=distinct.numel() - 1)  # (B, R)
+    found = (distinct[slot] == items) & (items != PAD_INDEX)
+    cols = torch.arange(items.shape[1], device=items.device).expand_as(items)
+    first = torch.full((items.shape[0], distinct.numel()), NEVER, dtype=torch.int16, device=items.device)
+    first.scatter_reduce_(1, slot, torch.where(found, cols, NEVER).to(torch.int16), "amin")
+    return first[:, inverse]
+
+
+def pool_logsumexp(query, vectors, bias, pool, targets, seen, rows, limit) -> torch.Tensor:
+    """(C,) float32 log-sum-exp of each position's pool logits ``query @ vectors.T + bias``, leaving out the
+    pool items that position has seen (``seen[rows[c], s] <= limit[c]``) and its own target.
+
+    Computed in blocks of positions, forward and backward (which recomputes each block's logits), so
+    that no (positions x pool) tensor exceeds ``POOL_CHUNK_ELEMENTS``; a position with nothing left
+    gets -inf (its loss is then 0).
+    """
+    dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else None
+    return _PoolLogSumExp.apply(query, vectors, bias, pool, targets, seen, rows, limit.to(seen.dtype), dtype)
+
+
+def _block_logits(query, vectors, bias, pool, targets, seen, rows, limit) -> torch.Tensor:
+    """One block's pool logits, float32, with the left-out items at -inf: (c, S)."""
+    logits = torch.addmm(bias.to(query.dtype), query, vectors.T).float()
+    drop = (seen[rows] <= limit[:, None]) | (pool[None, :] == targets[:, None])
+    return logits.masked_fill(drop, -math.inf)
+
+
+def _block_forward(query, vectors, bias, pool, targets, seen, rows, limit) -> torch.Tensor:
+    return torch.logsumexp(_block_logits(query, vectors, bias, pool, targets, seen, rows, limit), 1)
+
+
+def _block_weights(query, vectors, bias, pool, targets, seen, rows, limit, lse, grad) -> torch.Tensor:
+    """d loss / d logits of one block: the softmax over the kept pool items times the upstream gradient."""
+    logits = _block_logits(query, vectors, bias, pool, targets, seen, rows, limit)
+    scale = torch.where(torch.isfinite(lse), grad, 0.0)[:, None]
+    return ((logits - lse.clamp(min=-1e30)[:, None]).exp() * scale).to(query.dtype)
+
+
+_compiled: dict[str, object] = {}
+
+
+def _kernel(name: str, device: torch.device):
+    """The block function, compiled on GPUs (mask, float and log-sum-exp fused in one pass over the
+    logits); plain elsewhere."""
+    plain = {"forward": _block_forward, "weights": _block_weights}[name]
+    if device.type != "cuda":
+        return plain
+    if name not in _compiled:
+        _compiled[name] = torch.compile(plain, dynamic=False)
+    return _compiled[name]
+
+
+class _PoolLogSumExp(torch.autograd.Function):
+    """``pool_logsumexp``'s blocks, with its gradients for the queries, the pool vectors and the bias."""
+
+    @staticmethod
+    def forward(ctx, query, vectors, bias, pool, targets, seen, rows, limit, dtype):
+        q, v = (query, vectors) if dtype is None else (query.to(dtype), vectors.to(dtype))
+        step = max(1, POOL_CHUNK_ELEMENTS // max(pool.numel(), 1))
+        forward = _kernel("forward", query.device)
+        lse = torch.cat(
+            [
+                forward(q[i : i + step], v, bias, pool, targets[i : i + step], seen, rows[i : i + step],
+                        limit[i : i + step])
+                for i in range(0, len(targets), step)
+            ]
+        )
+        ctx.save_for_backward(q, v, bias, pool, targets, seen, rows, limit, lse)
+        ctx.dtypes, ctx.step = (query.dtype, vectors.dtype, bias.dtype), step
+        return lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, v, bias, pool, targets, seen, rows, limit, lse = ctx.saved_tensors
+        weights_of = _kernel("weights", q.device)
+        grad_q = torch.empty_like(q)
+        grad_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        for i in range(0, len(targets), ctx.step):
+            block = slice(i, i + ctx.step)
+            w = weights_of(q[block], v, bias, pool, targets[block], seen, rows[block], limit[block], lse[block],
+                           grad[block].float())  # (c, S)
+            grad_q[block] = w @ v
+            grad_v += (w.T @ q[block]).float()
+            grad_bias += w.sum(0, dtype=torch.float32)
+        query_dtype, vectors_dtype, bias_dtype = ctx.dtypes
+        return (grad_q.to(query_dtype), grad_v.to(vectors_dtype), grad_bias.to(bias_dtype),
+                None, None, None, None, None, None)
 
 
 class _ExcludedCrossEntropy(torch.autograd.Function):

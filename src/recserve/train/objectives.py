@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from recserve.constants import PAD_INDEX
 from recserve.models.transformer import ItemTransformer
 from recserve.train.batches import PositionBatch
 from recserve.train.losses import CatalogueLoss
@@ -30,15 +29,13 @@ def next_item_loss(
     With ``exclude_seen``, each position's softmax leaves out the items up to and including that position
     (what the user has seen by then), never a later one.
     """
-    exclude = None
-    if loss.settings.exclude_seen:
-        before = torch.arange(batch.tokens.shape[1], device=batch.tokens.device) <= batch.cols[:, None]  # (C, L)
-        exclude = torch.where(before, batch.tokens[batch.rows], PAD_INDEX)
-    return _positions_loss(model, batch, loss, exclude, None, generator)
+    if not loss.settings.exclude_seen:
+        return _positions_loss(model, batch, loss, None, None, generator)
+    return _positions_loss(model, batch, loss, batch.tokens, batch.rows, generator, upto=batch.cols)
 
 
-def _positions_loss(model, batch, loss, exclude, rows, generator) -> torch.Tensor:
+def _positions_loss(model, batch, loss, exclude, rows, generator, upto=None) -> torch.Tensor:
     hidden = model.encode(batch.tokens)  # (B, L, H)
     query = model.head(hidden[batch.rows, batch.cols])  # (C, H): the scored positions only
-    per_position = loss(query, model.item_emb.weight, model.out_bias, batch.targets, exclude, rows, generator)
+    per_position = loss(query, model.item_emb.weight, model.out_bias, batch.targets, exclude, rows, generator, upto)
     return per_position.sum() * batch.weight
