@@ -203,6 +203,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="the last one is measured")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--loss", default="auto")
+    parser.add_argument("--negatives", type=int, default=TrainConfig.negatives, help="sampled: items drawn a batch")
+    parser.add_argument("--patience", type=int, help="early stopping (default: none, every epoch runs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--memory-gb", type=float, help="cap this process's GPU memory (set_per_process_memory_fraction), e.g. 24"
+    )
+    parser.add_argument(
+        "--plain-kernels", action="store_true", help="the sampled loss's blocks uncompiled (for comparison)"
+    )
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--hidden", type=int, default=64)
@@ -212,6 +221,13 @@ def main() -> None:
         parser.error("--devices above 1 needs --data and --work: every DDP process runs this script")
     cpu_name = f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_name
+    if args.memory_gb:
+        total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb / total_gb))
+    if args.plain_kernels:
+        import recserve.train.losses as losses
+
+        losses.COMPILE_BLOCKS = False
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
@@ -235,7 +251,9 @@ def main() -> None:
         cfg = TrainConfig(
             epochs=args.epochs,
             batch_size=args.batch_size,
-            patience=args.epochs + 1,
+            patience=args.patience or args.epochs + 1,
+            negatives=args.negatives,
+            seed=args.seed,
             device=args.device,
             devices=args.devices,
             ddp_compress=not args.no_ddp_compress,
@@ -252,12 +270,14 @@ def main() -> None:
         if result is None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
+        result["memory_cap_gb"], result["plain_kernels"], result["seed"] = args.memory_gb, args.plain_kernels, args.seed
         results.append(result)
         print(
             f"{name} {args.model} x{args.devices}: {result['items']:,} items, {result['users']:,} users, "
             f"loss {result['loss']}: "
             f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
-            f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%",
+            f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%"
+            + (f", test NDCG@10 {result['test_full_ndcg@10']:.4f}" if "test_full_ndcg@10" in result else ""),
             flush=True,
         )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -199,3 +199,80 @@ def test_a_compiled_training_step_computes_the_same_loss_and_gradients():
     compiled.backward()
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model.item_emb.weight.grad, expected, rtol=1e-4, atol=1e-6)
+
+
+def _sampled_reference(loss, query, table, bias, targets, seen_items, generator):
+    """The sampled softmax written plainly from the same pool: ``seen_items[c]`` is what position c leaves out."""
+    drawn = torch.multinomial(loss.p_draw, loss.settings.negatives, replacement=True, generator=generator)
+    in_batch = targets[: loss.settings.negatives]
+    pool = torch.cat([in_batch, drawn])
+    expected = len(in_batch) * loss.p_popular[pool] + loss.settings.negatives * loss.p_draw[pool]
+    out = []
+    for c in range(len(targets)):
+        logits = query[c] @ table[pool].T + bias[pool] - expected.log()
+        drop = torch.isin(pool, torch.tensor(sorted(seen_items[c] | {PAD_INDEX, MASK, int(targets[c])})))
+        positive = query[c] @ table[targets[c]] + bias[targets[c]]
+        out.append(torch.logaddexp(positive, torch.logsumexp(logits[~drop], 0)) - positive)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("upto", [False, True])
+def test_sampled_loss_in_blocks_has_the_plain_losses_and_gradients(monkeypatch, upto):
+    """Blocks of 3 positions (the bound forced low) give the losses and gradients of the sampled softmax
+    written plainly, with each position's seen items (its whole row, or the row up to ``upto``) left out."""
+    import recserve.train.losses as losses
+
+    monkeypatch.setattr(losses, "POOL_CHUNK_ELEMENTS", 3 * 30)  # 30 pool items: blocks of 3 of 6 positions
+    query, table, bias, targets, rows, items = _problem()
+    cols = torch.tensor([0, 1, 2, 3, 4, 5]) if upto else None
+    seen = [set(items[r, : (int(cols[c]) + 1 if upto else None)].tolist()) for c, r in enumerate(rows.tolist())]
+    loss = CatalogueLoss(LossSettings("sampled-popularity", negatives=24), np.arange(N + 2.0), MASK)
+    grads = []
+    for plain in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (query, table, bias)]
+        gen = torch.Generator().manual_seed(3)
+        if plain:
+            value = _sampled_reference(loss, *leaves, targets, [s - {int(t)} for s, t in zip(seen, targets)], gen)
+        else:
+            value = loss(*leaves, targets, items, rows, gen, cols)
+        (value * torch.arange(1.0, 7.0)).sum().backward()
+        grads.append((value.detach(), [t.grad for t in leaves]))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    for blocked, plain in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(blocked, plain)
+
+
+def test_a_sasrec_step_at_a_million_items_keeps_every_tensor_under_the_bound():
+    """One sampled SASRec step (forward and backward) at 1M items, 128 windows of 100, 8,192 negatives:
+    no tensor but the item table's own (1M x 64) holds more than ``POOL_CHUNK_ELEMENTS`` (64M) elements,
+    while the positions x pool scores would be 12,672 x 16,384 = 208M."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import recserve.train.losses as losses
+    from recserve.models import SASRec, SASRecConfig
+    from recserve.train.batches import NextItemSettings
+    from recserve.train.objectives import next_item_loss
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.shape not in {(1_000_002, 64), (1_000_002,)}:
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    items = 1_000_000
+    rng = np.random.default_rng(0)
+    seq = Sequences(rng.integers(1, items + 1, 128 * 100), np.arange(0, 128 * 100 + 1, 100))
+    batch = next(iter(WindowEpochs(seq, NextItemSettings(100), 128, 1, seed=0)))
+    model = SASRec(SASRecConfig(num_items=items, window=100, dropout=0.0))
+    loss = CatalogueLoss(LossSettings("sampled-uniform"), np.ones(items + 2), items + 1)
+    with Largest() as mode:
+        next_item_loss(model, batch, loss, torch.Generator().manual_seed(0)).backward()
+    positions, pool = len(batch.targets), 2 * LossSettings().negatives
+    assert positions * pool > 3 * losses.POOL_CHUNK_ELEMENTS  # what one tensor of them would be
+    assert 0 < mode.largest <= losses.POOL_CHUNK_ELEMENTS

@@ -207,7 +207,8 @@ def draw_negatives(
     negatives, valid = candidates.gather(1, slots), taken.gather(1, slots)
     short = (valid.sum(1) < count).nonzero()[:, 0]
     if short.numel():
-        negatives[short], valid[short] = _gumbel_draw(weights, seen[short], target[short], users[short], seed, stream, count)
+        exact = _gumbel_draw(weights, seen[short], target[short], users[short], seed, stream, count)
+        negatives[short], valid[short] = exact
     return negatives, valid
 
 
@@ -282,10 +283,11 @@ def repeated_targets(inputs: Sequences, targets: np.ndarray, window: int) -> dic
     owner = np.repeat(np.arange(len(lengths)), lengths)  # (total,) the user of each history item
     hit = inputs.items == np.asarray(targets)[owner]
     from_end = inputs.offsets[owner + 1] - np.arange(len(owner)) - 1  # 0: the most recent item
+    users_with = lambda hits: int(np.count_nonzero(np.bincount(owner[hits], minlength=len(lengths))))  # noqa: E731
     return {
         "users": len(lengths),
-        "earlier_in_history": int(np.count_nonzero(np.bincount(owner[hit], minlength=len(lengths)))),
-        "in_served_window": int(np.count_nonzero(np.bincount(owner[hit & (from_end < window - 1)], minlength=len(lengths)))),
+        "earlier_in_history": users_with(hit),
+        "in_served_window": users_with(hit & (from_end < window - 1)),
     }
 
 

@@ -11,7 +11,9 @@ the pool), never through a dense (positions x catalogue) mask.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
 from recserve.train.config import LossSettings
+
+log = logging.getLogger(__name__)
 
 
 class CatalogueLoss:
@@ -117,6 +121,7 @@ def first_columns(items: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     if items.shape[1] >= NEVER:
         raise ConfigError(f"window={items.shape[1]}: the sampled losses take windows below {NEVER}")
     distinct, inverse = torch.unique(pool, return_inverse=True)  # (U,), (S,)
+    items = items.contiguous()
     slot = torch.searchsorted(distinct, items).clamp(max=distinct.numel() - 1)  # (B, R)
     found = (distinct[slot] == items) & (items != PAD_INDEX)
     cols = torch.arange(items.shape[1], device=items.device).expand_as(items)
@@ -155,18 +160,36 @@ def _block_weights(query, vectors, bias, pool, targets, seen, rows, limit, lse, 
     return ((logits - lse.clamp(min=-1e30)[:, None]).exp() * scale).to(query.dtype)
 
 
-_compiled: dict[str, object] = {}
+COMPILE_BLOCKS = True  # on GPUs: each block's mask, widening and log-sum-exp fused by torch.compile
+_compiled: dict[str, Callable[..., torch.Tensor]] = {}
 
 
 def _kernel(name: str, device: torch.device):
-    """The block function, compiled on GPUs (mask, float and log-sum-exp fused in one pass over the
-    logits); plain elsewhere."""
-    plain = {"forward": _block_forward, "weights": _block_weights}[name]
-    if device.type != "cuda":
+    """The block function, compiled on GPUs (one pass over the logits where eager PyTorch makes several);
+    plain on CPUs, or where compiling fails (said once in the log)."""
+    plain: Callable[..., torch.Tensor] = _block_forward if name == "forward" else _block_weights
+    if device.type != "cuda" or not COMPILE_BLOCKS:
         return plain
     if name not in _compiled:
-        _compiled[name] = torch.compile(plain, dynamic=False)
+        _compiled[name] = _fall_back_to(plain, torch.compile(plain, dynamic=False))
     return _compiled[name]
+
+
+def _fall_back_to(plain, compiled):
+    """``compiled``, or ``plain`` from the first call on if compiling it fails (no GPU compiler, say)."""
+    state = {"fn": compiled}
+
+    def call(*args):
+        try:
+            return state["fn"](*args)
+        except Exception as err:  # torch.compile's errors have no common base class
+            if state["fn"] is plain:
+                raise
+            log.warning("the sampled loss runs uncompiled: torch.compile failed (%s)", err)
+            state["fn"] = plain
+            return plain(*args)
+
+    return call
 
 
 class _PoolLogSumExp(torch.autograd.Function):
@@ -179,8 +202,9 @@ class _PoolLogSumExp(torch.autograd.Function):
         forward = _kernel("forward", query.device)
         lse = torch.cat(
             [
-                forward(q[i : i + step], v, bias, pool, targets[i : i + step], seen, rows[i : i + step],
-                        limit[i : i + step])
+                forward(
+                    q[i : i + step], v, bias, pool, targets[i : i + step], seen, rows[i : i + step], limit[i : i + step]
+                )
                 for i in range(0, len(targets), step)
             ]
         )
@@ -198,14 +222,33 @@ class _PoolLogSumExp(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         for i in range(0, len(targets), ctx.step):
             block = slice(i, i + ctx.step)
-            w = weights_of(q[block], v, bias, pool, targets[block], seen, rows[block], limit[block], lse[block],
-                           grad[block].float())  # (c, S)
+            w = weights_of(
+                q[block],
+                v,
+                bias,
+                pool,
+                targets[block],
+                seen,
+                rows[block],
+                limit[block],
+                lse[block],
+                grad[block].float(),
+            )  # (c, S)
             grad_q[block] = w @ v
             grad_v += (w.T @ q[block]).float()
             grad_bias += w.sum(0, dtype=torch.float32)
         query_dtype, vectors_dtype, bias_dtype = ctx.dtypes
-        return (grad_q.to(query_dtype), grad_v.to(vectors_dtype), grad_bias.to(bias_dtype),
-                None, None, None, None, None, None)
+        return (
+            grad_q.to(query_dtype),
+            grad_v.to(vectors_dtype),
+            grad_bias.to(bias_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _ExcludedCrossEntropy(torch.autograd.Function):

@@ -1,0 +1,41 @@
+"""The sampled loss on a GPU (run on a GPU machine; skipped elsewhere): its torch.compile'd blocks give the
+losses and gradients of the plain blocks under bf16 autocast, as training runs them."""
+
+import numpy as np
+import pytest
+import torch
+
+import recserve.train.losses as losses
+from recserve.train.config import LossSettings
+from recserve.train.losses import CatalogueLoss
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _step(compiled: bool, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    monkeypatch.setattr(losses, "COMPILE_BLOCKS", compiled)
+    gen = torch.Generator("cuda").manual_seed(0)
+    items, positions, rows, window = 200_000, 6_000, 128, 100
+    query = torch.randn(positions, 64, device="cuda", generator=gen).requires_grad_()
+    table = (torch.randn(items + 2, 64, device="cuda", generator=gen) * 0.1).requires_grad_()
+    bias = torch.zeros(items + 2, device="cuda", requires_grad=True)
+    targets = torch.randint(1, items + 1, (positions,), device="cuda", generator=gen)
+    exclude = torch.randint(0, items + 1, (rows, window), device="cuda", generator=gen)
+    exclude[:, :50] = targets[:50]  # pool items (the in-batch targets) in every row's history
+    row_of = torch.arange(positions, device="cuda") * rows // positions
+    upto = torch.randint(0, window, (positions,), device="cuda", generator=gen)
+    loss = CatalogueLoss(LossSettings("sampled-uniform", negatives=4096), np.ones(items + 2), items + 1, "cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        value = loss(query, table, bias, targets, exclude, row_of, torch.Generator("cuda").manual_seed(1), upto)
+    value.sum().backward()
+    return value.detach(), [t.grad for t in (query, table, bias)]
+
+
+def test_compiled_blocks_give_the_plain_blocks_losses_and_gradients(monkeypatch, caplog):
+    plain_loss, plain_grads = _step(False, monkeypatch)
+    compiled_loss, compiled_grads = _step(True, monkeypatch)
+    assert losses._compiled and "runs uncompiled" not in caplog.text, "the compiled blocks did not run"
+    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-3, atol=1e-3)
+    for compiled, plain in zip(compiled_grads, plain_grads):
+        rel = (compiled.float() - plain.float()).norm() / plain.float().norm()
+        assert rel < 1e-2
