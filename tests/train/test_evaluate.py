@@ -176,3 +176,56 @@ def test_an_unknown_protocol_is_refused():
     inputs, targets, popularity = _data(users=2)
     with pytest.raises(DataError, match="expected some of full"):
         Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(_scores, ("sampled_popular",))
+
+
+def test_served_excludes_only_the_window_and_misses_a_target_inside_it():
+    """``served`` ranks as the serving graph answers: the window's items (the 9 most recent here) are left
+    out, older history items compete, and a target inside the window can never be shown."""
+    inputs, targets, popularity = _data()
+    targets[1] = _history(inputs, 1)[-1]  # the most recent item again: inside the window
+    ranks = Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(_scores, ("served", "full"))
+    missed = 0
+    for u in range(inputs.num_users):
+        scores, target, window = _user_scores(inputs, u), int(targets[u]), set(_history(inputs, u)[-9:].tolist())
+        if target in window:
+            assert ranks["served"][u] == evaluate.UNRANKABLE
+            missed += 1
+        else:
+            assert ranks["served"][u] == _reference_rank(scores, target, CATALOGUE - window)
+    assert missed >= 1 and (ranks["served"] != ranks["full"]).sum() > 5  # the two protocols do differ
+
+
+def test_a_batch_size_never_moves_a_figure(monkeypatch):
+    """Each user's negatives come from a stream of its own: batches of 7 users rank every protocol exactly as
+    one batch of all 40 (and as a DDP share starting elsewhere)."""
+    inputs, targets, popularity = _data()
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=3)
+    whole = ranker.ranks(_scores)
+    monkeypatch.setitem(evaluate.SCORES_PER_BATCH, "cpu", 7 * (N + 2))
+    batched = ranker.ranks(_scores)
+    share = ranker.ranks(_scores, users=(11, 40))
+    for name in evaluate.PROTOCOLS:
+        np.testing.assert_array_equal(batched[name], whole[name])
+        np.testing.assert_array_equal(share[name], whole[name][11:])
+    other_seed = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=4).ranks(_scores)
+    assert not np.array_equal(other_seed["sampled"], whole["sampled"])  # the seed does move the draws
+
+
+def test_minus_infinity_for_a_rankable_item_is_refused_like_nan():
+    inputs, targets, popularity = _data(users=5)
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK)
+
+    def broken(tokens):
+        scores = _scores(tokens)
+        scores[3, N] = -float("inf")  # the last real item, beside the mask token's column
+        return scores
+
+    with pytest.raises(EvaluationError, match="1 of 5 users got a NaN or infinite score"):
+        ranker.ranks(broken)
+
+
+def test_repeated_targets_are_counted_in_the_history_and_in_the_served_window():
+    inputs = Sequences(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 10]), np.array([0, 5, 8, 11]))
+    counts = evaluate.repeated_targets(inputs, np.array([1, 8, 4]), window=3)
+    # user 0: item 1 long ago (outside the 2-item window); user 1: item 8 just before; user 2: never
+    assert counts == {"users": 3, "earlier_in_history": 2, "in_served_window": 1}
