@@ -229,3 +229,18 @@ def test_repeated_targets_are_counted_in_the_history_and_in_the_served_window():
     counts = evaluate.repeated_targets(inputs, np.array([1, 8, 4]), window=3)
     # user 0: item 1 long ago (outside the 2-item window); user 1: item 8 just before; user 2: never
     assert counts == {"users": 3, "earlier_in_history": 2, "in_served_window": 1}
+
+
+def test_a_user_short_of_negatives_ranks_among_the_ones_drawn_alone():
+    """A user who has seen all but 40 items has 39 negatives: a constant scorer ranks the target behind
+    those 39 (ties count against it), never behind the empty slots of the 100."""
+    inputs, targets, popularity = _data(users=4)
+    rich = np.arange(1, N - 39)
+    offsets = np.r_[inputs.offsets[:4], inputs.offsets[3] + len(rich)]
+    inputs = Sequences(np.concatenate([inputs.items[: inputs.offsets[3]], rich]), offsets)
+    targets[3] = N
+    ranks = Ranker(inputs, targets, popularity, window=10, mask_index=MASK).ranks(
+        lambda tokens: torch.zeros(tokens.shape[0], N + 2), ("sampled", "sampled_uniform")
+    )
+    for name in ("sampled", "sampled_uniform"):
+        np.testing.assert_array_equal(ranks[name], [SAMPLED_NEGATIVES] * 3 + [39])

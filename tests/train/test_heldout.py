@@ -104,6 +104,7 @@ def test_held_out_targets_rank_behind_every_item_they_tie_with():
     assert flat["recall@20"] == flat["recall@50"] == flat["ndcg@100"] == 0.0
     tied = torch.zeros(202)
     tied[11:36] = 1.0  # targets 11..20 tie with items 21..35 above the rest
+    tied[1:11] = 2.0  # the fed items above all: excluded, they take no place
     metrics = evaluate_fold(lambda tokens: tied.expand(len(tokens), -1), fold, 202)
     assert metrics["recall@20"] == 0.5 and metrics["recall@50"] == 1.0
 
@@ -117,6 +118,13 @@ def test_held_out_users_with_nan_scores_are_refused():
     broken[1, 7] = float("nan")
     with pytest.raises(EvaluationError, match="1 of 2 held-out users got a NaN or infinite score"):
         evaluate_fold(lambda tokens: broken[: len(tokens)], fold, 12)
+    minus_infinity = torch.zeros(2, 12)
+    minus_infinity[0, 8] = -float("inf")  # a rankable item: refused like NaN
+    with pytest.raises(EvaluationError, match="1 of 2 held-out users"):
+        evaluate_fold(lambda tokens: minus_infinity[: len(tokens)], fold, 12)
+    excluded = torch.zeros(2, 12)
+    excluded[0, [0, 1, 11]] = float("nan")  # padding, a fed item and the reserved index: never ranked
+    evaluate_fold(lambda tokens: excluded[: len(tokens)], fold, 12)
 
 
 def test_multvae_beats_popularity_clearly_on_ml100k(vae_run):

@@ -13,9 +13,16 @@ def test_hit_rate_counts_ranks_inside_k():
 
 
 def test_ndcg_is_reciprocal_log_of_rank_inside_k():
-    ranks = np.array([0, 1, 5, 30])
-    expected = (1 / math.log2(2) + 1 / math.log2(3) + 1 / math.log2(7) + 0) / 4
+    ranks = np.array([0, 1, 5, 9, 10, 30])  # rank 9 is the 10th place, rank 10 the 11th: outside
+    expected = (1 / math.log2(2) + 1 / math.log2(3) + 1 / math.log2(7) + 1 / math.log2(11) + 0 + 0) / 6
     assert ndcg(ranks, 10) == pytest.approx(expected)
+
+
+def test_an_unrankable_target_is_a_miss_under_every_metric():
+    from recserve.train.evaluate import UNRANKABLE
+
+    out = ranking_metrics(np.array([0, UNRANKABLE]))
+    assert out["hr@20"] == out["ndcg@20"] == 0.5 and out["mrr"] == pytest.approx(0.5, abs=1e-15)
 
 
 def test_mrr_is_mean_reciprocal_rank():

@@ -69,7 +69,7 @@ def test_same_seed_gives_the_same_weights(string_data_dir, tmp_path):
 
 def test_tiny_run_writes_metrics_with_both_protocols(tiny_run, ml100k_dir):
     result = evaluate_run(tiny_run, ml100k_dir)
-    assert set(result["test"]) == {"full", "full_no_exclusion", "sampled", "sampled_uniform"}
+    assert set(result["test"]) == {"full", "served", "full_no_exclusion", "sampled", "sampled_uniform"}
     # excluding seen items can only move the target up
     assert result["test"]["full"]["mrr"] >= result["test"]["full_no_exclusion"]["mrr"]
     assert result["popularity"]["full"]["hr@10"] == pytest.approx(0.0859, abs=0.003)  # exact-count popularity

@@ -131,8 +131,9 @@ def evaluate_fold(
         stop = start + len(users)
         tokens = fed.windows(users, fed.lengths[users], widest(fold.fed.lengths, start, stop))
         scores = score_fn(tokens).float()  # (B, V)
+        nonfinite = ~torch.isfinite(scores)  # NaN or either infinity, among the rankable items only
+        bad += nonfinite.scatter_(1, tokens, False).index_fill_(1, specials, False).any(1).sum()
         scores = scores.scatter(1, tokens, -torch.inf).index_fill(1, specials, -torch.inf)
-        bad += (torch.isnan(scores) | (scores == torch.inf)).any(1).sum()  # excluded items are -inf
         wanted = targets.windows(users, targets.lengths[users], widest(fold.targets.lengths, start, stop))
         ranked = scores_ties_against(scores, wanted).topk(top, dim=1).indices  # (B, top)
         hits.append(row_contains(wanted, ranked) & (ranked != PAD_INDEX))
@@ -206,13 +207,13 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
 
     The split is drawn again from the share and seed the run recorded (``run.json``).
     """
-    import json
     import time
     from pathlib import Path
 
     from recserve.constants import RUN_FILE
     from recserve.data.datasets import load_prepared
     from recserve.models.runs import load_run
+    from recserve.train.runfolder import trained_on
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)
@@ -221,9 +222,15 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
             f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on "
             f"{model.cfg.num_items}; evaluate on the data folder it was trained on"
         )
-    record = Path(run_dir) / RUN_FILE
-    settings = json.loads(record.read_text())["train"] if record.is_file() else {}
-    split = split_heldout(data.sequences, settings.get("heldout_share", 0.1), seed=settings.get("seed", 0))
+    record = trained_on(run_dir, data, data_dir)
+    settings = (record or {}).get("train", {})
+    missing = [key for key in ("heldout_share", "seed") if key not in settings]
+    if missing:
+        raise DataError(
+            f"{Path(run_dir) / RUN_FILE}: {' and '.join(missing)} not recorded, so the run's test users cannot be "
+            "drawn again; train the run again with this version of recserve"
+        )
+    split = split_heldout(data.sequences, settings["heldout_share"], seed=settings["seed"])
     vocab_size = model.cfg.vocab_size
     started = time.perf_counter()
     test = evaluate_fold(model, split.test, vocab_size, device=device)

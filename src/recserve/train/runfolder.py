@@ -16,7 +16,7 @@ import torch
 
 from recserve.constants import ITEM_TABLE_FILE, ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
-from recserve.errors import ConfigError
+from recserve.errors import ConfigError, DataError
 
 # Training settings a rerun may change: it continues the same run.
 RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")
@@ -35,6 +35,27 @@ def data_fingerprint(data: PreparedData) -> dict:
         "interactions": int(len(data.sequences.items)),
         "digest": digest.hexdigest(),
     }
+
+
+def trained_on(run_dir: Path, data: PreparedData, data_dir: Path) -> dict | None:
+    """The run's ``run.json`` (None where the run has none), after checking that ``data`` is what it was
+    trained on: a folder whose fingerprint differs is refused with the fields that differ named.
+
+    Raises:
+        DataError: the data folder is not the run's.
+    """
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    recorded, found = record.get("data", {}), data_fingerprint(data)
+    differ = [f"{k} {recorded[k]} there, {found.get(k)} here" for k in recorded if recorded[k] != found.get(k)]
+    if differ:
+        raise DataError(
+            f"{data_dir}: not the data the run {run_dir} was trained on ({'; '.join(differ)}); "
+            "evaluate on the data folder it was trained on"
+        )
+    return record
 
 
 def run_identity(model: str, model_cfg, cfg, data: PreparedData) -> dict:
