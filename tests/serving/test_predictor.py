@@ -34,9 +34,11 @@ def test_unknown_ids_are_dropped_and_counted(predictor):
 def test_an_empty_or_unknown_history_gets_the_most_popular_items(predictor, tiny_run):
     counts = np.load(tiny_run / POPULARITY_FILE)[1:-1]
     popular = np.argsort(-counts, kind="stable")[:10] + 1  # ML-100K's item IDs equal their index
+    assert len(set(np.sort(counts)[-11:])) == 11  # no tie among the top 11: the order is defined
     for history in (np.array([], dtype=np.int64), np.array([999_999])):
         answer = predictor.predict([history])[0]
-        assert set(answer.item_ids) == set(popular)
+        assert answer.item_ids.tolist() == popular.tolist()  # best first, not only the same ten
+        assert np.all(np.diff(answer.scores) <= 0) and np.isfinite(answer.scores).all()
 
 
 def test_a_history_longer_than_the_window_keeps_its_most_recent_items(predictor):
@@ -45,12 +47,15 @@ def test_a_history_longer_than_the_window_keeps_its_most_recent_items(predictor)
     np.testing.assert_array_equal(predictor.predict([long])[0].item_ids, predictor.predict([recent])[0].item_ids)
 
 
-def test_seen_items_are_excluded_unless_asked_not_to(predictor):
+def test_seen_items_are_excluded_unless_asked_not_to(predictor, tiny_run):
     history = np.arange(1, 19)
     seen_out = predictor.predict([history], 50, True)[0]
     assert not set(seen_out.item_ids) & set(history)
     kept = predictor.predict([history], 50, False)[0]
     assert np.all(np.diff(kept.scores) <= 0) and len(kept.item_ids) == 50
+    want, clear = model_top_ids(tiny_run, [history], exclude_seen=False)  # the model's own top 10, seen kept
+    assert clear[0] and kept.item_ids[:10].tolist() == want[0].tolist()
+    assert set(kept.item_ids) & set(history), "no seen item in the top 50: the case shows nothing"
 
 
 @pytest.mark.parametrize("k", [0, 101, -1])
