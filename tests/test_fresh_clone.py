@@ -11,8 +11,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,16 +102,29 @@ def _copied_interpreter(folder: Path, prefix: list[str]) -> Builder:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
+def clone() -> Iterator[Path]:
     """The repository cloned into a folder of its own, its native backends built there as an unprivileged
-    user with sudo and apt guarded; ``built-as-root`` beside it says why, where root could not be dropped."""
+    user with sudo and apt guarded; ``built-as-root`` beside it says why, where root could not be dropped.
+
+    The folder is made in the system's temporary folder, which every user may pass through (pytest's own
+    is root's alone), and removed afterwards.
+    """
     if SKIP_NATIVE:
         pytest.skip(f"{SKIP_NATIVE_ENV}=1: the native backends are not built here")
-    base = tmp_path_factory.mktemp("fresh")
+    base = Path(tempfile.mkdtemp(prefix="recserve-fresh-"))
+    try:
+        yield _built_clone(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _built_clone(base: Path) -> Path:
     alone = base / "alone"  # the clone's parent holds nothing else: no ../shared
     subprocess.run(["git", "clone", "-q", str(ROOT), str(alone / "recserve")], check=True)
     home = alone / "home"
     home.mkdir()
+    if os.geteuid() == 0:  # nobody may pass through, and write the shims' record of forbidden calls
+        os.chown(base, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
     builder = _unprivileged(alone)
     path, calls = _guarded_path(base, builder.bin_dir)
     env = {

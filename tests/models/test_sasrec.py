@@ -71,3 +71,30 @@ def test_dropout_follows_the_data_unless_given(ml100k_dir, string_data_dir):
     assert build_task("sasrec", sparse, {}, cfg).model_cfg.dropout == 0.5
     assert build_task("sasrec", sparse, {"dropout": 0.1}, cfg).model_cfg.dropout == 0.1
     assert build_task("bert4rec", sparse, {}, cfg).model_cfg.dropout == 0.2  # BERT4Rec keeps its one default
+
+
+@pytest.mark.parametrize(
+    "positional",
+    [{"relative_positions": True}, {"attention_span": 3}, {"relative_positions": True, "attention_span": 4}],
+)
+def test_relative_positions_and_local_attention_keep_the_fast_path_and_padding_exact(positional):
+    """With a distance bias or a span, the serving fast path still equals the full encoder, padding still
+    changes nothing, and the option does change the answer (its bias or span is used)."""
+    model = _model(layers=2, heads=2, **positional)
+    history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [0, 0, 0, 0, 0, 40]])
+    torch.testing.assert_close(model.encode_last(history), model.encode(history)[:, -1], atol=1e-5, rtol=1e-5)
+    model.prepare_inference()
+    torch.testing.assert_close(model.encode_last(history), model.encode(history)[:, -1], atol=1e-5, rtol=1e-5)
+    short, padded = model(torch.tensor([[5, 6, 7, RESERVED]])), model(torch.tensor([[0, 0, 5, 6, 7, RESERVED]]))
+    torch.testing.assert_close(short, padded, atol=1e-5, rtol=1e-5)
+    plain = _model(layers=2, heads=2)
+    assert not torch.allclose(plain.encode(history), model.encode(history), atol=1e-3)
+
+
+def test_an_attention_span_hides_the_items_beyond_it():
+    model = _model(layers=1, attention_span=2)  # each position sees itself and the one before
+    a = model.encode_last(torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    b = model.encode_last(torch.tensor([[9, 9, 9, 9, 5, 6]]))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="attention_span=-1"):
+        SASRec(SASRecConfig(num_items=10, attention_span=-1))

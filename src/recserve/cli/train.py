@@ -67,6 +67,24 @@ def train(
     mask_prob: Annotated[
         float | None, typer.Option(help=f"BERT4Rec: Cloze masking probability [{B.mask_prob}].")
     ] = None,
+    relative_positions: Annotated[
+        bool | None,
+        typer.Option(help="SASRec: a learned attention bias per head and query-key distance [off]."),
+    ] = None,
+    attention_span: Annotated[
+        int | None,
+        typer.Option(
+            help="SASRec: each position attends only its last this many positions, itself included "
+            "(local attention); 0: all [0]."
+        ),
+    ] = None,
+    ema_decay: Annotated[
+        float,
+        typer.Option(
+            help="BERT4Rec, SASRec: validate and keep an exponential moving average of the weights "
+            "with this decay a step (e.g. 0.999); 0: off."
+        ),
+    ] = TrainConfig.ema_decay,
     loss_exclude_seen: Annotated[
         bool,
         typer.Option(
@@ -192,6 +210,7 @@ def train(
         negatives=negatives,
         precision=precision,
         compile=compile,
+        ema_decay=ema_decay,
         **settings,
     )
     overrides = model_settings(
@@ -203,6 +222,8 @@ def train(
             heads=heads,
             dropout=dropout,
             mask_prob=mask_prob,
+            relative_positions=relative_positions,
+            attention_span=attention_span,
             latent=latent,
             anneal_cap=anneal_cap,
             anneal_steps=anneal_steps,

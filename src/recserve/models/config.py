@@ -87,9 +87,13 @@ class SASRecConfig(ModelConfig):
     layers: int = 2  # transformer blocks
     heads: int = 1  # attention heads; hidden must divide by it
     dropout: float = DENSE_DROPOUT  # on embeddings, attention and outputs; `recserve train`: dropout_for(data)
+    relative_positions: bool = False  # a learned attention bias per head and query-key distance
+    attention_span: int = 0  # each position attends only the last this many (itself included); 0: all
 
     def validate(self) -> None:
         problems = transformer_problems(self)
+        if self.attention_span < 0:
+            problems.append(f"attention_span={self.attention_span}: must be 0 (every position) or more")
         if problems:
             raise ConfigError("bad SASRec config: " + "; ".join(problems))
 

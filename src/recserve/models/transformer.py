@@ -39,16 +39,25 @@ class Dropout(nn.Dropout):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     """Scaled dot-product attention with dropout ``p`` on its weights. q, k, v: (B, nh, L, hd); keep: a
-    boolean mask broadcast to (B, nh, L, L). Returns (B, nh, L, hd).
+    boolean mask broadcast to (B, nh, L, L), or a float one added to the scores (-inf where not attended).
+    Returns (B, nh, L, hd).
 
     PyTorch's kernel, except when training on CPUs, where its dropout takes its slow path (the weights
     written out, then bernoulli_): there the same steps with ``dropout``.
     """
+    if keep.dtype != torch.bool:
+        keep = keep.to(q.dtype)  # under autocast, the kernel takes an additive mask of the queries' type
     if p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, L, L)
-    weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
-    return dropout(weights, p, True) @ v
+    scores = scores.masked_fill(~keep, float("-inf")) if keep.dtype == torch.bool else scores + keep
+    return dropout(scores.softmax(-1), p, True) @ v
+
+
+def distances(keep: torch.Tensor) -> torch.Tensor:
+    """(L, L) |query position - key position| for a mask whose last dimension is L keys, on its device."""
+    order = torch.ones_like(keep[0, 0, 0], dtype=torch.long).cumsum(0)  # (L,) 1..L
+    return (order[:, None] - order[None, :]).abs()
 
 
 class Block(nn.Module):
@@ -66,6 +75,24 @@ class Block(nn.Module):
             nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
         )
         self.drop = Dropout(cfg.dropout)
+        # SASRec's options: a learned bias per head and distance (Transformer-XL and T5 style), and a span
+        # beyond which nothing is attended (local attention); 0: every position
+        self.span = getattr(cfg, "attention_span", 0)
+        relative = getattr(cfg, "relative_positions", False)
+        self.rel_bias = nn.Parameter(torch.zeros(cfg.heads, cfg.window)) if relative else None
+
+    def _positional(self, keep: torch.Tensor) -> torch.Tensor:
+        """keep: (B, 1, 1 | L, L) bool. Returns it with the span applied, or, with relative positions, the
+        additive mask (B, nh, L, L): the bias of each query-key distance, -inf where not attended."""
+        if not self.span and self.rel_bias is None:
+            return keep
+        distance = distances(keep)  # (L, L)
+        if self.span:
+            keep = keep & (distance < self.span)
+        if self.rel_bias is None:
+            return keep
+        bias = self.rel_bias[:, distance.clamp(max=self.rel_bias.shape[1] - 1)]  # (nh, L, L)
+        return torch.where(keep, bias, float("-inf"))
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
@@ -75,7 +102,7 @@ class Block(nn.Module):
         """x: (B, L, H); keep: (B, 1, 1 | L, L) True where a key may be attended. Returns (B, L, H)."""
         q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
         p = self.dropout if self.training else 0.0
-        y = attention(q, k, v, keep, p)  # (B, nh, L, hd)
+        y = attention(q, k, v, self._positional(keep), p)  # (B, nh, L, hd)
         x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
         return x + self.drop(self.ffn(self.ln2(x)))
 
@@ -99,10 +126,23 @@ class Block(nn.Module):
         weights = self._single_query_weights() if frozen[0] is None else cast(tuple[torch.Tensor, ...], frozen)
         query_w, query_b, out_w, out_b = weights
         query = F.linear(h[:, -1], query_w, query_b).unflatten(-1, (self.heads, -1))  # (B, nh, H)
-        scores = (query @ h.transpose(1, 2)).masked_fill(~keep[:, 0], float("-inf"))  # (B, nh, L)
+        attended, bias = self._last_positional(keep)
+        scores = query @ h.transpose(1, 2) + (0 if bias is None else bias.to(h.dtype))  # (B, nh, L)
+        scores = scores.masked_fill(~attended, float("-inf"))
         mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
         x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
         return x + self.ffn(self.ln2(x))
+
+    def _last_positional(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """keep: (B, 1, 1, L). Returns which keys the last query attends (B, 1, L), the span applied, and
+        with relative positions the bias of each key's distance from it (nh, L)."""
+        attended = keep[:, 0]  # (B, 1, L)
+        if not self.span and self.rel_bias is None:
+            return attended, None
+        distance = distances(keep).select(0, -1)  # (L,): from the last position back
+        if self.span:
+            attended = attended & (distance < self.span)
+        return attended, None if self.rel_bias is None else self.rel_bias[:, distance]
 
     def freeze_single_query(self) -> None:
         """Computes the one-query weights once, for a model whose weights no longer change (serving)."""
@@ -127,7 +167,9 @@ class Block(nn.Module):
         """``forward_last`` through the qkv layer itself, for layers that quantization swapped."""
         q, k, v = self.qkv(h).chunk(3, -1)
         q, k, v = self._heads(q[:, -1:]), self._heads(k), self._heads(v)  # (B, nh, 1 | L, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B, nh, 1, hd)
+        attended, bias = self._last_positional(keep)
+        mask = attended[:, :, None] if bias is None else torch.where(attended, bias, float("-inf"))[:, :, None]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if bias is not None else mask)
         x = x[:, -1:] + self.proj(y.transpose(1, 2).flatten(2))
         return x + self.ffn(self.ln2(x))
 

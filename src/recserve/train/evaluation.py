@@ -21,8 +21,10 @@ class EvaluationSplit:
 LEAVE_ONE_OUT = EvaluationSplit(
     "leave-one-out",
     ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "mrr"),
-    "full: every item ranked, seen items excluded (what serving does); sampled: against 100 "
-    "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items",
+    "full: every item ranked, the whole history excluded (a repeated target stays rankable); served: what "
+    "serving ranks, only the window's items excluded (a target among them is a miss); sampled: against 100 "
+    "popularity-drawn negatives; sampled_uniform: against 100 uniformly drawn unseen items; ties count "
+    "against the target",
 )
 HELD_OUT_USERS = EvaluationSplit(
     "held-out test users, 80% of items fed",

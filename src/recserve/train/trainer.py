@@ -68,7 +68,8 @@ def train(
         devices=cfg.devices,
         strategy=cfg.strategy(),
         precision=cfg.lightning_precision,
-        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience), *(callbacks or [])],
+        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience), *_averaging(cfg, model)]
+        + list(callbacks or []),
         logger=CSVLogger(out_dir, name="logs", version=0),
         deterministic=False,
         enable_model_summary=False,
@@ -100,6 +101,18 @@ def train(
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
+
+
+def _averaging(cfg: TrainConfig, model: str) -> list:
+    """Lightning's EMA of the weights, where asked: validation, checkpoints and the kept model use the
+    average, training goes on from the current weights."""
+    if not cfg.ema_decay:
+        return []
+    if model == "multvae":
+        raise ConfigError("--ema-decay: not a setting of multvae (BERT4Rec and SASRec average their weights)")
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    return [EMAWeightAveraging(decay=cfg.ema_decay)]
 
 
 def _seeded_lightning(seed: int):
