@@ -78,13 +78,13 @@ def train(
             "(local attention); 0: all [0]."
         ),
     ] = None,
-    ema_decay: Annotated[
+    ema_epochs: Annotated[
         float,
         typer.Option(
-            help="BERT4Rec, SASRec: validate and keep an exponential moving average of the weights "
-            "with this decay a step (e.g. 0.999); 0: off."
+            help="BERT4Rec, SASRec: validate and keep a moving average of the weights over about this many "
+            "epochs (an exponential one, updated every step); 0: off."
         ),
-    ] = TrainConfig.ema_decay,
+    ] = TrainConfig.ema_epochs,
     loss_exclude_seen: Annotated[
         bool,
         typer.Option(
@@ -210,7 +210,7 @@ def train(
         negatives=negatives,
         precision=precision,
         compile=compile,
-        ema_decay=ema_decay,
+        ema_epochs=ema_epochs,
         **settings,
     )
     overrides = model_settings(

@@ -71,7 +71,8 @@ class TrainConfig:
     ddp_compress: bool = True  # DDP on GPUs with bf16 autocast: gradients travel between GPUs as bf16
     precision: str = "auto"  # auto (bf16 autocast on CUDA, float32 on CPU), bf16 or 32
     compile: bool = False  # torch.compile the training step
-    ema_decay: float = 0.0  # BERT4Rec, SASRec: validate and keep an exponential moving average of the weights; 0: off
+    # BERT4Rec, SASRec: validate and keep a moving average of the weights over about this many epochs; 0: off
+    ema_epochs: float = 0.0
     resume: bool = True  # continue from the run's last checkpoint when there is one
 
     def validate(self) -> None:
@@ -85,8 +86,8 @@ class TrainConfig:
             problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
         if self.lr_schedule not in ("constant", "cosine"):
             problems.append(f"lr_schedule={self.lr_schedule!r}: expected constant or cosine")
-        if not 0 <= self.ema_decay < 1:
-            problems.append(f"ema_decay={self.ema_decay}: must be in [0, 1) (0: no averaging)")
+        if self.ema_epochs < 0:
+            problems.append(f"ema_epochs={self.ema_epochs}: must be 0 (no averaging) or more")
         if self.lr <= 0:
             problems.append(f"lr={self.lr}: must be positive")
         problems += self.loss_settings.validate()

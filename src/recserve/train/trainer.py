@@ -68,8 +68,12 @@ def train(
         devices=cfg.devices,
         strategy=cfg.strategy(),
         precision=cfg.lightning_precision,
-        callbacks=[best, EarlyStopping(task.monitor, mode="max", patience=cfg.patience), *_averaging(cfg, model)]
-        + list(callbacks or []),
+        callbacks=[
+            best,
+            EarlyStopping(task.monitor, mode="max", patience=cfg.patience),
+            *_averaging(cfg, model, _steps_per_epoch(task, cfg)),
+            *(callbacks or []),
+        ],
         logger=CSVLogger(out_dir, name="logs", version=0),
         deterministic=False,
         enable_model_summary=False,
@@ -103,16 +107,24 @@ def train(
     return summary
 
 
-def _averaging(cfg: TrainConfig, model: str) -> list:
-    """Lightning's EMA of the weights, where asked: validation, checkpoints and the kept model use the
-    average, training goes on from the current weights."""
-    if not cfg.ema_decay:
+def _averaging(cfg: TrainConfig, model: str, steps_per_epoch: int) -> list:
+    """Lightning's exponential moving average of the weights, where asked: validation, checkpoints and the
+    kept model use the average (training goes on from the current weights). Its decay a step makes the
+    average's horizon ``ema_epochs`` epochs, whatever the batch size and the data's size."""
+    if not cfg.ema_epochs:
         return []
     if model == "multvae":
-        raise ConfigError("--ema-decay: not a setting of multvae (BERT4Rec and SASRec average their weights)")
+        raise ConfigError("--ema-epochs: not a setting of multvae (BERT4Rec and SASRec average their weights)")
     from lightning.pytorch.callbacks import EMAWeightAveraging
 
-    return [EMAWeightAveraging(decay=cfg.ema_decay)]
+    return [EMAWeightAveraging(decay=1.0 - 1.0 / max(cfg.ema_epochs * steps_per_epoch, 1.0))]
+
+
+def _steps_per_epoch(task, cfg: TrainConfig) -> int:
+    """Optimizer steps an epoch of a sequence model: its training users' windows over the batch size."""
+    train_seq = getattr(task.module, "train_seq", None)
+    windows = int((train_seq.lengths > 0).sum()) * cfg.samples_per_user if train_seq is not None else 0
+    return max(1, -(-windows // cfg.batch_size))
 
 
 def _seeded_lightning(seed: int):
