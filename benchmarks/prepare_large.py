@@ -12,23 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import polars as pl
-
+from recserve.bench.synthetic import write_zipf_log
 from recserve.data.datasets import prepare
-
-
-def generate(path: Path, interactions: int, users: int, items: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    item = (rng.zipf(1.2, interactions) % items).astype(np.int64)  # a long-tailed catalogue
-    frame = pl.DataFrame(
-        {
-            "user_id": rng.integers(0, users, interactions),
-            "item_id": item,
-            "timestamp": rng.integers(1_600_000_000, 1_700_000_000, interactions),
-        }
-    )
-    frame.write_parquet(path)
 
 
 def main() -> None:
@@ -39,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.parquet"
-        generate(log, args.interactions, args.users, args.items)
+        write_zipf_log(log, args.users, args.items, max(1, args.interactions // args.users))
         start = time.perf_counter()
         info = prepare(str(log), Path(tmp) / "out")
         wall_s = time.perf_counter() - start

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from recserve.bench.synthetic import zipf_sequences
 from recserve.data.sequences import Sequences
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.config import Bert4RecConfig
@@ -43,16 +44,6 @@ from recserve.train.objectives import cloze_loss
 OPTIONS = ("plain", "bf16", "view", "static", "fused", "local", "compile")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-
-
-def synthetic(users: int, items: int, per_user: int, seed: int = 0) -> Sequences:
-    rng = np.random.default_rng(seed)
-    lengths = rng.poisson(per_user, users).clip(3)
-    ranks = np.minimum(rng.zipf(1.2, lengths.sum()), items) - 1
-    return Sequences(
-        items=(rng.permutation(items)[ranks] + 1).astype(np.int64),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-    )
 
 
 def wrap(model: torch.nn.Module, options: set[str], rank: int, world: int) -> torch.nn.Module:
@@ -191,7 +182,7 @@ def worker(rank: int, world: int, args) -> None:
         os.environ.setdefault("MASTER_PORT", "29534")
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", rank=rank, world_size=world)
-    seq = synthetic(args.users, args.items, args.per_user)
+    seq = zipf_sequences(args.users, args.items, args.per_user)
     results = []
     for variant in args.variants.split(","):
         result = measure(args, variant, seq, rank, world)

@@ -36,30 +36,12 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from recserve.bench.synthetic import ZIPF_EXPONENT, write_zipf_log
 from recserve.data.datasets import load_prepared, prepare
 from recserve.train.config import MODEL_DEFAULTS, TrainConfig
 from recserve.train.evaluate import evaluate_run
 from recserve.train.heldout import evaluate_heldout_run
 from recserve.train.trainer import train
-
-ZIPF_EXPONENT = 0.8  # item popularity ~ 1 / rank^0.8: a long tail in which nearly every item still occurs
-
-
-def generate(path: Path, users: int, items: int, per_user: int, seed: int = 0) -> None:
-    """A log of ``users`` x ``per_user`` (Poisson) interactions, items drawn by a Zipf-like popularity."""
-    import polars as pl
-
-    rng = np.random.default_rng(seed)
-    lengths = rng.poisson(per_user, users).clip(5)
-    a = 1 - ZIPF_EXPONENT  # inverse CDF of a density proportional to rank^-0.8 on [1, items + 1)
-    ranks = ((((items + 1) ** a - 1) * rng.random(lengths.sum()) + 1) ** (1 / a)).astype(np.int64) - 1
-    pl.DataFrame(
-        {
-            "user_id": np.repeat(np.arange(users), lengths),
-            "item_id": rng.permutation(items)[np.minimum(ranks, items - 1)],
-            "timestamp": rng.integers(1_600_000_000, 1_700_000_000, lengths.sum()),
-        }
-    ).write_parquet(path)
 
 
 class BusySampler:
@@ -244,7 +226,7 @@ def main() -> None:
         if not args.data:
             items, users = (int(x) for x in spec.split(":")[:2])
             log = work / "log.parquet"
-            generate(log, users, items, args.interactions_per_user)
+            write_zipf_log(log, users, items, args.interactions_per_user)
             prepare(str(log), data_dir)
         defaults = {"weight_decay": TrainConfig.weight_decay, "samples_per_user": TrainConfig.samples_per_user}
         defaults |= MODEL_DEFAULTS[args.model]

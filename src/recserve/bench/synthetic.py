@@ -1,6 +1,9 @@
-"""Synthetic runs and histories for speed benchmarks at catalogue sizes the shipped data does not reach.
+"""Synthetic runs, histories and interaction logs for speed benchmarks at catalogue sizes the shipped data
+does not reach.
 
 A synthetic run has random weights: its answers are meaningless, its speed is exactly a trained model's.
+A synthetic log draws items by a Zipf-like popularity (rank^-0.8: a long tail in which nearly every item
+still occurs) with Poisson history lengths.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import numpy as np
 import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
+from recserve.data.sequences import Sequences
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.config import Bert4RecConfig
+
+ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
 
 
 def make_random_run(
@@ -46,3 +52,31 @@ def synthetic_histories(
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_length, max_length + 1, count)
     return [(rng.zipf(1.1, n) - 1) % num_items + 1 for n in lengths]
+
+
+def zipf_log(users: int, items: int, per_user: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A log of ``users`` x ``per_user`` (Poisson, at least 5) interactions: ``user_id``, ``item_id`` (0..N-1)
+    and ``timestamp`` columns, each user's rows together and items drawn by a Zipf-like popularity."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.poisson(per_user, users).clip(5)
+    a = 1 - ZIPF_EXPONENT  # inverse CDF of a density proportional to rank^-0.8 on [1, items + 1)
+    ranks = ((((items + 1) ** a - 1) * rng.random(lengths.sum()) + 1) ** (1 / a)).astype(np.int64) - 1
+    return {
+        "user_id": np.repeat(np.arange(users), lengths),
+        "item_id": rng.permutation(items)[np.minimum(ranks, items - 1)],
+        "timestamp": rng.integers(1_600_000_000, 1_700_000_000, lengths.sum()),
+    }
+
+
+def write_zipf_log(path: Path, users: int, items: int, per_user: int, seed: int = 0) -> None:
+    """``zipf_log`` as a Parquet file that `recserve data` reads."""
+    import polars as pl  # here: the serving side of recserve needs no polars
+
+    pl.DataFrame(zipf_log(users, items, per_user, seed)).write_parquet(path)
+
+
+def zipf_sequences(users: int, items: int, per_user: int, seed: int = 0) -> Sequences:
+    """``zipf_log`` as the per-user sequences a prepared folder holds (item indices 1..N, in log order)."""
+    log = zipf_log(users, items, per_user, seed)
+    lengths = np.bincount(log["user_id"], minlength=users)
+    return Sequences(items=log["item_id"] + 1, offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
