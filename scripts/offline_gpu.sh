@@ -16,6 +16,16 @@ seeds() {  # benchmarks/train_seeds.py, each run bounded (RUN_TIMEOUT_S)
   python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-560}" "$@"
 }
 
+started=()  # the process groups this call started in the background: ended by their IDs, never by name
+seeds_in_background() {  # seeds in a process group of its own (its runs with it), in the background
+  setsid python3 benchmarks/train_seeds.py --timeout-s "${RUN_TIMEOUT_S:-560}" "$@" &
+  started+=($!)
+}
+end_started() {  # ends what seeds_in_background started, and only that
+  for group in "${started[@]}"; do kill -TERM -- "-$group" 2>/dev/null; done
+  started=()
+}
+
 start_outputs() {  # OUT (default $1) made, and which GPUs this call has
   out=${OUT:-$1}; mkdir -p "$out"
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -187,16 +197,16 @@ cmd_sasrec() {
   start_outputs runs/gpu-sasrec
   export RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-290}
   S="--model sasrec --device cuda"
-  CUDA_VISIBLE_DEVICES=0 seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "sasrec=$S" \
-    --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-default.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=0 seeds --data .gpu-carry/video --seeds 0 --parallel 4 --variant "sasrec-dropout0.5=$S --dropout 0.5" \
+  CUDA_VISIBLE_DEVICES=0 seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "sasrec=$S" \
+    --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-default.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 seeds_in_background --data .gpu-carry/video --seeds 0 --parallel 4 --variant "sasrec-dropout0.5=$S --dropout 0.5" \
     --variant "sasrec-hidden128=$S --hidden 128" --variant "sasrec-spu4=$S --samples-per-user 4" \
-    --variant "sasrec-wd0.1=$S --weight-decay 0.1" --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-variants.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "sasrec=$S" \
+    --variant "sasrec-wd0.1=$S --weight-decay 0.1" --out "$out/video.jsonl" --runs /tmp/sv > "$out/video-variants.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 seeds_in_background --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "sasrec=$S" \
     --variant "sasrec-window200=$S --window 200" --variant "sasrec-hidden128=$S --hidden 128" \
-    --out "$out/ml100k.jsonl" --runs /tmp/sm > "$out/ml100k.log" 2>&1 &
+    --out "$out/ml100k.jsonl" --runs /tmp/sm > "$out/ml100k.log" 2>&1
   for _ in $(seq 1 "${WAIT_STEPS:-60}"); do jobs -r | grep -q . || break; sleep 5; done
-  kill $(jobs -p) 2>/dev/null; pkill -f "recserve.cli.main train"; sleep 2
+  end_started; sleep 2
   seeds --data .gpu-carry/video --seeds 0 --parallel 1 --variant "sasrec-ddp2=$S --devices 2" --timeout-s "${DDP_TIMEOUT_S:-250}" \
     --out "$out/video-ddp.jsonl" --runs /tmp/sd > "$out/video-ddp.log" 2>&1
   tail -n 12 "$out"/*.log
