@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
 
@@ -177,7 +178,45 @@ def _outputs(module, model: str, native: NativeShape | None = None):
     return [module.InferRequestedOutput(n) for n in names]
 
 
-class RecommenderClient:
+class _ModelClient:
+    """What the synchronous and the asyncio client share: the model, its native shape once asked, the
+    request's tensors and the answer's reading."""
+
+    def __init__(self, url: str | None, protocol: str, model: str, aio: bool):
+        self.module = _module(protocol, aio=aio)
+        self.protocol, self.model = protocol, model
+        self.url = url or default_url(protocol)
+        self.client = self.module.InferenceServerClient(self.url)
+        self._native: NativeShape | None | bool = False  # False: not asked yet
+
+    def _remember_shape(self, config) -> NativeShape | None:
+        self._native = NativeShape.from_config(config)
+        return self._native
+
+    def _request(self, item_ids, k: int, exclude_seen: bool, native: NativeShape | None) -> dict:
+        """The ``infer`` arguments after the model's name."""
+        return {
+            "inputs": _inputs(self.module, item_ids, k, exclude_seen, native),
+            "outputs": _outputs(self.module, self.model, native),
+        }
+
+    def _answer(self, reply, native: NativeShape | None, k: int) -> Recommendations:
+        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
+
+    @contextmanager
+    def _errors(self):
+        """Triton's errors as recserve's (``_error``), and the transport's as an unreachable server."""
+        try:
+            yield
+        except InferenceServerException as err:
+            raise _error(err, self.url, self.protocol) from err
+        except RecommendError:  # refused here, before sending (a k the native model cannot answer)
+            raise
+        except Exception as err:  # the HTTP client's connection errors: OSError, its own parse errors, gevent's
+            raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
+
+
+class RecommenderClient(_ModelClient):
     """Synchronous client. ``url`` is host:port (gRPC 8001, HTTP 8000 by default)."""
 
     def __init__(
@@ -189,12 +228,8 @@ class RecommenderClient:
         retries: int = 0,
         backoff_s: float = 0.05,
     ):
-        self.module = _module(protocol)
-        self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
-        self.retries, self.backoff_s = retries, backoff_s
-        self.url = url or default_url(protocol)
-        self.client = self.module.InferenceServerClient(self.url)
-        self._native: NativeShape | None | bool = False  # False: not asked yet
+        super().__init__(url, protocol, model, aio=False)
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
 
     def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
         """Top-k item IDs and scores for one history, best first."""
@@ -210,26 +245,15 @@ class RecommenderClient:
     def native_shape(self) -> NativeShape | None:
         """What the model takes if it is a native-layout model (asked of the server once), else None."""
         if self._native is False:
-            self._native = NativeShape.from_config(self.client.get_model_config(self.model, **_as_json(self.protocol)))
+            return self._remember_shape(self.client.get_model_config(self.model, **_as_json(self.protocol)))
         return cast(NativeShape | None, self._native)
 
     def _once(self, item_ids, k: int, exclude_seen: bool) -> Recommendations:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-        try:
+        with self._errors():
             native = self.native_shape()
-            reply = self.client.infer(
-                self.model,
-                _inputs(self.module, item_ids, k, exclude_seen, native),
-                outputs=_outputs(self.module, self.model, native),
-                **kwargs,
-            )
-        except InferenceServerException as err:
-            raise _error(err, self.url, self.protocol) from err
-        except RecommendError:  # refused here, before sending (a k the native model cannot answer)
-            raise
-        except Exception as err:  # the HTTP client's connection errors: OSError, its own parse errors, gevent's
-            raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
-        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
+            reply = self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native), **kwargs)
+        return self._answer(reply, native, k)
 
     def is_ready(self) -> bool:
         try:
@@ -247,35 +271,21 @@ class RecommenderClient:
         self.close()
 
 
-class AsyncRecommenderClient:
+class AsyncRecommenderClient(_ModelClient):
     """asyncio client: many ``recommend`` calls in flight at once (``asyncio.gather``), which the server
     batches."""
 
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL):
-        self.module = _module(protocol, aio=True)
-        self.model, self.protocol = model, protocol
-        self.url = url or default_url(protocol)
-        self.client = self.module.InferenceServerClient(self.url)
-        self._native: NativeShape | None | bool = False  # False: not asked yet
+        super().__init__(url, protocol, model, aio=True)
 
     async def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
-        try:
+        with self._errors():
+            native = cast(NativeShape | None, self._native)
             if self._native is False:
                 config = await self.client.get_model_config(self.model, **_as_json(self.protocol))
-                self._native = NativeShape.from_config(config)
-            native = cast(NativeShape | None, self._native)
-            reply = await self.client.infer(
-                self.model,
-                _inputs(self.module, item_ids, k, exclude_seen, native),
-                outputs=_outputs(self.module, self.model, native),
-            )
-        except InferenceServerException as err:
-            raise _error(err, self.url, self.protocol) from err
-        except RecommendError:  # refused here, before sending (a k the native model cannot answer)
-            raise
-        except Exception as err:  # as in the synchronous client
-            raise _unreachable(self.url, self.protocol, f"{type(err).__name__}: {err}") from err
-        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
+                native = self._remember_shape(config)
+            reply = await self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native))
+        return self._answer(reply, native, k)
 
     async def close(self) -> None:
         await self.client.close()
