@@ -1,5 +1,5 @@
-"""Linux process and port helpers for the servers recserve starts: free loopback ports, /proc children and
-command lines, and tying a child's life to its parent's."""
+"""Linux process and port helpers for the servers recserve starts: their exit codes, free loopback ports, /proc
+children and command lines, and tying a child's life to its parent's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,21 @@ import contextlib
 import ctypes
 import signal
 import socket
+import subprocess
 from pathlib import Path
+
+from recserve.errors import ServingError
+
+
+def exit_code(process: subprocess.Popen | None, what: str) -> int | None:
+    """None while ``process`` runs, its exit code once it has exited.
+
+    Raises:
+        ServingError: it was never started (``what`` names it: "the server").
+    """
+    if process is None:
+        raise ServingError(f"{what} was never started")
+    return process.poll()
 
 
 def free_ports(count: int) -> list[int]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from recserve.errors import ServingError
+from recserve.serving.processes import exit_code
 from recserve.serving.sagemaker.package import (
     ENTRY_POINT,
     TRITON_MODEL_ENV,
@@ -98,9 +99,7 @@ class LocalEndpoint(_Endpoint):
 
     def exit_code(self) -> int | None:
         """None while the endpoint runs; its exit code once it has exited."""
-        if self.process is None:
-            raise ServingError("the endpoint was never started")
-        return self.process.poll()
+        return exit_code(self.process, "the endpoint")
 
     def start(self) -> LocalEndpoint:
         model_dir = unpack(self.package_path, self.workdir / "model")
@@ -215,9 +214,7 @@ class TritonEndpoint(_Endpoint):
         return self
 
     def exit_code(self) -> int | None:
-        if self.server is None:
-            raise ServingError("the endpoint was never started")
-        return self.server.exit_code()
+        return exit_code(None if self.server is None else self.server.process, "the endpoint")
 
     def stop(self) -> None:
         if self.server is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
-from recserve.serving.processes import stop_with_parent
+from recserve.serving.processes import exit_code, stop_with_parent
 from recserve.serving.triton.bundle import Bundle, check_backends, find_bundle
 from recserve.serving.triton.placement import DEVICE_ENV
 
@@ -139,9 +139,7 @@ class TritonServer:
 
     def exit_code(self) -> int | None:
         """None while the server runs; its exit code once it has exited."""
-        if self.process is None:
-            raise ServingError("the server was never started")
-        return self.process.poll()
+        return exit_code(self.process, "the server")
 
     def is_ready(self) -> bool:
         try:
