@@ -2,7 +2,7 @@
 # `make bench-gpu`: the GPU benchmarks on a GPU host of one's own, with the normal install (`make setup`,
 # whose torch from the package index is a CUDA build on Linux). It builds the native backends with CUDA for
 # the visible GPUs, then writes under OUT (default runs/bench-gpu):
-#   serving/      the layouts side by side through Triton on GPU 0 (scripts/gpu_bench.py: echo, seed, fused
+#   serving/      the layouts side by side through Triton on GPU 0 (benchmarks/serving_layouts.py: echo, seed, fused
 #                 eager and cudagraph, native on Triton's PyTorch backend and on recserve's; perf_analyzer over
 #                 gRPC on a quarter of the cores (8 or more), the server on the rest, a concurrency sweep;
 #                 summary.json, report.md, PNGs), the native answers checked against fused;
@@ -21,7 +21,7 @@ fi
 bash scripts/build_triton_backends.sh "$py"
 mkdir -p "$out"
 cores=$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))')
-"$py" scripts/gpu_bench.py --out "$out/serving" --work "$out/work" --concurrency 1,16,64,256,512 \
+"$py" benchmarks/serving_layouts.py --out "$out/serving" --work "$out/work" --concurrency 1,16,64,256,512 \
   --client-cpus $(( cores >= 8 ? cores / 4 : 0 )) \
   --variants echo-plain,seed,fused-eager-bf16,fused-cudagraph-bf16-plain,native-torchscript-bf16-plain,native-recserve-bf16-plain \
   ${BENCH_GPU_SERVING:-}

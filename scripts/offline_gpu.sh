@@ -3,7 +3,7 @@
 # per purpose. On a GPU host with the normal install, use `make bench-gpu` instead.
 #   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (beside the Triton server bundle carried there)
 #                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
-#   scripts/offline_gpu.sh bench [gpu_bench.py options]   there: the serving sweep of the layouts
+#   scripts/offline_gpu.sh bench [serving_layouts.py options]   there: the serving sweep of the layouts
 #   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality   there: both models' defaults over seeds on ML-100K and video.txt
@@ -90,7 +90,7 @@ cmd_bench() {
   carried_server
   out=${OUT:-runs/gpu-bench}
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
-  python3 scripts/gpu_bench.py --out "$out" "$@"
+  python3 benchmarks/serving_layouts.py --out "$out" "$@"
 }
 
 # The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.

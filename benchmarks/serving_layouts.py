@@ -28,7 +28,7 @@ from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.settings import RepositorySettings
 
-log = logging.getLogger("gpu_bench")
+log = logging.getLogger("serving_layouts")
 
 
 def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
@@ -234,7 +234,7 @@ def main() -> None:
     result = {
         "gpu": gpu_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["scripts/gpu_bench.py", *sys.argv[1:]]),
+        "command": " ".join(["benchmarks/serving_layouts.py", *sys.argv[1:]]),
         "model": f"BERT4Rec, {args.items:,} items, hidden 256, 2 layers, 4 heads, window 40, random weights",
         "settings": {
             "instances": args.instances,
