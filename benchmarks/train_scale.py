@@ -195,14 +195,19 @@ def main() -> None:
         "--plain-kernels", action="store_true", help="the sampled loss's blocks uncompiled (for comparison)"
     )
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--prepare-only", action="store_true", help="generate and prepare each --sizes log in --work, train nothing"
+    )
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--work", help="folder for data and runs (a temporary one by default)")
     args = parser.parse_args()
+    if args.prepare_only and (args.data or not args.work):
+        parser.error("--prepare-only generates --sizes logs into --work (and takes no --data)")
     if args.devices > 1 and not (args.data and args.work):
         parser.error("--devices above 1 needs --data and --work: every DDP process runs this script")
     cpu_name = f"CPU ({platform.processor() or 'x86_64'}, {torch.get_num_threads()} threads)"
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else cpu_name
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" and not args.prepare_only else cpu_name
     if args.memory_gb:
         total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb / total_gb))
@@ -227,7 +232,12 @@ def main() -> None:
             items, users = (int(x) for x in spec.split(":")[:2])
             log = work / "log.parquet"
             write_zipf_log(log, users, items, args.interactions_per_user)
-            prepare(str(log), data_dir)
+            prepared = prepare(str(log), data_dir)
+            if args.prepare_only:
+                results.append({"setting": name, "data": str(data_dir), "prepared": prepared})
+                Path(args.out).write_text(json.dumps({"results": results}, indent=2) + "\n")
+                print(f"{name}: prepared in {data_dir}", flush=True)
+                continue
         defaults = {"weight_decay": TrainConfig.weight_decay, "samples_per_user": TrainConfig.samples_per_user}
         defaults |= MODEL_DEFAULTS[args.model]
         cfg = TrainConfig(

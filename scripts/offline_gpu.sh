@@ -106,7 +106,7 @@ cmd_test() {
 
 # One call on the two-GPU machine: training throughput on one GPU against two (Lightning DDP), each run
 # alone on the machine. First `recserve train --compile`'s own loop on the generated 1M-item log
-# (benchmarks/train_scale.py's generator, 200,000 users) at batch 4096 (test NDCG@10 too) and 2048 on one
+# (benchmarks/train_scale.py --prepare-only, 200,000 users) at batch 4096 (test NDCG@10 too) and 2048 on one
 # GPU and on two; then the same step in a plain loop at 2048 (benchmarks/profile_step.py: DDP as the
 # trainer sets it up, and each GPU alone without the all-reduce, the floor; MORE_STEPS=1 adds 1024 and
 # 4096, eager and compiled); the GPUs' link and all-reduce bandwidth; the trainer's host work a step
@@ -116,17 +116,8 @@ cmd_test() {
 cmd_ddp() {
   carried_site
   out=${OUT:-runs/gpu-ddp}; mkdir -p "$out"; work=$(mktemp -d /tmp/ddp-work.XXXX)
-  python3 - "$work" <<'PY'
-import sys
-from pathlib import Path
-sys.path.insert(0, "benchmarks")
-from train_scale import generate
-from recserve.data.datasets import prepare
-work = Path(sys.argv[1])
-generate(work / "log.parquet", 200_000, 1_000_000, 50)
-prepare(str(work / "log.parquet"), work / "items-1m")
-PY
-  scale() { python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data "$work/items-1m" "$@" >> "$out/scale.log" 2>&1; }
+  python3 benchmarks/train_scale.py --sizes 1000000:200000 --work "$work" --prepare-only --out "$out/prepared.json"
+  scale() { python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data "$work/data-1000000-200000" "$@" >> "$out/scale.log" 2>&1; }
   compiled() {  # the run with --compile; eager (and said so in the log) where compiling fails
     scale "$@" --compile || { echo "compile failed: eager instead ($*)" | tee -a "$out/scale.log"; scale "$@"; }
   }
@@ -163,7 +154,7 @@ PY
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-runs = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json")) if f.name != "step.json"}
+runs = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json")) if f.name not in ("step.json", "prepared.json")}
 (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
 for name in runs:
     (out / f"{name}.json").unlink()
