@@ -125,8 +125,8 @@ def train_one(job: dict) -> dict:
 
     from recserve.data.sequences import Sequences
     from recserve.models.bert4rec import Bert4Rec
-    from recserve.models.config import Bert4RecConfig
-    from recserve.train.evaluate import Ranker, evaluate_protocols, history_counts, popularity_score_fn
+    from recserve.models.model_configs import Bert4RecConfig
+    from recserve.train.leave_one_out import Ranker, evaluate_protocols, history_counts, popularity_score_fn
 
     torch.set_num_threads(2)
     raw = np.load(job["seqs"])
@@ -186,9 +186,9 @@ def train_one(job: dict) -> dict:
 def _batches(train_seqs, cfg, train_kw: dict, seed: int, device: str):
     """recserve's Cloze batches on the device and the exact-softmax loss (the trainer's defaults)."""
     from recserve.train.batches import ClozeSettings, WindowEpochs
-    from recserve.train.config import LossSettings
-    from recserve.train.evaluate import history_counts
+    from recserve.train.leave_one_out import history_counts
     from recserve.train.losses import CatalogueLoss
+    from recserve.train.train_config import LossSettings
 
     settings = ClozeSettings(cfg.window, cfg.mask_index, cfg.mask_prob, train_kw["last_item_rate"])
     batches = WindowEpochs(train_seqs, settings, train_kw["batch_size"], train_kw["samples_per_user"], seed, device)
@@ -219,8 +219,8 @@ def _refit(job: dict, num_items: int, model_kw: dict, train_kw: dict, seqs, epoc
     import torch
 
     from recserve.models.bert4rec import Bert4Rec
-    from recserve.models.config import Bert4RecConfig
-    from recserve.train.evaluate import Ranker, evaluate_protocols, history_counts
+    from recserve.models.model_configs import Bert4RecConfig
+    from recserve.train.leave_one_out import Ranker, evaluate_protocols, history_counts
 
     device = job["device"]
     torch.manual_seed(job["seed"])

@@ -22,12 +22,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 STEP = """
 import sys, time, torch
 from recserve.data.datasets import load_prepared
-from recserve.train.tasks import build_task
+from recserve.train.lightning_modules import build_task
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
-from recserve.models.config import Bert4RecConfig
+from recserve.models.model_configs import Bert4RecConfig
 try:
-    from recserve.train.config import MODEL_DEFAULTS, TrainConfig
-except ImportError:  # checkouts before train/config.py
+    from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
+except ImportError:  # checkouts before train/train_config.py
     from recserve.train.trainer import MODEL_DEFAULTS, TrainConfig
 model, data_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.manual_seed(0)

@@ -26,8 +26,8 @@ import numpy as np, torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from recserve.models import SASRec, SASRecConfig
 from recserve.train.batches import NextItemSettings, WindowEpochs
-from recserve.train.config import LossSettings
-from recserve.train.evaluate import PROTOCOLS, Ranker
+from recserve.train.train_config import LossSettings
+from recserve.train.leave_one_out import PROTOCOLS, Ranker
 from recserve.train.losses import CatalogueLoss
 from recserve.train.objectives import next_item_loss
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from recserve.bench.synthetic import make_random_run
-from recserve.export import native
+from recserve.export import native_export
 from recserve.export.graph import build_graph, load_spec
 from recserve.export.torchscript import trace_frozen
-from recserve.models.inference import NativeGraph
+from recserve.models.serving_graph import NativeGraph
 
 
 def replay_ms(fn, repeats: int = 50) -> float:
@@ -77,11 +77,11 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(),
     }
     with torch.inference_mode():
-        example = tuple(t.cuda() for t in native.example(4, length, spec))
+        example = tuple(t.cuda() for t in native_export.example(4, length, spec))
         model = trace_frozen(NativeGraph(graph, dynamic_k=False), example)
         rows = []
         for batch in map(int, args.batches.split(",")):
-            inputs = tuple(t.cuda() for t in native.example(batch, length, spec, seed=batch))
+            inputs = tuple(t.cuda() for t in native_export.example(batch, length, spec, seed=batch))
             graph_ms = replay_ms(lambda inputs=inputs: model(*inputs))
             scores = graph.head.scores(
                 torch.nn.functional.pad(
@@ -104,7 +104,7 @@ def main() -> None:
                 flush=True,
             )
         result["batches"] = rows
-        inputs = tuple(t.cuda() for t in native.example(args.profile_batch, length, spec, seed=1))
+        inputs = tuple(t.cuda() for t in native_export.example(args.profile_batch, length, spec, seed=1))
         for _ in range(3):
             model(*inputs)
         torch.cuda.synchronize()

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from recserve.bench.synthetic import zipf_sequences
 from recserve.data.sequences import Sequences
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.config import Bert4RecConfig
+from recserve.models.model_configs import Bert4RecConfig
 from recserve.train.batches import ClozeSettings, WindowEpochs
-from recserve.train.config import LossSettings
 from recserve.train.losses import CatalogueLoss
 from recserve.train.objectives import cloze_loss
+from recserve.train.train_config import LossSettings
 
 OPTIONS = ("plain", "bf16", "view", "static", "fused", "local", "compile")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")

@@ -18,8 +18,8 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.data.datasets import load_prepared
-from recserve.models.runs import load_run
-from recserve.train.evaluate import history_counts, popularity_score_fn
+from recserve.models.run_loader import load_run
+from recserve.train.leave_one_out import history_counts, popularity_score_fn
 from recserve.train.metrics import ranking_metrics
 from recserve.train.tensors import SequenceTensors
 

@@ -135,8 +135,8 @@ def ours_from_run(run_dir: Path) -> list[dict]:
 
 
 def train_ours(data_dir: Path, out: Path) -> Path:
-    from recserve.train.evaluate import evaluate_run
-    from recserve.train.runfolder import write_metrics
+    from recserve.train.leave_one_out import evaluate_run
+    from recserve.train.run_writer import write_metrics
     from recserve.train.trainer import TrainConfig, train
 
     run = out / "recserve-small"

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.bench.load_report import ratios, write_report
 from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
-from recserve.bench.report import ratios, write_report
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.settings import RepositorySettings
+from recserve.serving.triton.repository_settings import RepositorySettings
 
 log = logging.getLogger("serving_layouts")
 
@@ -161,7 +161,7 @@ def main() -> None:
     histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
     if args.export_report:
-        from recserve.export.report import build_report
+        from recserve.export.parity_report import build_report
 
         device = "cuda" if args.device == "gpu" else "cpu"
         build_report(

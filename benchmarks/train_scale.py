@@ -38,9 +38,9 @@ from lightning.pytorch.callbacks import Callback
 
 from recserve.bench.synthetic import ZIPF_EXPONENT, write_zipf_log
 from recserve.data.datasets import load_prepared, prepare
-from recserve.train.config import MODEL_DEFAULTS, TrainConfig
-from recserve.train.evaluate import evaluate_run
 from recserve.train.heldout import evaluate_heldout_run
+from recserve.train.leave_one_out import evaluate_run
+from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 from recserve.train.trainer import train
 
 

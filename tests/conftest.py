@@ -14,7 +14,7 @@ from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
 from recserve.serving.triton.bundle import native_backends
 from recserve.serving.triton.launcher import ServerSettings, TritonServer
-from recserve.serving.triton.settings import RepositorySettings
+from recserve.serving.triton.repository_settings import RepositorySettings
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,7 @@ def ml100k_dir(tmp_path_factory) -> Path:
 
 
 def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides) -> Path:
-    from recserve.train.runfolder import write_metrics
+    from recserve.train.run_writer import write_metrics
     from recserve.train.trainer import TrainConfig, train
 
     settings = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
@@ -87,7 +87,7 @@ def model_top_ids(run: Path, histories: list, exclude_seen: bool = True) -> tupl
     import torch
 
     from recserve.constants import ITEM_TABLE_FILE, PAD_INDEX
-    from recserve.models.runs import load_run
+    from recserve.models.run_loader import load_run
 
     table = np.load(run / ITEM_TABLE_FILE, allow_pickle=False)  # index i + 1 has ID table[i]
     model = load_run(run).eval()
@@ -221,7 +221,7 @@ def ml100k_implicit_dir(tmp_path_factory) -> Path:
 def vae_run(ml100k_implicit_dir, tmp_path_factory) -> Path:
     """Mult-VAE trained briefly on implicit ML-100K, its test metrics in metrics.json."""
     from recserve.train.heldout import evaluate_heldout_run
-    from recserve.train.runfolder import write_metrics
+    from recserve.train.run_writer import write_metrics
     from recserve.train.trainer import TrainConfig, train
 
     out = tmp_path_factory.mktemp("vae") / "run"

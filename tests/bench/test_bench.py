@@ -5,8 +5,8 @@ import json
 import pytest
 from tests.conftest import SERVED_LAYOUTS, needs_native_backends
 
+from recserve.bench.load_report import ratios
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
-from recserve.bench.report import ratios
 from recserve.bench.sweep import real_histories, sweep
 from recserve.errors import ServingError
 

@@ -227,7 +227,7 @@ def test_bad_deployment_settings_are_refused(tiny_export, tmp_path):
 def test_a_repository_on_recserves_own_backend_is_refused_for_the_serving_image(tiny_run, tmp_path):
     """NVIDIA's Triton container, which the serving image is, has Triton's backends only."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.settings import RepositorySettings
+    from recserve.serving.triton.repository_settings import RepositorySettings
 
     repo = tmp_path / "repo"
     repository_from_run(

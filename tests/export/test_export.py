@@ -153,7 +153,7 @@ def test_runners_select_only_the_k_asked_for_and_the_same_items(tiny_run, tmp_pa
 
 def test_inference_graph_returns_the_models_top_ids_and_scores_not_a_loss(tiny_run):
     """The graph's answer is the encoder's own top 10 at the mask position, seen items excluded, as IDs."""
-    from recserve.models.runs import load_run
+    from recserve.models.run_loader import load_run
 
     spec = load_spec(tiny_run)
     ids, lengths, exclude = example_inputs(spec, 2, 5)
@@ -174,12 +174,14 @@ def test_inference_graph_returns_the_models_top_ids_and_scores_not_a_loss(tiny_r
 
 
 def test_export_report_times_every_variant_and_plots(tiny_run, ml100k_dir, tmp_path, monkeypatch):
-    from recserve.export import report
+    from recserve.export import parity_report
 
-    monkeypatch.setattr(report, "variants", lambda device: [("eager", "fp32"), ("onnx", "fp32"), ("onnx", "int8")])
-    result = report.build_report(tiny_run, tmp_path, data_dir=ml100k_dir, seconds=0.05)
+    monkeypatch.setattr(
+        parity_report, "variants", lambda device: [("eager", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
+    )
+    result = parity_report.build_report(tiny_run, tmp_path, data_dir=ml100k_dir, seconds=0.05)
     rows = result["results"]
-    assert len(rows) == 3 * len(report.BATCH_SIZES)
+    assert len(rows) == 3 * len(parity_report.BATCH_SIZES)
     assert all(r["p50_ms"] > 0 and r["throughput"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
     assert {
         "backend",

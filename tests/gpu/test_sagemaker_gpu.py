@@ -11,7 +11,7 @@ from tests.serving.test_sagemaker_triton import _inside_namespace
 
 from recserve.constants import PACKAGE_INSTANCES
 from recserve.serving.sagemaker.package import inspect_package
-from recserve.serving.triton.model_config import parse_pbtxt, pb
+from recserve.serving.triton.pbtxt import parse_pbtxt, pb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -24,7 +24,7 @@ with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # SIOCSIFFLAGS lo: 
     fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", 0x1 | 0x8 | 0x40))
 from recserve.serving.sagemaker.endpoint import TritonEndpoint, invoke
 from recserve.serving.sagemaker.package import inspect_package
-from recserve.serving.sagemaker.protocol import triton_answer, triton_request
+from recserve.serving.sagemaker.invocations import triton_answer, triton_request
 package, histories = Path(sys.argv[1]), json.loads(sys.argv[2])
 shape = inspect_package(package).native_shape(package)
 with TritonEndpoint(package, port=18080) as endpoint:

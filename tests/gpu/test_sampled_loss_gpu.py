@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import recserve.train.losses as losses
-from recserve.train.config import LossSettings
 from recserve.train.losses import CatalogueLoss
+from recserve.train.train_config import LossSettings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

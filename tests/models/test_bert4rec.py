@@ -53,7 +53,7 @@ def test_the_last_position_fast_path_equals_the_full_encoder(heads):
 
 
 def test_cosine_schedule_warms_up_then_decays_to_zero():
-    from recserve.train.tasks import optimizer_with_schedule
+    from recserve.train.lightning_modules import optimizer_with_schedule
     from recserve.train.trainer import TrainConfig
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)

@@ -5,7 +5,7 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.models.config import MultVAEConfig
+from recserve.models.model_configs import MultVAEConfig
 from recserve.models.multvae import Bag, MultVAE
 
 

@@ -62,7 +62,7 @@ def test_bad_config_is_refused_with_the_field(bad):
 def test_dropout_follows_the_data_unless_given(ml100k_dir, string_data_dir):
     """0.5 on sparse data (median training history under 20 items), 0.2 on dense; --dropout wins."""
     from recserve.data.datasets import load_prepared
-    from recserve.train.tasks import build_task
+    from recserve.train.lightning_modules import build_task
     from recserve.train.trainer import TrainConfig
 
     cfg = TrainConfig(device="cpu")

@@ -60,7 +60,7 @@ def test_the_predictor_and_the_sagemaker_handler_answer_the_models_top_10(shuffl
 
     from recserve.export.exporter import export_run
     from recserve.serving.predictor import Predictor
-    from recserve.serving.sagemaker.inference import input_fn, model_fn, output_fn, predict_fn
+    from recserve.serving.sagemaker.handler import input_fn, model_fn, output_fn, predict_fn
     from recserve.serving.sagemaker.package import package, unpack
 
     kind, data_dir, run = shuffled

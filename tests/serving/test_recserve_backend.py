@@ -14,7 +14,7 @@ from tests.conftest import require_native, server_settings
 
 from recserve.errors import ServingError
 from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.model_config import parse_pbtxt
+from recserve.serving.triton.pbtxt import parse_pbtxt
 
 LENGTH = 19  # tiny_run's window - 1
 
@@ -24,7 +24,7 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
     """One torchscript export of ``tiny_run`` in the native layout on Triton's PyTorch backend
     (``recommender_native``) and on recserve's (the same files as ``native_recserve``), in one repository."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.settings import RepositorySettings
+    from recserve.serving.triton.repository_settings import RepositorySettings
 
     require_native("pytorch", "recserve")
     repo = tmp_path_factory.mktemp("runtimes") / "repo"
@@ -45,7 +45,7 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
 def _batch(tiny_run, rows: int, seed: int) -> dict[str, np.ndarray]:
     """``rows`` histories padded to the native length (some empty, some with unknown IDs), mixed k and
     exclude_seen: one request of several rows."""
-    from recserve.export.native import padded
+    from recserve.export.native_export import padded
 
     ids = np.load(tiny_run / "item_ids.npy")
     rng = np.random.default_rng(seed)
@@ -176,8 +176,8 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
 
     from recserve.export.manifest import ExportManifest
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.native_models import native_backend
-    from recserve.serving.triton.settings import RepositorySettings
+    from recserve.serving.triton.native_configs import native_backend
+    from recserve.serving.triton.repository_settings import RepositorySettings
 
     repo = tmp_path / "repo"
     repository_from_run(

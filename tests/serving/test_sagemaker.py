@@ -24,9 +24,9 @@ from recserve.export.exporter import export_run
 from recserve.pipeline import package_from_run
 from recserve.serving.predictor import Predictor
 from recserve.serving.processes import free_ports
-from recserve.serving.sagemaker import inference
+from recserve.serving.sagemaker import handler
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
-from recserve.serving.sagemaker.inference import HandlerError, input_fn, model_fn, output_fn, predict_fn
+from recserve.serving.sagemaker.handler import HandlerError, input_fn, model_fn, output_fn, predict_fn
 from recserve.serving.sagemaker.package import package, pytorch_environment, unpack
 from recserve.serving.triton.launcher import TritonServer
 
@@ -119,7 +119,7 @@ def test_errors_are_posted_to_the_hook_when_one_is_configured(monkeypatch):
     server = HTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        monkeypatch.setenv(inference.ERROR_HOOK_ENV, f"http://127.0.0.1:{server.server_port}/errors")
+        monkeypatch.setenv(handler.ERROR_HOOK_ENV, f"http://127.0.0.1:{server.server_port}/errors")
         with pytest.raises(HandlerError):
             input_fn(b'{"items": []}', JSON)
         deadline = time.monotonic() + 5
@@ -206,7 +206,7 @@ def test_a_triton_package_asks_for_the_endpoints_instances_not_this_machines_cor
     """The packaging machine's cores say nothing of the endpoint's; the container runs Triton's own backends."""
     from recserve.constants import PACKAGE_INSTANCES
     from recserve.serving.sagemaker.package import inspect_package
-    from recserve.serving.triton.model_config import parse_pbtxt
+    from recserve.serving.triton.pbtxt import parse_pbtxt
 
     def config(count):
         out = tmp_path / f"model-{count}.tar.gz"
@@ -256,7 +256,7 @@ def test_an_unknown_device_is_refused_for_either_source_and_runtime(tiny_export,
     ],
 )
 def test_a_package_and_an_instance_type_that_disagree_are_named(on_gpus, instance_type, level):
-    from recserve.serving.sagemaker.deploy import instance_mismatch
+    from recserve.serving.sagemaker.cloud import instance_mismatch
 
     found = instance_mismatch(on_gpus, instance_type)
     assert (found and found[0]) == level
@@ -504,7 +504,7 @@ def test_deploy_warns_that_a_cpu_package_leaves_the_instance_types_gpu_idle(
 
 
 def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monkeypatch):
-    from recserve.serving.sagemaker.deploy import load_settings
+    from recserve.serving.sagemaker.cloud import load_settings
 
     monkeypatch.setenv("RECSERVE_SAGEMAKER_INSTANCE_TYPE", "ml.g6.xlarge")
     settings = load_settings(aws_env)
@@ -512,7 +512,7 @@ def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monk
 
 
 def test_missing_or_bad_settings_get_one_error_naming_them(tmp_path, monkeypatch):
-    from recserve.serving.sagemaker.deploy import deploy, load_settings
+    from recserve.serving.sagemaker.cloud import deploy, load_settings
 
     monkeypatch.chdir(tmp_path)  # no .env.inference here
     with pytest.raises(ServingError, match="role_arn, model_data"):

@@ -9,7 +9,7 @@ import pytest
 from botocore.stub import Stubber
 
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.deploy import NAME_LIMIT, DeploySettings, deploy, environment, resource_name
+from recserve.serving.sagemaker.cloud import NAME_LIMIT, DeploySettings, deploy, environment, resource_name
 
 NAME = "recs-20261201-abcd"
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:endpoint/recs"

@@ -21,9 +21,9 @@ from recserve.errors import ServingError
 from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.model_config import parse_pbtxt
+from recserve.serving.triton.pbtxt import parse_pbtxt
 from recserve.serving.triton.repository import write_repository
-from recserve.serving.triton.settings import RepositorySettings
+from recserve.serving.triton.repository_settings import RepositorySettings
 
 
 def _infer(url, model, **arrays):

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from recserve.errors import ConfigError
-from recserve.train.config import MODEL_DEFAULTS, TrainConfig, model_settings
+from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig, model_settings
 
 
 def test_a_model_keeps_the_settings_its_config_has_and_drops_those_not_given():
@@ -31,6 +31,6 @@ def test_per_model_defaults_name_only_what_differs_from_train_config():
 
 def test_the_settings_and_the_model_configs_import_without_torch():
     """`recserve train --help` shows these defaults; reading them must not load torch."""
-    code = "import sys, recserve.train.config, recserve.models.config; print('torch' in sys.modules)"
+    code = "import sys, recserve.train.train_config, recserve.models.model_configs; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -13,18 +13,18 @@ import pytest
 import torch
 
 from recserve.constants import WEIGHTS_FILE
-from recserve.train.tasks import fused_on
+from recserve.train.lightning_modules import fused_on
 from recserve.train.trainer import TrainConfig
 
 PROBE = textwrap.dedent('''
     """Trains through recserve's trainer and writes the tokens of every batch each rank trained on, and its loss."""
     import json, os, sys
-    from recserve.train import tasks
+    from recserve.train import lightning_modules
     from recserve.train.trainer import TrainConfig, train
 
     data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
     seen, losses = [], []
-    step = tasks.SequenceModule.training_step
+    step = lightning_modules.SequenceModule.training_step
 
     def recording_step(self, batch, index):
         seen.append(batch.tokens.tolist())
@@ -32,7 +32,7 @@ PROBE = textwrap.dedent('''
         losses.append(loss.item())
         return loss
 
-    tasks.SequenceModule.training_step = recording_step
+    lightning_modules.SequenceModule.training_step = recording_step
     cfg = TrainConfig(epochs=1, batch_size=16, samples_per_user=2, device="cpu", devices=devices)
     train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg)
     rank = os.environ.get("LOCAL_RANK", "0")
@@ -89,18 +89,18 @@ def _logged(run, metric: str = "val_ndcg@10") -> float:
 VAE_PROBE = textwrap.dedent('''
     """Trains Mult-VAE through recserve's trainer and writes how many validation users each rank scored."""
     import json, os, sys
-    from recserve.train import tasks
+    from recserve.train import lightning_modules
     from recserve.train.trainer import TrainConfig, train
 
     data, out, devices = sys.argv[1], sys.argv[2], int(sys.argv[3])
     scored = []
-    evaluate = tasks.evaluate_fold
+    evaluate = lightning_modules.evaluate_fold
 
     def recording_evaluate(score_fn, fold, *args, **kwargs):
         scored.append(fold.fed.num_users)
         return evaluate(score_fn, fold, *args, **kwargs)
 
-    tasks.evaluate_fold = recording_evaluate
+    lightning_modules.evaluate_fold = recording_evaluate
     cfg = TrainConfig(epochs=1, batch_size=16, device="cpu", devices=devices, seed=0)
     train(data, out, {"hidden": 16, "latent": 8}, cfg, model="multvae")
     rank = os.environ.get("LOCAL_RANK", "0")

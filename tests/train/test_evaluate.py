@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-import recserve.train.evaluate as evaluate
+import recserve.train.leave_one_out as evaluate
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
-from recserve.train.evaluate import SAMPLED_NEGATIVES, Ranker, eval_batch_size, negatives_summary
+from recserve.train.leave_one_out import SAMPLED_NEGATIVES, Ranker, eval_batch_size, negatives_summary
 
 N = 300
 MASK = N + 1

@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 
 from recserve.cli.main import app
 from recserve.constants import METRICS_FILE
-from recserve.train.evaluation import HELD_OUT_USERS, LEAVE_ONE_OUT, split_of
+from recserve.train.run_evaluation import HELD_OUT_USERS, LEAVE_ONE_OUT, split_of
 
 
 def _evaluate(run, data) -> str:

@@ -10,9 +10,9 @@ from recserve.data.sequences import Sequences
 from recserve.errors import ConfigError
 from recserve.models import Bert4Rec, Bert4RecConfig
 from recserve.train.batches import ClozeSettings, WindowEpochs
-from recserve.train.config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
 from recserve.train.losses import CatalogueLoss
 from recserve.train.objectives import cloze_loss
+from recserve.train.train_config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
 
 N = 40
 MASK = N + 1

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from recserve.cli.main import app
 from recserve.constants import RUN_FILE, WEIGHTS_FILE
 from recserve.errors import ConfigError
-from recserve.train.runfolder import trained_epochs
+from recserve.train.run_writer import trained_epochs
 from recserve.train.trainer import TrainConfig, train
 
 SMALL = {"window": 8, "hidden": 16, "layers": 1, "heads": 2}

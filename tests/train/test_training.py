@@ -8,9 +8,9 @@ import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ConfigError, DataError, EvaluationError
-from recserve.models.runs import load_run
+from recserve.models.run_loader import load_run
 from recserve.train.curves import curves
-from recserve.train.evaluate import evaluate_run
+from recserve.train.leave_one_out import evaluate_run
 from recserve.train.trainer import TrainConfig, train
 
 SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}

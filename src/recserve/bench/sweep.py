@@ -138,7 +138,7 @@ def sweep(
             when only the native one is swept (they are compared whenever both are).
         client_cpus: cores to pin perf_analyzer to (the server keeps to this process's others); () shares.
     """
-    from recserve.bench.report import ratios, write_report
+    from recserve.bench.load_report import ratios, write_report
 
     unknown = [x for x in layouts if x not in LAYOUT_MODELS]
     if unknown:

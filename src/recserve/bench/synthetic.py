@@ -17,7 +17,7 @@ import torch
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.config import Bert4RecConfig
+from recserve.models.model_configs import Bert4RecConfig
 
 ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
 

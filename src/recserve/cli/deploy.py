@@ -48,7 +48,7 @@ def k8s(
     and Grafana files. Settings not given
     here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
     from recserve.deploy.k8s import K8sSettings, write_manifests
-    from recserve.settings import read_settings
+    from recserve.env_settings import read_settings
 
     given: dict[str, Any] = dict(
         image=image,

@@ -13,9 +13,9 @@ from recserve.cli.console import console, handle_errors
 def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     from rich.table import Table
 
-    from recserve.models.runs import model_name
-    from recserve.train.evaluation import evaluate_test, split_of
-    from recserve.train.runfolder import write_metrics
+    from recserve.models.run_loader import model_name
+    from recserve.train.run_evaluation import evaluate_test, split_of
+    from recserve.train.run_writer import write_metrics
 
     model, split = model_name(run), split_of(run)
     with console.status("ranking the test split"):

@@ -33,7 +33,7 @@ def export(
 
     device = torch_device(device)
     if report:
-        from recserve.export.report import build_report
+        from recserve.export.parity_report import build_report
 
         with console.status("building the report") as status:
             result = build_report(run, out, device, data, seconds, progress=lambda s: status.update(f"report: {s}"))

@@ -98,7 +98,7 @@ def repo(
     ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
     from recserve.devices import serving_device
     from recserve.pipeline import repository
-    from recserve.serving.triton.settings import RepositorySettings
+    from recserve.serving.triton.repository_settings import RepositorySettings
 
     export_or_run(export, run)  # exactly one of them
     settings = RepositorySettings(

@@ -139,13 +139,13 @@ def deploy(
 
     Settings: RECSERVE_SAGEMAKER_* environment variables or .env.inference.
     """
-    from recserve.serving.sagemaker.deploy import deploy as run_deploy
-    from recserve.serving.sagemaker.deploy import load_settings, upload
+    from recserve.serving.sagemaker.cloud import deploy as run_deploy
+    from recserve.serving.sagemaker.cloud import load_settings, upload
 
     settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait, replace_failed=replace_failed or None)
     if package_file is not None and settings.runtime == "triton":  # the model the package holds, not a guess
         from recserve.errors import ServingError
-        from recserve.serving.sagemaker.deploy import instance_mismatch
+        from recserve.serving.sagemaker.cloud import instance_mismatch
         from recserve.serving.sagemaker.package import inspect_package
 
         info = inspect_package(package_file)  # one read of the archive
@@ -193,13 +193,13 @@ def invoke(
     "k": k}; the triton runtime's /invocations takes a KServe v2 request for the native model (the history
     padded to its length, k and exclude_seen), whose answer is read back into the same shape."""
     from recserve.errors import ServingError
-    from recserve.serving.sagemaker import protocol
+    from recserve.serving.sagemaker import invocations
     from recserve.serving.sagemaker.package import inspect_package
 
     history = history_ids(item_ids, string_ids)
     settings = None
     if not url:
-        from recserve.serving.sagemaker.deploy import load_settings
+        from recserve.serving.sagemaker.cloud import load_settings
 
         settings = load_settings(env_file, endpoint_name=endpoint_name)
     held = inspect_package(package_file) if package_file else None
@@ -213,9 +213,9 @@ def invoke(
                 param_hint="--package",
             )
         shape = held.native_shape(package_file)
-        body, content_type = protocol.triton_request(history, k, shape, binary=binary)
+        body, content_type = invocations.triton_request(history, k, shape, binary=binary)
     else:
-        body, content_type = protocol.pytorch_request(history, k)
+        body, content_type = invocations.pytorch_request(history, k)
     if url:
         from recserve.serving.sagemaker.endpoint import invoke as post
 
@@ -230,12 +230,12 @@ def invoke(
         if status != 200:
             raise ServingError(f"{url} answered {status}: {answer.decode(errors='replace')}")
     else:
-        from recserve.serving.sagemaker.deploy import invoke_endpoint
+        from recserve.serving.sagemaker.cloud import invoke_endpoint
 
         assert settings is not None
         _, answer = invoke_endpoint(settings, body, content_type)
     if shape is not None:
-        answer = json.dumps(protocol.triton_answer(answer, k, shape)).encode()
+        answer = json.dumps(invocations.triton_answer(answer, k, shape)).encode()
     try:
         console.print_json(answer.decode())
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
-from recserve.models.config import (
+from recserve.models.model_configs import (
     DENSE_DROPOUT,
     SPARSE_DROPOUT,
     SPARSE_MEDIAN_LENGTH,
@@ -16,7 +16,7 @@ from recserve.models.config import (
     MultVAEConfig,
     SASRecConfig,
 )
-from recserve.train.config import MODEL_DEFAULTS, TrainConfig
+from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 
 B, S, M = Bert4RecConfig, SASRecConfig, MultVAEConfig  # their defaults, in the options' help
 
@@ -183,8 +183,8 @@ def train(
     chosen one is refused.
     """
     from recserve.devices import torch_device
-    from recserve.train.config import model_settings
-    from recserve.train.runfolder import write_metrics
+    from recserve.train.run_writer import write_metrics
+    from recserve.train.train_config import model_settings
     from recserve.train.trainer import train as run_training
 
     if model not in MODEL_DEFAULTS:

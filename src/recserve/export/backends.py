@@ -1,4 +1,4 @@
-"""The export backends by name (each a ``recserve.export.protocol.Backend``), and loading an export folder."""
+"""The export backends by name (each a ``recserve.export.backend_protocol.Backend``), and loading an export folder."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 
 from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.errors import ExportError
+from recserve.export.backend_protocol import Backend, Runner
 from recserve.export.manifest import ExportManifest
-from recserve.export.protocol import Backend, Runner
 from recserve.export.spec import GraphSpec
 
 # backend -> module under recserve.export that has PORTABLE, save() and load()
@@ -48,6 +48,6 @@ def spec_of(export_dir: Path, manifest: ExportManifest) -> GraphSpec:
 
 
 def load_runner(export_dir: Path, manifest: ExportManifest | None = None, device: str = "cpu") -> Runner:
-    """The runner of an export folder (see ``recserve.export.protocol``); its manifest is read when not given."""
+    """The runner of an export folder (see ``recserve.export.backend_protocol``); its manifest is read if not given."""
     manifest = manifest or ExportManifest.read(export_dir)
     return backend_module(manifest.backend).load(Path(export_dir), spec_of(export_dir, manifest), manifest, device)

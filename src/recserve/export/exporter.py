@@ -18,7 +18,7 @@ from recserve.constants import (
     POPULARITY_FILE,
 )
 from recserve.errors import ExportError
-from recserve.export import native
+from recserve.export import native_export
 from recserve.export.backends import backend_module
 from recserve.export.graph import PRECISIONS, build_graph, load_spec
 from recserve.export.manifest import ExportManifest
@@ -89,7 +89,9 @@ def export_run(
         reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device)
         validation = check_parity(reference, runner, spec, precision, manifest.fixed_length)
         if manifest.native_model:
-            served = native.as_runner(native.load(tmp, manifest.native_model, device), spec.window - 1, max_k)
+            served = native_export.as_runner(
+                native_export.load(tmp, manifest.native_model, device), spec.window - 1, max_k
+            )
             validation["native"] = check_parity(reference, served, spec, precision, spec.window - 1)
         if precision != "fp32":
             validation |= _quality_change(reference, runner, spec, run_dir, data_dir)

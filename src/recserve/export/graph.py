@@ -11,8 +11,8 @@ from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError
 from recserve.export.spec import GraphSpec
-from recserve.models.inference import InferenceGraph
-from recserve.models.runs import load_config, load_run, model_name
+from recserve.models.run_loader import load_config, load_run, model_name
+from recserve.models.serving_graph import InferenceGraph
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -22,8 +22,8 @@ from recserve.constants import (
     OUTPUT_UNKNOWN_IDS,
 )
 from recserve.errors import ExportError
+from recserve.export.backend_protocol import Runner
 from recserve.export.manifest import ExportManifest
-from recserve.export.protocol import Runner
 from recserve.export.spec import GraphSpec
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ FILE = "model.onnx"
 INPUTS = ("item_ids", "lengths", "exclude_seen")
 OUTPUTS = ("top_item_ids", "top_scores")  # ONNX names must differ from the inputs' names
 K_INPUT = "k"  # how many items to select: the batch's largest k (see _k_as_input)
-# the native graph's (recserve.models.inference.NativeGraph): the recommender contract's names, but for the IDs
+# the native graph's (recserve.models.serving_graph.NativeGraph): the recommender contract's names, but for the IDs
 # out, which an ONNX graph cannot name like an input
 NATIVE_INPUTS = (INPUT_ITEM_IDS, INPUT_K, INPUT_EXCLUDE_SEEN)
 NATIVE_OUTPUTS = (NATIVE_ONNX_OUTPUT_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS)
@@ -44,9 +44,9 @@ PORTABLE = True  # onnxruntime picks the CUDA or the CPU provider at load
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     import torch
 
-    from recserve.export import native
+    from recserve.export import native_export
     from recserve.export.graph import build_graph, example_inputs
-    from recserve.models.inference import NativeGraph
+    from recserve.models.serving_graph import NativeGraph
 
     precision = manifest.precision
     if precision not in ("fp32", "int8"):
@@ -58,9 +58,9 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
     _k_as_input(out / FILE)
     added = {}
-    reason = native.unsupported(spec)
+    reason = native_export.unsupported(spec)
     if reason is None:
-        inputs = native.example(4, spec.window - 1, spec)
+        inputs = native_export.example(4, spec.window - 1, spec)
         shapes = {name: {0: batch} for name in NATIVE_INPUTS}
         target = out / NATIVE_ONNX_FILE
         _export(NativeGraph(graph, dynamic_k=False), inputs, target, NATIVE_INPUTS, NATIVE_OUTPUTS, shapes, precision)

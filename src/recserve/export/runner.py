@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recserve.export.protocol import Runner
+from recserve.export.backend_protocol import Runner
 
 
 def torch_runner(fn, device: str | torch.device) -> Runner:

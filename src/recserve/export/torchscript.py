@@ -1,7 +1,7 @@
 """``torchscript``: traced TorchScript, what Triton's ``pytorch_libtorch`` backend loads.
 
 Three files from one graph: ``model.pt`` (the fused graph, for the predictor), ``native.pt`` (the native
-layout's model, where the catalogue allows one: ``recserve.export.native``) and ``seed.pt`` (the seed
+layout's model, where the catalogue allows one: ``recserve.export.native_export``) and ``seed.pt`` (the seed
 layout's model step, the PoC's TorchScript ``bert4rec``).
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 from recserve.constants import NATIVE_TORCHSCRIPT_FILE, SEED_K, SEED_TORCHSCRIPT_FILE
-from recserve.export import native
+from recserve.export import native_export
+from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.manifest import ExportManifest
-from recserve.export.protocol import Runner
 from recserve.export.runner import torch_runner
-from recserve.models.inference import NativeGraph, SeedStep
+from recserve.models.serving_graph import NativeGraph, SeedStep
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         tokens = torch.nn.functional.pad(example[0] % (len(spec.vocab_ids) + 1), (0, 1), value=graph.mask_index)
         seed = SeedStep(graph.head, SEED_K)
         torch.jit.save(trace_frozen(seed, (tokens,)), out / SEED_TORCHSCRIPT_FILE)
-        reason = native.unsupported(spec)
+        reason = native_export.unsupported(spec)
         if reason is None:
-            inputs = tuple(t.to(device) for t in native.example(4, spec.window - 1, spec))
+            inputs = tuple(t.to(device) for t in native_export.example(4, spec.window - 1, spec))
             # on a GPU the answer is max_k wide: choosing the batch's k would wait for the GPU mid-graph
             model = NativeGraph(graph, dynamic_k=device == "cpu")
             torch.jit.save(trace_frozen(model, inputs), out / NATIVE_TORCHSCRIPT_FILE)

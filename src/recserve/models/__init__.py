@@ -1,6 +1,6 @@
 """Recommendation models and the ID-in, top-k-out inference graph.
 
-The names below load on first use, so ``recserve.models.config`` (the configs, no torch) imports alone.
+The names below load on first use, so ``recserve.models.model_configs`` (the configs, no torch) imports alone.
 """
 
 from importlib import import_module
@@ -10,9 +10,9 @@ _HOMES = {
     "Bert4Rec": "bert4rec",
     "MultVAE": "multvae",
     "SASRec": "sasrec",
-    "Bert4RecConfig": "config",
-    "MultVAEConfig": "config",
-    "SASRecConfig": "config",
+    "Bert4RecConfig": "model_configs",
+    "MultVAEConfig": "model_configs",
+    "SASRecConfig": "model_configs",
 }
 __all__ = ["Bert4Rec", "Bert4RecConfig", "MultVAE", "MultVAEConfig", "SASRec", "SASRecConfig"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recserve.models.config import Bert4RecConfig
+from recserve.models.model_configs import Bert4RecConfig
 from recserve.models.transformer import ItemTransformer
 
 

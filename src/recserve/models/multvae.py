@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
-from recserve.models.config import MultVAEConfig
+from recserve.models.model_configs import MultVAEConfig
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
-from recserve.models.config import DENSE_DROPOUT, SPARSE_DROPOUT, SPARSE_MEDIAN_LENGTH, SASRecConfig
+from recserve.models.model_configs import DENSE_DROPOUT, SPARSE_DROPOUT, SPARSE_MEDIAN_LENGTH, SASRecConfig
 from recserve.models.transformer import ItemTransformer
 
 

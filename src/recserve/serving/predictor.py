@@ -17,8 +17,8 @@ import numpy as np
 from recserve.constants import DEFAULT_K, ITEM_TABLE_FILE
 from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError
+from recserve.export.backend_protocol import Runner
 from recserve.export.manifest import ExportManifest
-from recserve.export.protocol import Runner
 from recserve.serving.requests import check_k
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
 from recserve.models.multvae import Bag
-from recserve.train.evaluate import ScoreFn, eval_batch_size, popularity_score_fn
+from recserve.train.leave_one_out import ScoreFn, eval_batch_size, popularity_score_fn
 from recserve.train.tensors import SequenceTensors, row_contains, widest
 
 FED_SHARE = 0.8  # of each held-out user's items, fed to the model; the rest are the targets
@@ -212,8 +212,8 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
 
     from recserve.constants import RUN_FILE
     from recserve.data.datasets import load_prepared
-    from recserve.models.runs import load_run
-    from recserve.train.runfolder import trained_on
+    from recserve.models.run_loader import load_run
+    from recserve.train.run_writer import trained_on
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.train.config import LossSettings
+from recserve.train.train_config import LossSettings
 
 log = logging.getLogger(__name__)
 

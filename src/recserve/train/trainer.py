@@ -12,9 +12,9 @@ import torch
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
-from recserve.train.config import TrainConfig
 from recserve.train.curves import plot_curves
-from recserve.train.runfolder import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
+from recserve.train.run_writer import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
+from recserve.train.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def train(
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from recserve.train.tasks import build_task
+    from recserve.train.lightning_modules import build_task
 
     cfg = cfg or TrainConfig()
     cfg.validate()
@@ -136,7 +136,7 @@ def _seeded_lightning(seed: int):
 
 def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
     """Trains a fresh model on every item but the test one, for the epoch count that validation chose."""
-    from recserve.train.tasks import build_task
+    from recserve.train.lightning_modules import build_task
 
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, overrides, cfg, refit=True)

@@ -73,7 +73,7 @@ ENVIRONMENT = {
 }
 HANDLER_SHIM = '''"""SageMaker entry point written by `recserve sagemaker package`; the handler lives in recserve."""
 
-from recserve.serving.sagemaker.inference import (  # noqa: F401
+from recserve.serving.sagemaker.handler import (  # noqa: F401
     input_fn,
     install_transform,
     model_fn,
@@ -150,7 +150,7 @@ def _write_pytorch(export_dir: Path, root: Path) -> None:
 def _write_triton(export_dir: Path, root: Path, manifest: ExportManifest, instances: int | None) -> None:
     from recserve.devices import serving_device
     from recserve.serving.triton.repository import write_repository
-    from recserve.serving.triton.settings import RepositorySettings
+    from recserve.serving.triton.repository_settings import RepositorySettings
 
     device = serving_device(manifest.device)
     count = instances or PACKAGE_INSTANCES[device]
@@ -189,7 +189,7 @@ class PackageInfo:
     def on_gpus(self) -> bool:
         """Whether the triton package's model runs in GPU instances (False for a pytorch package)."""
         from recserve.serving.triton.bundle import on_gpus
-        from recserve.serving.triton.model_config import parse_pbtxt
+        from recserve.serving.triton.pbtxt import parse_pbtxt
 
         return self.runtime == "triton" and on_gpus(parse_pbtxt(self.config or ""))
 
@@ -202,7 +202,7 @@ class PackageInfo:
         from google.protobuf.json_format import MessageToDict
 
         from recserve.client.triton import NativeShape
-        from recserve.serving.triton.model_config import parse_pbtxt
+        from recserve.serving.triton.pbtxt import parse_pbtxt
 
         config = parse_pbtxt(self.config or "") if self.runtime == "triton" else None
         shape = NativeShape.from_config(MessageToDict(config, preserving_proto_field_name=True)) if config else None

@@ -46,16 +46,7 @@ from recserve.constants import (
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
-from recserve.serving.triton.model_config import (
-    DynamicBatching,
-    EnsembleStep,
-    InstanceGroup,
-    QueuePolicy,
-    TensorSpec,
-    TritonModelConfig,
-    to_pbtxt,
-)
-from recserve.serving.triton.native_models import (
+from recserve.serving.triton.native_configs import (
     NATIVE_PLATFORMS,
     NATIVE_RUNTIMES,
     backend_parameters,
@@ -65,7 +56,16 @@ from recserve.serving.triton.native_models import (
     native_contract,
     require_built_for,
 )
-from recserve.serving.triton.settings import RepositorySettings, record_layouts
+from recserve.serving.triton.pbtxt import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    QueuePolicy,
+    TensorSpec,
+    TritonModelConfig,
+    to_pbtxt,
+)
+from recserve.serving.triton.repository_settings import RepositorySettings, record_layouts
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.config import MODEL_CONFIGS, Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.model_configs import MODEL_CONFIGS, Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.sasrec import SASRec
 

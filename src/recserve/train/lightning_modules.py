@@ -17,17 +17,17 @@ from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.config import Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.sasrec import SASRec, dropout_for
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
-from recserve.train.config import TrainConfig
-from recserve.train.evaluate import Ranker, history_counts
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
+from recserve.train.leave_one_out import Ranker, history_counts
 from recserve.train.losses import CatalogueLoss
 from recserve.train.metrics import ranking_metrics
 from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.schedule import cosine_with_warmup
+from recserve.train.train_config import TrainConfig
 
 MODELS = ("bert4rec", "sasrec", "multvae")
 SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec)}

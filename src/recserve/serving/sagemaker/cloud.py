@@ -17,10 +17,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recserve.constants import NATIVE_MODEL
+from recserve.env_settings import read_settings
 from recserve.errors import ServingError
 from recserve.serving.sagemaker.images import image_uri
 from recserve.serving.sagemaker.package import TRITON_MODEL_ENV, pytorch_environment
-from recserve.settings import read_settings
 
 log = logging.getLogger(__name__)
 

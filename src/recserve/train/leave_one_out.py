@@ -317,8 +317,8 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     import time
 
     from recserve.data.datasets import load_prepared
-    from recserve.models.runs import load_run
-    from recserve.train.runfolder import trained_on
+    from recserve.models.run_loader import load_run
+    from recserve.train.run_writer import trained_on
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from recserve.errors import ConfigError
-from recserve.models.config import MODEL_CONFIGS
+from recserve.models.model_configs import MODEL_CONFIGS
 
 # The training settings where a model's usual values differ from TrainConfig's own (which are BERT4Rec's);
 # `recserve train` starts from these, an option given on the command line wins.

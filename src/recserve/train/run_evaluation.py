@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.models.runs import model_name
+from recserve.models.run_loader import model_name
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,6 @@ def evaluate_test(run_dir: Path, data_dir: Path, seed: int = 0, device: str = "c
         from recserve.train.heldout import evaluate_heldout_run
 
         return evaluate_heldout_run(run_dir, data_dir, device=device)
-    from recserve.train.evaluate import evaluate_run
+    from recserve.train.leave_one_out import evaluate_run
 
     return evaluate_run(run_dir, data_dir, seed=seed, device=device)
