@@ -141,7 +141,7 @@ def test_pytorch_package_has_the_container_layout(bert_package, tmp_path):
         "item_ids.npy",
         "code/inference.py",
         "code/requirements.txt",
-        "code/recserve/serving/sagemaker/inference.py",
+        "code/recserve/serving/sagemaker/handler.py",
     } <= names
     assert not any("__pycache__" in n for n in names)
     unpacked = unpack(bert_package, tmp_path / "u")

@@ -20,7 +20,7 @@ def test_a_sequence_model_is_tested_leave_one_out_under_every_protocol(tiny_run,
     output = _evaluate(tiny_run, ml100k_dir)
     assert "test split (leave-one-out)" in output and "sampled_uniform" in output
     metrics = json.loads((tiny_run / METRICS_FILE).read_text())
-    assert set(metrics["test"]) == {"full", "full_no_exclusion", "sampled", "sampled_uniform"}
+    assert set(metrics["test"]) == {"full", "served", "full_no_exclusion", "sampled", "sampled_uniform"}
 
 
 def test_multvae_is_tested_on_held_out_users(vae_run, ml100k_implicit_dir):

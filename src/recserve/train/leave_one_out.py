@@ -220,6 +220,8 @@ def _gumbel_draw(weights, seen, target, users, seed: int, stream: int, count: in
     keys.scatter_(1, seen, -math.inf)
     keys[torch.arange(len(users), device=keys.device), target] = -math.inf
     top, negatives = keys.topk(min(count, items.numel()), dim=1)
+    missing = count - top.shape[1]  # a catalogue smaller than count: the slots beyond it stay empty
+    top, negatives = F.pad(top, (0, missing), value=-math.inf), F.pad(negatives, (0, missing))
     return negatives, top > -math.inf
 
 
