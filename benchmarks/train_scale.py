@@ -238,7 +238,11 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps({"results": results}, indent=2) + "\n")
                 print(f"{name}: prepared in {data_dir}", flush=True)
                 continue
-        defaults = {"weight_decay": TrainConfig.weight_decay, "samples_per_user": TrainConfig.samples_per_user}
+        defaults = {
+            "weight_decay": TrainConfig.weight_decay,
+            "samples_per_user": TrainConfig.samples_per_user,
+            "ema_epochs": TrainConfig.ema_epochs,
+        }
         defaults |= MODEL_DEFAULTS[args.model]
         cfg = TrainConfig(
             epochs=args.epochs,
@@ -254,6 +258,7 @@ def main() -> None:
             resume=False,
             weight_decay=defaults["weight_decay"],
             samples_per_user=defaults["samples_per_user"],
+            ema_epochs=defaults["ema_epochs"],
         )
         overrides = {"window": args.window, "hidden": args.hidden} if args.model != "multvae" else {}
         started = time.perf_counter()

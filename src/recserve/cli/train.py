@@ -69,7 +69,7 @@ def train(
     ] = None,
     relative_positions: Annotated[
         bool | None,
-        typer.Option(help="SASRec: a learned attention bias per head and query-key distance [off]."),
+        typer.Option(help="SASRec: a learned attention bias per head and query-key distance [on]."),
     ] = None,
     attention_span: Annotated[
         int | None,
@@ -79,12 +79,12 @@ def train(
         ),
     ] = None,
     ema_epochs: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="BERT4Rec, SASRec: validate and keep a moving average of the weights over about this many "
-            "epochs (an exponential one, updated every step); 0: off."
+            f"epochs (an exponential one, updated every step); 0: off {_per_model('ema_epochs')}."
         ),
-    ] = TrainConfig.ema_epochs,
+    ] = None,
     loss_exclude_seen: Annotated[
         bool,
         typer.Option(
@@ -196,6 +196,7 @@ def train(
         epochs=epochs,
         patience=patience,
         samples_per_user=samples_per_user,
+        ema_epochs=ema_epochs,
     )
     settings = MODEL_DEFAULTS[model] | {k: v for k, v in given.items() if v is not None}
     cfg = TrainConfig(
@@ -210,7 +211,6 @@ def train(
         negatives=negatives,
         precision=precision,
         compile=compile,
-        ema_epochs=ema_epochs,
         **settings,
     )
     overrides = model_settings(

@@ -13,7 +13,7 @@ from recserve.models.model_configs import MODEL_CONFIGS
 # `recserve train` starts from these, an option given on the command line wins.
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "bert4rec": {},
-    "sasrec": dict(epochs=100, samples_per_user=2),
+    "sasrec": dict(epochs=100, samples_per_user=2, ema_epochs=1.0),  # the average: docs/quality.md
     "multvae": dict(batch_size=100, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
 }
 
