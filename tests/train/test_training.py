@@ -137,3 +137,20 @@ def test_refit_is_refused_for_multvae(ml100k_implicit_dir, tmp_path):
     with pytest.raises(ConfigError, match="only BERT4Rec and SASRec can be refitted"):
         train(ml100k_implicit_dir, tmp_path / "run", {}, cfg, model="multvae")
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_the_weights_average_spans_the_epochs_asked_whatever_its_update_interval():
+    """An EMA over ``ema_epochs`` epochs: updated every step on small epochs, every 10 steps on large ones
+    (each update syncs with the GPU), its decay matched so that the horizon stays ema_epochs epochs."""
+    from recserve.train.trainer import _averaging
+
+    assert _averaging(TrainConfig(ema_epochs=0.0), "sasrec", 800) == []
+    (small,) = _averaging(TrainConfig(ema_epochs=1.0), "sasrec", 15)
+    (large,) = _averaging(TrainConfig(ema_epochs=2.0), "sasrec", 800)
+    assert small.update_every_n_steps == 1 and large.update_every_n_steps == 10
+    # one update moves the average 1 / (updates in the horizon) of the way: 2 epochs x 800 steps / 10
+    moved = large._kwargs["avg_fn"](torch.zeros(1), torch.ones(1), torch.tensor(1))
+    assert float(moved) == pytest.approx(10 / (2.0 * 800))
+    assert float(small._kwargs["avg_fn"](torch.zeros(1), torch.ones(1), torch.tensor(1))) == pytest.approx(1 / 15)
+    with pytest.raises(ConfigError, match="ema-epochs: not a setting of multvae"):
+        _averaging(TrainConfig(ema_epochs=1.0), "multvae", 100)
