@@ -120,8 +120,8 @@ def _averaging(cfg: TrainConfig, model: str, steps_per_epoch: int) -> list:
         raise ConfigError("--ema-epochs: not a setting of multvae (BERT4Rec and SASRec average their weights)")
     from lightning.pytorch.callbacks import EMAWeightAveraging
 
-    # each update reads a step's count back from the GPU (a sync that starves a launch-bound step: 1M items
-    # trained at 0.68x the speed with an update every step); every EMA_EVERY steps, its decay to match
+    # each update reads its count back from the GPU, a sync that starves a launch-bound step (1M items with
+    # relative positions and an update every step: 0.68x the windows/s of neither); so every EMA_EVERY steps
     every = max(1, min(EMA_EVERY, steps_per_epoch // 8))
     decay = max(0.0, 1.0 - every / max(cfg.ema_epochs * steps_per_epoch, 1.0))
     return [EMAWeightAveraging(decay=decay, update_every_n_steps=every)]
