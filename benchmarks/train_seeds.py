@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-KEYS = ("full", "full_no_exclusion", "sampled", "sampled_uniform")
+KEYS = ("full", "served", "full_no_exclusion", "sampled", "sampled_uniform")
 
 
 def run_one(job: dict) -> dict:
@@ -66,20 +66,21 @@ def run_one(job: dict) -> dict:
         "loss": metrics.get("loss"),
         "test": {k: metrics["test"][k] for k in KEYS if k in metrics.get("test", {})},
         "popularity": {k: metrics["popularity"][k] for k in KEYS if k in metrics.get("popularity", {})},
+        "repeated_targets": metrics.get("repeated_targets"),
     }
     return row
 
 
 def summarize(rows: list[dict]) -> str:
     lines = [
-        "| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 sampled | NDCG@10 "
-        "sampled_uniform | best epoch | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 served | NDCG@10 sampled | "
+        "NDCG@10 sampled_uniform | best epoch | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for variant in dict.fromkeys(r["variant"] for r in rows):
         group = [r for r in rows if r["variant"] == variant and "test" in r]
         if not group:
-            lines.append(f"| {variant} | failed | | | | | | |")
+            lines.append(f"| {variant} | failed | | | | | | | |")
             continue
 
         def stat(protocol, key, group=group):
@@ -88,7 +89,8 @@ def summarize(rows: list[dict]) -> str:
 
         lines.append(
             f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
-            f"{stat('full', 'hr@10')} | {stat('sampled', 'ndcg@10')} | {stat('sampled_uniform', 'ndcg@10')} | "
+            f"{stat('full', 'hr@10')} | {stat('served', 'ndcg@10')} | {stat('sampled', 'ndcg@10')} | "
+            f"{stat('sampled_uniform', 'ndcg@10')} | "
             f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | "
             f"{np.mean([r['wall_s'] for r in group]):.0f} |"
         )
