@@ -43,6 +43,12 @@ SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median:
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 
 
+def refuse(problems: list[str], model: str) -> None:
+    """One ``ConfigError`` naming every problem of a ``model`` config; nothing where there are none."""
+    if problems:
+        raise ConfigError(f"bad {model} config: " + "; ".join(problems))
+
+
 def transformer_problems(cfg) -> list[str]:
     """What is wrong with the settings every transformer config has (empty when nothing is)."""
     problems = []
@@ -75,8 +81,7 @@ class Bert4RecConfig(ModelConfig):
         problems = transformer_problems(self)
         if not 0 < self.mask_prob < 1:
             problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
-        if problems:
-            raise ConfigError("bad BERT4Rec config: " + "; ".join(problems))
+        refuse(problems, "BERT4Rec")
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,7 @@ class SASRecConfig(ModelConfig):
         problems = transformer_problems(self)
         if self.attention_span < 0:
             problems.append(f"attention_span={self.attention_span}: must be 0 (every position) or more")
-        if problems:
-            raise ConfigError("bad SASRec config: " + "; ".join(problems))
+        refuse(problems, "SASRec")
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,7 @@ class MultVAEConfig(ModelConfig):
             problems.append(f"anneal_cap={self.anneal_cap}: must be in [0, 1]")
         if self.window < 2:
             problems.append(f"window={self.window}: must be at least 2")
-        if problems:
-            raise ConfigError("bad Mult-VAE config: " + "; ".join(problems))
+        refuse(problems, "Mult-VAE")
 
 
 # Each model's config class by the model's name (its ``MODEL``): what a run's model_config.json names.
