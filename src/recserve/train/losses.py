@@ -4,9 +4,11 @@ Sampled softmax: each batch shares one pool of negatives, the batch's own target
 which follow popularity) plus ``negatives`` items drawn uniformly or by popularity; each negative's logit
 is corrected by the log of the item's expected count in the pool (log-Q: Bengio & Senecal 2008; Yi et
 al., RecSys 2019), which makes the pool's sum of exponentials an unbiased estimate of the catalogue's, so
-the sampled loss tends to the full one as the pool grows (tests check this). Seen-item exclusion leaves
-a sample's own items out of each softmax by index (a scatter of the window's items, a sorted search for
-the pool), never through a dense (positions x catalogue) mask.
+the sampled loss tends to the full one as the pool grows (tests check this). Its log-sum-exp runs in
+blocks of positions (``POOL_CHUNK_ELEMENTS`` scores at most), compiled on GPUs. Seen-item exclusion leaves
+a sample's own items out of each softmax by index (a scatter of the window's items for the exact softmax;
+for the pool, a (rows x pool) table of the first column that holds each pool item), never through a
+dense (positions x catalogue) mask. docs/training.md says what each loss costs.
 """
 
 from __future__ import annotations
