@@ -1,5 +1,9 @@
 """The sampled loss on a GPU (run on a GPU machine; skipped elsewhere): its torch.compile'd blocks give the
-losses and gradients of the plain blocks under bf16 autocast, as training runs them."""
+losses and gradients of the plain blocks under bf16 autocast, as training runs them.
+
+It needs nothing of the serving stack: on a GPU machine without tritonclient, run it with
+``python -m pytest --noconftest tests/gpu/test_sampled_loss_gpu.py``.
+"""
 
 import numpy as np
 import pytest
