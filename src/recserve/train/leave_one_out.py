@@ -28,7 +28,7 @@ from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
 from recserve.train.metrics import ranking_metrics
-from recserve.train.tensors import SequenceTensors, widest
+from recserve.train.tensors import SequenceTensors, first_of_runs, row_contains, widest
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,7 @@ class Ranker:
 def _distinct_at_least(scores, ordered, target, target_score) -> torch.Tensor:
     """(B,) how many distinct items of each row of ``ordered`` (B, W), sorted, other than padding and the
     target, score at least the target's: the excluded items that the catalogue count included."""
-    distinct = ordered != F.pad(ordered[:, :-1], (1, 0), value=-1)  # the first of each run of equal items
-    counted = distinct & (ordered != PAD_INDEX) & (ordered != target[:, None])
+    counted = first_of_runs(ordered) & (ordered != PAD_INDEX) & (ordered != target[:, None])
     return ((scores.gather(1, ordered) >= target_score) & counted).sum(1)
 
 
@@ -201,9 +200,8 @@ def draw_negatives(
     candidates = torch.searchsorted(cdf, uniform * cdf[-1], right=True).clamp(max=cdf.numel() - 1)
     order = torch.argsort(candidates, dim=1, stable=True)
     ordered = candidates.gather(1, order)
-    repeated = ordered == F.pad(ordered[:, :-1], (1, 0), value=-1)  # a later draw of an item drawn before
-    first = torch.zeros_like(repeated).scatter_(1, order, ~repeated)
-    allowed = first & ~_row_contains(seen, candidates) & (candidates != target[:, None])
+    first = torch.zeros_like(ordered, dtype=torch.bool).scatter_(1, order, first_of_runs(ordered))  # no redraw
+    allowed = first & ~row_contains(seen, candidates, is_sorted=True) & (candidates != target[:, None])
     taken = allowed & (allowed.cumsum(1) <= count)
     slots = torch.argsort((~taken).to(torch.uint8), dim=1, stable=True)[:, :count]  # the taken, in draw order
     negatives, valid = candidates.gather(1, slots), taken.gather(1, slots)
@@ -216,21 +214,14 @@ def draw_negatives(
 
 def _gumbel_draw(weights, seen, target, users, seed: int, stream: int, count: int):
     """The exact draw for a few users: the ``count`` largest log(weight) + Gumbel noise over the catalogue."""
-    items = torch.arange(weights.numel(), device=weights.device)
     uniform = user_uniforms(seed, stream + 1_000, users, weights.numel()).clamp_(min=1e-300)  # (b, V)
     keys = weights.log()[None, :] - (-uniform.log_()).log_()
     keys.scatter_(1, seen, -math.inf)
     keys[torch.arange(len(users), device=keys.device), target] = -math.inf
-    top, negatives = keys.topk(min(count, items.numel()), dim=1)
+    top, negatives = keys.topk(min(count, weights.numel()), dim=1)
     missing = count - top.shape[1]  # a catalogue smaller than count: the slots beyond it stay empty
     top, negatives = F.pad(top, (0, missing), value=-math.inf), F.pad(negatives, (0, missing))
     return negatives, top > -math.inf
-
-
-def _row_contains(ordered: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-    """(B, Q) True where ``queries[b, q]`` is among the sorted ``ordered[b]``."""
-    found = torch.searchsorted(ordered, queries).clamp(max=ordered.shape[1] - 1)
-    return ordered.gather(1, found) == queries
 
 
 _MASK32 = 0xFFFFFFFF

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
@@ -49,17 +50,22 @@ class SequenceTensors:
         return torch.where(valid, picked, PAD_INDEX)
 
 
+def first_of_runs(ordered: torch.Tensor) -> torch.Tensor:
+    """(B, W) True at the first of each run of equal items in the sorted rows of ``ordered``."""
+    return ordered != F.pad(ordered[:, :-1], (1, 0), value=-1)
+
+
 def widest(lengths: np.ndarray, start: int, stop: int) -> int:
     """The longest of ``lengths[start:stop]`` (at least 1): the window that holds a batch's whole histories."""
     return max(int(lengths[start:stop].max(initial=0)), 1)
 
 
-def row_contains(items: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+def row_contains(items: torch.Tensor, queries: torch.Tensor, is_sorted: bool = False) -> torch.Tensor:
     """(B, Q) True where ``queries[b, q]`` is among ``items[b]`` (B, R), by a sorted search per row.
 
-    ``queries`` may also be (Q,), shared by every row.
+    ``queries`` may also be (Q,), shared by every row; ``is_sorted``: the rows of ``items`` are sorted already.
     """
-    ordered = items.sort(1).values  # (B, R)
+    ordered = items if is_sorted else items.sort(1).values  # (B, R)
     queries = queries.expand(items.shape[0], -1).contiguous()
     found = torch.searchsorted(ordered, queries).clamp(max=max(items.shape[1] - 1, 0))
     return ordered.gather(1, found) == queries
