@@ -238,27 +238,22 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps({"results": results}, indent=2) + "\n")
                 print(f"{name}: prepared in {data_dir}", flush=True)
                 continue
-        defaults = {
-            "weight_decay": TrainConfig.weight_decay,
-            "samples_per_user": TrainConfig.samples_per_user,
-            "ema_epochs": TrainConfig.ema_epochs,
-        }
-        defaults |= MODEL_DEFAULTS[args.model]
+        # the model's own defaults (`recserve train`'s), but for what this benchmark sets
         cfg = TrainConfig(
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            patience=args.patience or args.epochs + 1,
-            negatives=args.negatives,
-            seed=args.seed,
-            device=args.device,
-            devices=args.devices,
-            ddp_compress=not args.no_ddp_compress,
-            loss=loss,
-            compile=args.compile,
-            resume=False,
-            weight_decay=defaults["weight_decay"],
-            samples_per_user=defaults["samples_per_user"],
-            ema_epochs=defaults["ema_epochs"],
+            **MODEL_DEFAULTS[args.model]
+            | dict(
+                epochs=args.epochs,
+                batch_size=args.batch_size,
+                patience=args.patience or args.epochs + 1,
+                negatives=args.negatives,
+                seed=args.seed,
+                device=args.device,
+                devices=args.devices,
+                ddp_compress=not args.no_ddp_compress,
+                loss=loss,
+                compile=args.compile,
+                resume=False,
+            )
         )
         overrides = {"window": args.window, "hidden": args.hidden} if args.model != "multvae" else {}
         started = time.perf_counter()
