@@ -58,6 +58,12 @@ def chunked_topk(scores: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--model", default="bert4rec", choices=["bert4rec", "sasrec"])
+    parser.add_argument(
+        "--no-relative-positions", action="store_true", help="SASRec without its learned attention bias per distance"
+    )
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--window", type=int, default=40)
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--profile-batch", type=int, default=64)
     parser.add_argument("--precision", default="bf16")
@@ -66,12 +72,20 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/native-profile"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
+    options = {"relative_positions": False} if args.no_relative_positions else {}
+    name = f"run-{args.model}-{args.items}-{args.hidden}-{args.window}" + ("-abs" if options else "")
+    run = make_random_run(
+        args.work / name, num_items=args.items, model=args.model, hidden=args.hidden, window=args.window, **options
+    )
     spec = load_spec(run)
     graph = build_graph(run, spec, args.max_k, args.precision).cuda()
     length = spec.window - 1
     result: dict = {
         "items": args.items,
+        "model": args.model,
+        "relative_positions": args.model == "sasrec" and not args.no_relative_positions,
+        "hidden": args.hidden,
+        "window": args.window,
         "precision": args.precision,
         "max_k": args.max_k,
         "gpu": torch.cuda.get_device_name(),

@@ -1,6 +1,8 @@
 """The leave-one-out ranking's speed at catalogue scale: a SASRec with random weights (its speed is a trained
 one's) ranks a generated log's test targets under every protocol and under `full` alone, at several
-batch budgets (``SCORES_PER_BATCH``: users x catalogue scores a batch). Printed and written as JSON.
+batch budgets (``SCORES_PER_BATCH``: users x catalogue scores a batch), then, under the largest budget,
+where the time of every protocol goes (the operations by GPU time, a profile of --profile-users users).
+Printed and written as JSON.
 
     python benchmarks/rank_speed.py --items 1000000 --users 200000 --out runs/rank-speed.json
 """
@@ -21,12 +23,39 @@ from recserve.models import SASRec, SASRecConfig
 from recserve.train.leave_one_out import PROTOCOLS, Ranker
 
 
+def profile_ranking(ranker: Ranker, model, users: int, sync) -> dict:
+    """The operations of ranking ``users`` users under every protocol, by their own device time."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    sync()
+    started = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        ranker.ranks(model, PROTOCOLS, (0, users))
+        sync()
+    wall_s = time.perf_counter() - started
+    events = sorted(prof.key_averages(), key=lambda e: (-e.self_device_time_total, -e.self_cpu_time_total))[:15]
+    ops = [
+        {
+            "name": e.key[:100],
+            "device_ms": round(e.self_device_time_total / 1000, 2),
+            "cpu_ms": round(e.self_cpu_time_total / 1000, 2),
+            "calls": e.count,
+        }
+        for e in events
+    ]
+    device_ms = sum(e.self_device_time_total for e in prof.key_averages()) / 1000
+    print(f"profile of {users:,} users: wall {wall_s:.3f} s (profiled), device {device_ms:.1f} ms; by device time:")
+    for op in ops:
+        print(f"  {op['device_ms']:9.2f} ms device {op['cpu_ms']:9.2f} ms host  x{op['calls']:<5d} {op['name']}")
+    return {"users": users, "wall_s": round(wall_s, 3), "device_ms": round(device_ms, 1), "ops": ops}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=1_000_000)
     parser.add_argument("--users", type=int, default=200_000)
     parser.add_argument("--budgets", default="27,28,29", help="log2 of the scores a batch")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--profile-users", type=int, default=20_000, help="0: no profile")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     seq = zipf_sequences(args.users, args.items, 50)
@@ -58,10 +87,11 @@ def main() -> None:
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
+        profile = profile_ranking(ranker, model, args.profile_users, sync) if args.profile_users else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     settings = {"items": args.items, "users": args.users, "device": device, "model": "SASRec, random weights"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"settings": settings, "results": rows}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"settings": settings, "results": rows, "profile": profile}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

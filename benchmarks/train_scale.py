@@ -195,6 +195,10 @@ def main() -> None:
         "--plain-kernels", action="store_true", help="the sampled loss's blocks uncompiled (for comparison)"
     )
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--ema-epochs", type=float, help="the weights' moving average (default: the model's own)")
+    parser.add_argument(
+        "--no-relative-positions", action="store_true", help="SASRec without its learned attention bias per distance"
+    )
     parser.add_argument(
         "--prepare-only", action="store_true", help="generate and prepare each --sizes log in --work, train nothing"
     )
@@ -254,8 +258,11 @@ def main() -> None:
                 compile=args.compile,
                 resume=False,
             )
+            | ({} if args.ema_epochs is None else {"ema_epochs": args.ema_epochs})
         )
         overrides = {"window": args.window, "hidden": args.hidden} if args.model != "multvae" else {}
+        if args.no_relative_positions:
+            overrides["relative_positions"] = False
         started = time.perf_counter()
         run_name = f"run-{name.replace(':', '-')}-{args.model}-{args.devices}-{args.batch_size}"
         result = run_setting(data_dir, work / run_name, cfg, overrides, args.model, test=not args.no_test)
@@ -263,6 +270,7 @@ def main() -> None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         result["memory_cap_gb"], result["plain_kernels"], result["seed"] = args.memory_gb, args.plain_kernels, args.seed
+        result["ema_epochs"], result["model_overrides"] = cfg.ema_epochs, overrides
         results.append(result)
         print(
             f"{name} {args.model} x{args.devices}: {result['items']:,} items, {result['users']:,} users, "

@@ -6,7 +6,10 @@
 #   scripts/offline_gpu.sh bench [serving_layouts.py options]   there: the serving sweep of the layouts
 #   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
-#   scripts/offline_gpu.sh quality   there: both models' defaults over seeds on ML-100K and video.txt
+#   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
+#                                    an earlier checkout's beside them)
+#   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
+#                                    speed, the served graph's batch-1 replay with relative positions
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
 # ddp, quality and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
 # Results go to $OUT.
@@ -161,22 +164,52 @@ for name in runs:
 PY
 }
 
-# One GPU-machine call: the quality table of docs/quality.md, both models with `recserve train`'s defaults
-# on video.txt (seeds 0-2) and ML-100K (seeds 0-4), and BERT4Rec's large setting on ML-100K with and without
-# refit (seeds 0-4), several runs sharing the GPU (their times are not solo times). Carries:
-# .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/ml100k and .gpu-carry/video (prepared folders).
+# One GPU-machine call: both models with `recserve train`'s defaults on each data set named (default: video
+# ml100k; video.txt seeds 0-2, ML-100K seeds 0-4), and, with BEFORE_SRC (an earlier checkout's src folder),
+# the same runs of that checkout beside them on the same data and seeds. Several runs share the GPU (their
+# times are not solo times). Carries .gpu-carry/wheels (polars for Python 3.12) and the prepared folders
+# .gpu-carry/video and .gpu-carry/ml100k.
 cmd_quality() {
   carried_site
   start_outputs runs/gpu-quality
-  large="--model bert4rec --device cuda --hidden 256 --heads 4 --layers 2 --dropout 0.5 --patience 15"
-  seeds --data .gpu-carry/video --seeds 0,1,2 --parallel 6 --variant "sasrec=--device cuda" \
-    --variant "bert4rec=--model bert4rec --device cuda" --out "$out/video.jsonl" --runs /tmp/rv > "$out/video.log" 2>&1 &
-  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "sasrec=--device cuda" \
-    --variant "bert4rec=--model bert4rec --device cuda" --out "$out/ml100k.jsonl" --runs /tmp/rm > "$out/ml100k.log" 2>&1
-  seeds --data .gpu-carry/ml100k --seeds 0,1,2,3,4 --parallel 10 --variant "bert4rec-large=$large" \
-    --variant "bert4rec-large-refit=$large --refit" --out "$out/ml100k.jsonl" --runs /tmp/rl >> "$out/ml100k.log" 2>&1
-  for _ in $(seq 1 "${WAIT_STEPS:-100}"); do jobs -r | grep -q . || break; sleep 5; done
-  tail -n 12 "$out"/*.log
+  local sets=("$@"); [ ${#sets[@]} -gt 0 ] || sets=(video ml100k)
+  for data in "${sets[@]}"; do
+    local seed_list=0,1,2,3,4; [ "$data" = video ] && seed_list=0,1,2
+    local runs=(--data ".gpu-carry/$data" --seeds "$seed_list" --parallel "${PARALLEL:-6}")
+    seeds_in_background "${runs[@]}" --variant "sasrec=--device cuda" --variant "bert4rec=--model bert4rec --device cuda" \
+      --out "$out/$data.jsonl" --runs "/tmp/q-$data" > "$out/$data.log" 2>&1
+    if [ -n "${BEFORE_SRC:-}" ]; then
+      seeds_in_background "${runs[@]}" --src "$BEFORE_SRC" --variant "sasrec-before=--device cuda" \
+        --variant "bert4rec-before=--model bert4rec --device cuda" \
+        --out "$out/$data-before.jsonl" --runs "/tmp/qb-$data" > "$out/$data-before.log" 2>&1
+    fi
+  done
+  for _ in $(seq 1 "${WAIT_STEPS:-110}"); do jobs -r | grep -q . || break; sleep 5; done
+  end_started
+  tail -n 6 "$out"/*.log
+}
+
+# One GPU-machine call: the lean SASRec's speed at a million items with its defaults, without each of its
+# two quality options (relative positions, the weights' average), under a 24 GB card's memory, BERT4Rec at
+# 100,000 items, the test ranking of 200,000 users x 1M items (with a profile), and the served graph's
+# batch-1 replay with and without relative positions. Carries .gpu-carry/wheels.
+cmd_lean() {
+  carried_site
+  start_outputs runs/gpu-lean
+  local scale="python3 benchmarks/train_scale.py --model sasrec --no-test"
+  python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/lean --prepare-only \
+    --out "$out/prepared.json" | tail -n 1
+  $scale --data /tmp/lean/data-1000000-200000 --out "$out/sasrec-1m-defaults.json" 2>&1 | grep "windows/s"
+  $scale --data /tmp/lean/data-1000000-200000 --no-relative-positions --out "$out/sasrec-1m-absolute.json" 2>&1 | grep "windows/s"
+  $scale --data /tmp/lean/data-1000000-200000 --ema-epochs 0 --out "$out/sasrec-1m-no-ema.json" 2>&1 | grep "windows/s"
+  $scale --data /tmp/lean/data-1000000-200000 --memory-gb 24 --out "$out/sasrec-1m-24gb.json" 2>&1 | grep "windows/s"
+  python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/lean --no-test \
+    --out "$out/bert4rec-100k.json" 2>&1 | grep "windows/s"
+  for variant in "" --no-relative-positions; do
+    python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \
+      --batches 1,16 --chunks 4096 $variant --out "$out/graph-sasrec$variant.json" 2>&1 | grep "batch "
+  done
+  python3 benchmarks/rank_speed.py --budgets 29 --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
 }
 
 # One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and
@@ -204,6 +237,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|test|ddp|quality|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|test|ddp|quality|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
 esac

@@ -16,8 +16,7 @@ import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
-from recserve.models.bert4rec import Bert4Rec
-from recserve.models.model_configs import Bert4RecConfig
+from recserve.models.run_loader import MODELS
 
 ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
 
@@ -30,18 +29,22 @@ def make_random_run(
     heads: int = 4,
     window: int = 40,
     seed: int = 0,
+    model: str = "bert4rec",
+    **options,
 ) -> Path:
-    """A run folder with random weights, item IDs 1..N and Zipf-like popularity."""
+    """A run folder of ``model`` (bert4rec or sasrec; ``options``: more of its config's fields) with random
+    weights, item IDs 1..N and Zipf-like popularity."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg = Bert4RecConfig(num_items=num_items, window=window, hidden=hidden, layers=layers, heads=heads)
+    config_class, model_class = MODELS[model]
+    cfg = config_class(num_items=num_items, window=window, hidden=hidden, layers=layers, heads=heads, **options)
     cfg.save(out / MODEL_CONFIG_FILE)
-    torch.save(Bert4Rec(cfg).state_dict(), out / WEIGHTS_FILE)
+    torch.save(model_class(cfg).state_dict(), out / WEIGHTS_FILE)
     np.save(out / ITEM_TABLE_FILE, np.arange(1, num_items + 1, dtype=np.int64))
     counts = (1e6 / np.arange(1, num_items + 1)).astype(np.int64)
     np.save(out / POPULARITY_FILE, np.concatenate([[0], counts, [0]]))
-    (out / METRICS_FILE).write_text(json.dumps({"model": "bert4rec", "random_weights": True}) + "\n")
+    (out / METRICS_FILE).write_text(json.dumps({"model": model, "random_weights": True}) + "\n")
     return out
 
 
