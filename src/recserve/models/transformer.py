@@ -80,6 +80,8 @@ class Block(nn.Module):
         self.span = getattr(cfg, "attention_span", 0)
         relative = getattr(cfg, "relative_positions", False)
         self.rel_bias = nn.Parameter(torch.zeros(cfg.heads, cfg.window)) if relative else None
+        # a plain int: a traced graph would take the bias's shape as a host tensor, on no GPU
+        self.farthest = cfg.window - 1
 
     def _positional(self, keep: torch.Tensor) -> torch.Tensor:
         """keep: (B, 1, 1 | L, L) bool. Returns it with the span applied, or, with relative positions, the
@@ -91,7 +93,7 @@ class Block(nn.Module):
             keep = keep & (distance < self.span)
         if self.rel_bias is None:
             return keep
-        bias = self.rel_bias[:, distance.clamp(max=self.rel_bias.shape[1] - 1)]  # (nh, L, L)
+        bias = self.rel_bias[:, distance.clamp(max=self.farthest)]  # (nh, L, L)
         return torch.where(keep, bias, float("-inf"))
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -241,7 +243,10 @@ class ItemTransformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
-        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
+        query = self.head(hidden)
+        if torch.is_autocast_enabled(query.device.type):  # bf16 products plus the float32 bias: float32 scores
+            return query @ self.item_emb.weight.T + self.out_bias
+        return F.linear(query, self.item_emb.weight, self.out_bias)  # the bias added within the product's pass
 
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
