@@ -16,7 +16,7 @@ from recserve.train.train_config import LossSettings
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _step(compiled: bool, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _step(compiled: bool, monkeypatch, bf16: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
     monkeypatch.setattr(losses, "COMPILE_BLOCKS", compiled)
     gen = torch.Generator("cuda").manual_seed(0)
     items, positions, rows, window = 200_000, 6_000, 128, 100
@@ -29,17 +29,25 @@ def _step(compiled: bool, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]
     row_of = torch.arange(positions, device="cuda") * rows // positions
     upto = torch.randint(0, window, (positions,), device="cuda", generator=gen)
     loss = CatalogueLoss(LossSettings("sampled-uniform", negatives=4096), np.ones(items + 2), items + 1, "cuda")
-    with torch.autocast("cuda", torch.bfloat16):
+    with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
         value = loss(query, table, bias, targets, exclude, row_of, torch.Generator("cuda").manual_seed(1), upto)
     value.sum().backward()
     return value.detach(), [t.grad for t in (query, table, bias)]
 
 
-def test_compiled_blocks_give_the_plain_blocks_losses_and_gradients(monkeypatch, caplog):
+def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
+    """Under bf16 autocast, both against the float32 computation: the compiled blocks no farther from it
+    than twice the plain ones' distance. On one H200: query 0.0006 against 0.0004, table 0.0030 against
+    0.0018, bias 0.0347 against 0.0215 (the relative error of each gradient)."""
+    exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
     plain_loss, plain_grads = _step(False, monkeypatch)
     compiled_loss, compiled_grads = _step(True, monkeypatch)
     assert losses._compiled and "runs uncompiled" not in caplog.text, "the compiled blocks did not run"
-    torch.testing.assert_close(compiled_loss, plain_loss, rtol=1e-3, atol=1e-3)
-    for compiled, plain in zip(compiled_grads, plain_grads):
-        rel = (compiled.float() - plain.float()).norm() / plain.float().norm()
-        assert rel < 1e-2
+    torch.testing.assert_close(compiled_loss, exact_loss, rtol=1e-2, atol=1e-2)
+
+    def error(grads):
+        return [float((g.float() - e).norm() / e.norm()) for g, e in zip(grads, exact_grads)]
+
+    for name, compiled, plain in zip(("query", "table", "bias"), error(compiled_grads), error(plain_grads)):
+        print(f"{name}: compiled {compiled:.4f}, plain {plain:.4f} relative error")
+        assert compiled <= 2 * plain + 1e-3, name

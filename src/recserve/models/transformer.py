@@ -243,10 +243,7 @@ class ItemTransformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
-        query = self.head(hidden)
-        if torch.is_autocast_enabled(query.device.type):  # bf16 products plus the float32 bias: float32 scores
-            return query @ self.item_emb.weight.T + self.out_bias
-        return F.linear(query, self.item_emb.weight, self.out_bias)  # the bias added within the product's pass
+        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
 
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""

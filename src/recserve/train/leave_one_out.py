@@ -159,8 +159,9 @@ class Ranker:
         """(B,) True where a rankable item (any but padding and the mask token) scores NaN or +-inf."""
         bad = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
         for part in (scores[:, PAD_INDEX + 1 : self.mask_index], scores[:, self.mask_index + 1 :]):
-            if part.shape[1]:  # a sum carries a NaN or an infinity through; in float64, no finite scores overflow
-                bad |= ~torch.isfinite(part.sum(1, dtype=torch.float64))  # one read of the view (aminmax copied it)
+            if part.shape[1]:  # amin and amax carry a NaN through
+                low, high = torch.aminmax(part, dim=1)
+                bad |= ~(torch.isfinite(low) & torch.isfinite(high))
         return bad
 
 
