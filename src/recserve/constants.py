@@ -50,6 +50,14 @@ SEED_TOP_SCORES = "top_scores"  # model -> postprocessing: their scores
 
 ECHO_MODEL = "echo"
 
+# Session layout: the `recommender` contract by session ID, the history kept in a session store
+SESSION_MODEL = "recommender_session"
+INPUT_SESSION_ID = "session_id"  # BYTES [1] a row: the session to answer (item_ids, optional: appended first)
+OUTPUT_HISTORY_SOURCE = "history_source"  # INT32 [1]: HISTORY_FROM_STORE, or HISTORY_FROM_REQUEST (store down)
+OUTPUT_HISTORY_LENGTH = "history_length"  # INT32 [1]: the items the answer was computed from
+HISTORY_FROM_STORE = 0
+HISTORY_FROM_REQUEST = 1
+
 # Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
 NATIVE_MODEL = "recommender_native"
 NATIVE_PAD_ID = -1  # fills item_ids on the left up to the model's fixed length, and the answer past k

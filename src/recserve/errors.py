@@ -31,3 +31,7 @@ class RequestError(ServingError):
 
 class BuildError(RecserveError):
     """A native backend's sources or build step are missing, unverifiable or failed."""
+
+
+class StoreError(ServingError):
+    """The session store cannot be reached, answered too slowly or refused recserve's credentials."""

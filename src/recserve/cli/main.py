@@ -11,11 +11,13 @@ from recserve.cli.console import setup_logging
 from recserve.cli.data import data
 from recserve.cli.deploy import app as deploy_app
 from recserve.cli.evaluate import evaluate
+from recserve.cli.events import app as events_app
 from recserve.cli.export import export
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
 from recserve.cli.sagemaker import app as sagemaker_app
 from recserve.cli.serve import serve
+from recserve.cli.store import app as store_app
 from recserve.cli.train import train
 
 app = typer.Typer(
@@ -35,6 +37,8 @@ for command in (data, train, evaluate, export, repo, serve, recommend, bench):
     app.command()(command)
 app.add_typer(sagemaker_app, name="sagemaker")
 app.add_typer(deploy_app, name="deploy")
+app.add_typer(store_app, name="store")
+app.add_typer(events_app, name="events")
 
 if __name__ == "__main__":
     app()

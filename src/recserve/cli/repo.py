@@ -36,7 +36,8 @@ def repo(
         typer.Option(
             help="Comma-separated: fused (model `recommender`, python), native (`recommender_native`: "
             "TorchScript or ONNX on Triton's own backends, integer IDs, no Python), seed (the PoC's ensemble), "
-            "echo (fixed answer, the python server-stack ceiling)."
+            "echo (fixed answer, the python server-stack ceiling), session (`recommender_session`: a session "
+            "ID in, its history read from --session-store)."
         ),
     ] = "fused",
     backend: Annotated[
@@ -90,6 +91,13 @@ def repo(
     max_k: Annotated[int, typer.Option(help="With --run: the largest k a request may ask for.")] = DEFAULT_MAX_K,
     versions_served: Annotated[int, typer.Option(help="Serve the newest N versions.")] = 1,
     response_cache: Annotated[bool, typer.Option(help="Enable Triton's response cache for the model.")] = False,
+    session_store: Annotated[
+        Path | None,
+        typer.Option(
+            help="The session layout's store: a folder of `recserve store start`, or a JSON file of its settings "
+            "(url, username, password_file, prefix, window, ttl_s, timeout_s; never the password itself)."
+        ),
+    ] = None,
 ) -> None:
     """Write a Triton model repository: config.pbtxt, the models and the validated export.
 
@@ -113,6 +121,7 @@ def repo(
         response_cache=response_cache,
         versions_served=versions_served,
         gpus=_gpu_ids(gpus),
+        session_store=str(session_store) if session_store else None,
     )
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     with console.status(f"writing {', '.join(layouts)} into {out}"):

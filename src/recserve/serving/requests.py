@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K
+from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, INPUT_SESSION_ID, NATIVE_PAD_ID
 from recserve.errors import RequestError
 
 
@@ -67,6 +67,57 @@ def parse_request(
         exclude_seen = _column(exclude_seen, rows, INPUT_EXCLUDE_SEEN, "b").astype(bool)
     histories = [item_ids[0]] if rows == 1 else list(item_ids)
     return ParsedRequest(histories=histories, k=k_value, exclude_seen=exclude_seen)
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    sessions: list[str]  # one per row of the request
+    events: list[np.ndarray]  # per row the items to append first, in order (padding dropped; may be empty)
+    k: int
+    exclude_seen: np.ndarray | None
+
+
+def parse_session_request(
+    session_ids: np.ndarray,
+    item_ids: np.ndarray | None,
+    k: np.ndarray | None,
+    exclude_seen: np.ndarray | None,
+    max_k: int,
+    string_ids: bool,
+) -> SessionRequest:
+    """Checks one request by session: ``session_ids`` (rows, 1) or (rows,) BYTES, and optionally the items
+    to append to each row's session first, ``item_ids`` (rows, L), padded on the right with -1 (integer
+    IDs) or empty strings; ``k`` and ``exclude_seen`` as ``parse_request`` takes them.
+
+    Raises:
+        RequestError: a wrong data type or shape, an empty or undecodable session ID, ``k`` out of range.
+    """
+    session_ids = np.asarray(session_ids)
+    if session_ids.dtype.kind not in "OSU":
+        raise RequestError(f"{INPUT_SESSION_ID}: BYTES (one session ID a row), got {session_ids.dtype}")
+    if session_ids.ndim == 2 and session_ids.shape[1] == 1:
+        session_ids = session_ids[:, 0]
+    if session_ids.ndim != 1 or session_ids.size == 0:
+        raise RequestError(f"{INPUT_SESSION_ID}: expected shape [batch, 1], got {list(session_ids.shape)}")
+    try:
+        sessions = [s.decode() if isinstance(s, bytes) else str(s) for s in session_ids.tolist()]
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{INPUT_SESSION_ID}: not UTF-8 ({err.reason})") from None
+    if any(not s for s in sessions):
+        raise RequestError(f"{INPUT_SESSION_ID}: an empty session ID")
+    rows = len(sessions)
+    if item_ids is None:
+        parsed = parse_request(
+            np.full((rows, 1), b"" if string_ids else NATIVE_PAD_ID), k, exclude_seen, max_k, string_ids
+        )
+        events = [parsed.histories[0][:0]] * rows
+    else:
+        parsed = parse_request(item_ids, k, exclude_seen, max_k, string_ids)
+        if len(parsed.histories) != rows:
+            raise RequestError(f"{INPUT_ITEM_IDS}: {len(parsed.histories)} rows for {rows} sessions")
+        padding = (b"", "") if string_ids else (NATIVE_PAD_ID,)
+        events = [h[~np.isin(h, padding)] for h in parsed.histories]
+    return SessionRequest(sessions, events, parsed.k, parsed.exclude_seen)
 
 
 def exclude_flags(parsed: list[ParsedRequest]) -> np.ndarray | bool:

@@ -8,6 +8,7 @@ wrote and checked. ``recserve.pipeline.repository_from_run`` is the shortcut tha
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -23,9 +24,12 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_SESSION_ID,
     ITEM_TABLE_FILE,
     NATIVE_MODEL,
     NATIVE_PAD_ID,
+    OUTPUT_HISTORY_LENGTH,
+    OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
@@ -42,8 +46,9 @@ from recserve.constants import (
     SEED_PREPROCESSING,
     SEED_TOKENS,
     SEED_TOP_SCORES,
+    SESSION_MODEL,
 )
-from recserve.errors import ServingError
+from recserve.errors import ConfigError, ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
 from recserve.serving.triton.native_configs import (
@@ -154,6 +159,51 @@ def write_fused(
     with replaced_on_success(model_dir / str(version)) as staging:
         shutil.copytree(export_dir, staging / EXPORT_SUBDIR, ignore=shutil.ignore_patterns(".*"))
         _python_model("fused", staging)
+
+
+def _store_record(settings: RepositorySettings) -> dict:
+    """What the session model is told of its store (``store_settings.read_store_record``): never a password."""
+    from recserve.sessions.store_settings import read_store_record
+
+    if not settings.session_store:
+        raise ServingError("the session layout needs a session store: --session-store FOLDER_OR_JSON")
+    try:
+        return read_store_record(settings.session_store)
+    except ConfigError as err:
+        raise ServingError(f"--session-store: {err}") from err
+
+
+def _check_session(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
+    _store_record(settings)
+
+
+def write_session(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
+) -> None:
+    """The ``recommender_session`` model: the export (copied whole) behind a batched python model that reads
+    each request's session from the store (``settings.session_store``; its address, user, prefix and
+    password file, never the password)."""
+    id_type = _id_type(export_dir)
+    config = _batched_config(
+        SESSION_MODEL,
+        id_type,
+        settings,
+        {"export_dir": EXPORT_SUBDIR, "session_store": json.dumps(_store_record(settings), sort_keys=True)},
+    )
+    config = dataclasses.replace(config, inputs=_session_contract(id_type)[0], outputs=_session_contract(id_type)[1])
+    _write_config(repo / SESSION_MODEL, config)
+    with replaced_on_success(repo / SESSION_MODEL / str(version)) as staging:
+        shutil.copytree(export_dir, staging / EXPORT_SUBDIR, ignore=shutil.ignore_patterns(".*"))
+        _python_model("session", staging)
+
+
+def _session_contract(id_type: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The ``recommender`` contract by session: a session ID a row, the items to append first optional."""
+    inputs, outputs = _contract(id_type, unknown_output=True)
+    item_ids = dataclasses.replace(inputs[0], optional=True)
+    inputs = (TensorSpec(INPUT_SESSION_ID, "BYTES", (1,)), item_ids, *inputs[1:])
+    outputs += (TensorSpec(OUTPUT_HISTORY_SOURCE, "INT32", (1,)), TensorSpec(OUTPUT_HISTORY_LENGTH, "INT32", (1,)))
+    return inputs, outputs
 
 
 def write_native(
@@ -311,6 +361,13 @@ LAYOUTS: dict[str, Layout] = {
         lambda export_dir, manifest, settings: check_seed(export_dir, manifest, settings.device),
         write_seed,
         lambda *_: [{"name": n} for n in LAYOUTS["seed"].models],
+    ),
+    "session": Layout(
+        (SESSION_MODEL,),
+        (None, None),
+        _check_session,
+        write_session,
+        lambda manifest, settings: [{"name": SESSION_MODEL, "store": _store_record(settings)["url"]}],
     ),
     "echo": Layout(
         (ECHO_MODEL,), (None, None), _nothing, write_echo, lambda manifest, settings: [{"name": ECHO_MODEL}]

@@ -45,6 +45,8 @@ class RepositorySettings:
     gpus: tuple[int, ...] = ()  # gpu: the devices that each get instance_count instances; () lets Triton place them
     response_cache: bool = False
     versions_served: int = 1  # the newest N versions are served
+    # the session layout's store: a store folder (`recserve store start`) or a JSON file of StoreSettings
+    session_store: str | None = None
 
     @property
     def native_instances(self) -> int:

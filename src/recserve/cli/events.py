@@ -1,0 +1,141 @@
+"""``recserve events``: shoppers' events into the session store, one by one, from a file, or a prepared data
+folder's histories in bulk; and what the store holds of a session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from recserve.cli.console import console, err_console, handle_errors
+from recserve.cli.store import store_dir
+
+app = typer.Typer(
+    help="Events into the session store (a view, a cart, a purchase), and what it holds of a session.",
+    no_args_is_help=True,
+)
+
+StoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--store",
+        help="The store: a folder of `recserve store start`, or a JSON file of its settings (url, username, "
+        "password_file, prefix, ...) [recserve's embedded store].",
+    ),
+]
+PasswordEnvOption = Annotated[
+    str | None, typer.Option(help="Take the store's password from this environment variable (else password_file).")
+]
+
+
+def open_store(store: Path | None, password_env: str | None):
+    from recserve.sessions.session_store import SessionStore
+    from recserve.sessions.store_settings import StoreSettings, password_from_env, read_store_record
+
+    record = read_store_record(store or store_dir(None))
+    return SessionStore(StoreSettings.from_record(record, password=password_from_env(password_env)))
+
+
+def read_events(path: Path) -> tuple[list, list[int], list[tuple[int, str]]]:
+    """Events of a JSON-lines file ({"session", "item", "time"?, "kind"?} a line): the events, the line
+    number of each, and each unreadable line by its number with the reason."""
+    from recserve.sessions.session_store import Event
+
+    events, lines, errors = [], [], []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            events.append(Event(row["session"], row["item"], row.get("time"), row.get("kind")))
+            lines.append(number)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            errors.append((number, f"not an event ({type(err).__name__}: {err})"))
+    return events, lines, errors
+
+
+@app.command()
+@handle_errors
+def send(
+    session: Annotated[str | None, typer.Argument(help="The session (or user) ID.")] = None,
+    items: Annotated[list[str] | None, typer.Argument(help="Item IDs, in the order they happened.")] = None,
+    kind: Annotated[str | None, typer.Option(help="view, cart or purchase.")] = None,
+    file: Annotated[
+        Path | None, typer.Option(help='Instead: a JSON-lines file of events, {"session", "item", "time", "kind"}.')
+    ] = None,
+    string_ids: Annotated[bool, typer.Option(help="Keep the item IDs as strings (else integers).")] = False,
+    store: StoreOption = None,
+    password_env: PasswordEnvOption = None,
+) -> None:
+    """Send events: SESSION ITEM..., or --file. A bad event gets its own error; the good ones are stored."""
+    from recserve.cli.console import history_ids
+    from recserve.sessions.session_store import Event
+
+    if (file is None) == (session is None):
+        raise typer.BadParameter("give SESSION ITEM... or --file, one of them", param_hint="SESSION")
+    if file is not None:
+        events, lines, errors = read_events(file)
+        where = "line"
+    else:
+        if not items:
+            raise typer.BadParameter("no item IDs after the session", param_hint="ITEMS")
+        events = [Event(session, item, kind=kind) for item in history_ids(items, string_ids)]
+        lines, errors, where = list(range(1, len(events) + 1)), [], "event"
+    with open_store(store, password_env) as sessions:
+        result = sessions.append(events)
+    for number, problem in sorted(errors + [(lines[n], p) for n, p in result.errors]):
+        err_console.print(f"[red]{where} {number}:[/] {problem}", highlight=False)
+    console.print(f"{result.accepted} events stored, {len(errors) + len(result.errors)} refused")
+    if errors or result.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+@handle_errors
+def load(
+    data: Annotated[Path, typer.Argument(help="A folder written by `recserve data`.")],
+    users: Annotated[int | None, typer.Option(help="The first N users only [all].")] = None,
+    session_prefix: Annotated[str, typer.Option(help="Each user's session ID is this plus the user ID.")] = "user-",
+    holdout: Annotated[
+        int, typer.Option(help="Leave each user's last N items out (to ask for them after) [0].", min=0)
+    ] = 0,
+    store: StoreOption = None,
+    password_env: PasswordEnvOption = None,
+) -> None:
+    """Load a prepared folder's histories (each user's newest items, up to the store's window) in bulk."""
+    from rich.progress import Progress
+
+    from recserve.data.datasets import load_prepared
+    from recserve.sessions.session_store import Event
+
+    prepared = load_prepared(data)
+    sequences = prepared.sequences.truncated(holdout) if holdout else prepared.sequences
+    count = min(users or sequences.num_users, sequences.num_users)
+    stored = 0
+    with open_store(store, password_env) as sessions, Progress(console=console, transient=True) as progress:
+        task = progress.add_task("loading sessions", total=count)
+        window = sessions.settings.window
+        for start in range(0, count, 1000):  # one MULTI a thousand users
+            batch = []
+            for user in range(start, min(start + 1000, count)):
+                row = sequences.items[sequences.offsets[user] : sequences.offsets[user + 1]][-window:]
+                session = f"{session_prefix}{prepared.user_ids[user]}"
+                batch += [Event(session, item) for item in prepared.vocab.to_ids(row).tolist()]
+            stored += sessions.append(batch).accepted
+            progress.advance(task, min(1000, count - start))
+    console.print(f"{count:,} sessions, {stored:,} events stored")
+
+
+@app.command()
+@handle_errors
+def show(
+    session: Annotated[str, typer.Argument(help="The session ID.")],
+    store: StoreOption = None,
+    password_env: PasswordEnvOption = None,
+) -> None:
+    """Print the items the store holds of a session, oldest first."""
+    with open_store(store, password_env) as sessions:
+        (items,) = sessions.recent([session])
+    console.print(" ".join(items) if items else f"no events of session {session!r} (new, or expired)")

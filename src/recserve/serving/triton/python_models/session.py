@@ -1,0 +1,123 @@
+"""Triton python model ``recommender_session``: a session ID in (with, optionally, items to append to it
+first), that session's top-k IDs and scores out, its history read from the session store.
+
+One append and one read of the store for the whole dynamic batch, then one predictor call. A request
+whose session store is down is answered from the items it brought (``history_source`` 1) or refused with
+UNAVAILABLE; a bad request gets INVALID_ARG; neither harms the rest of the batch.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carries its own copy of recserve
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from recserve.constants import (
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    INPUT_SESSION_ID,
+    OUTPUT_HISTORY_LENGTH,
+    OUTPUT_HISTORY_SOURCE,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+)
+from recserve.data.vocab import as_bytes_ids
+from recserve.errors import RequestError, StoreError
+from recserve.serving.predictor import Predictor
+from recserve.serving.requests import parse_session_request
+from recserve.serving.triton.placement import instance_device
+from recserve.sessions.session_histories import session_histories
+from recserve.sessions.session_store import SessionStore
+from recserve.sessions.store_settings import StoreSettings
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        parameters = config["parameters"]
+        folder = Path(args["model_repository"]) / args["model_version"] / parameters["export_dir"]["string_value"]
+        self.predictor = Predictor.load(folder, instance_device(args))
+        settings = StoreSettings.from_record(json.loads(parameters["session_store"]["string_value"]))
+        self.store = SessionStore(settings)
+        self.window = min(settings.window, self.predictor.history_limit)
+
+    def finalize(self):
+        self.store.close()
+
+    def _parse(self, request):
+        inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+        try:
+            if INPUT_SESSION_ID not in inputs:
+                raise RequestError(f"missing input '{INPUT_SESSION_ID}'")
+            return parse_session_request(
+                inputs[INPUT_SESSION_ID],
+                inputs.get(INPUT_ITEM_IDS),
+                inputs.get(INPUT_K),
+                inputs.get(INPUT_EXCLUDE_SEEN),
+                self.predictor.max_k,
+                self.predictor.string_ids,
+            )
+        except RequestError as err:
+            return err
+
+    def execute(self, requests):
+        parsed = [self._parse(r) for r in requests]
+        good = [p for p in parsed if not isinstance(p, RequestError)]
+        if not good:
+            return [self._error(p) for p in parsed]
+        found = session_histories(
+            self.store,
+            [s for p in good for s in p.sessions],
+            [e for p in good for e in p.events],
+            self.window,
+            self.predictor.string_ids,
+        )
+        exclude = np.concatenate(
+            [np.ones(len(p.sessions), dtype=bool) if p.exclude_seen is None else p.exclude_seen for p in good]
+        )
+        answerable = [i for i, err in enumerate(found.failed) if err is None]
+        answers = None
+        if answerable:
+            histories = [found.histories[i] for i in answerable]
+            answers = self.predictor.answer(histories, max(p.k for p in good), exclude[answerable])
+            if answers.item_ids.dtype.kind == "U":  # string IDs go out as BYTES
+                answers = replace(answers, item_ids=as_bytes_ids(answers.item_ids))
+        position = {row: n for n, row in enumerate(answerable)}  # batch row -> row of the answers
+        responses, row = [], 0
+        for p in parsed:
+            if isinstance(p, RequestError):
+                responses.append(self._error(p))
+                continue
+            rows = range(row, row + len(p.sessions))
+            row = rows.stop
+            failed = next((found.failed[r] for r in rows if found.failed[r] is not None), None)
+            if failed is not None:
+                responses.append(self._unavailable(failed))
+                continue
+            first, stop = position[rows.start], position[rows.stop - 1] + 1
+            ids, scores = answers.rows(first, stop, p.k)
+            lengths = np.array([[len(found.histories[r])] for r in rows], dtype=np.int32)
+            outputs = [
+                pb_utils.Tensor(OUTPUT_ITEM_IDS, ids),
+                pb_utils.Tensor(OUTPUT_SCORES, scores),
+                pb_utils.Tensor(OUTPUT_UNKNOWN_IDS, answers.unknown.astype(np.int32)[first:stop, None]),
+                pb_utils.Tensor(OUTPUT_HISTORY_SOURCE, found.sources[rows.start : rows.stop, None]),
+                pb_utils.Tensor(OUTPUT_HISTORY_LENGTH, lengths),
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+
+    @staticmethod
+    def _error(err: RequestError):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
+
+    @staticmethod
+    def _unavailable(err: StoreError):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE))

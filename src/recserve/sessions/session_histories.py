@@ -1,0 +1,57 @@
+"""The histories a batch of requests by session is answered from: each row's items appended to its session
+first, then the session's newest items read back, in one append and one read for the whole batch.
+
+Where the store fails, a row that brought items is answered from those alone (and says so); a row that
+brought none cannot be answered and gets the store's error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE
+from recserve.errors import StoreError
+from recserve.sessions.session_store import Event, SessionStore
+
+
+@dataclass
+class SessionHistories:
+    histories: list[np.ndarray]  # per row, oldest first, in the catalogue's ID type
+    sources: np.ndarray  # (rows,) int32: HISTORY_FROM_STORE or HISTORY_FROM_REQUEST
+    failed: list[StoreError | None]  # per row: the store's error where the row cannot be answered
+
+
+def as_catalogue_ids(items: list[str], string_ids: bool) -> np.ndarray:
+    """Stored IDs (strings) in the catalogue's type; an ID that is no integer in an integer catalogue is
+    kept out (it is unknown to the model either way)."""
+    values = np.asarray(items, dtype=np.str_)
+    if string_ids:
+        return values.astype(object)
+    digits = np.char.isdigit(np.char.lstrip(values, "-")) if values.size else np.zeros(0, dtype=bool)
+    return values[digits].astype(np.int64)
+
+
+def session_histories(
+    store: SessionStore, sessions: list[str], events: list[np.ndarray], window: int, string_ids: bool
+) -> SessionHistories:
+    """Appends ``events[i]`` to ``sessions[i]`` (in order), then reads each session's newest ``window``
+    items. An acknowledged append is always in the read that follows it."""
+    rows = len(sessions)
+    sources = np.full(rows, HISTORY_FROM_STORE, dtype=np.int32)
+    try:
+        appended = [
+            Event(s, item.decode() if isinstance(item, bytes) else item)
+            for s, row in zip(sessions, events)
+            for item in row.tolist()
+        ]
+        if appended:
+            store.append(appended)  # the request's items are IDs of the catalogue's type: none is refused
+        stored = store.recent(sessions, window)
+    except StoreError as err:
+        histories = list(events)
+        failed = [None if len(row) else err for row in events]
+        return SessionHistories(histories, np.full(rows, HISTORY_FROM_REQUEST, dtype=np.int32), failed)
+    # a refused event (an ID over MAX_ITEM_ID characters, say) is left out of the session, as an unknown ID
+    return SessionHistories([as_catalogue_ids(items, string_ids) for items in stored], sources, [None] * rows)

@@ -1,0 +1,116 @@
+"""Where the session store is and how recserve uses it; read without redis-py."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recserve.errors import ConfigError
+
+PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}:")  # one tenant's namespace: no ':' inside, one at the end
+MAX_SESSION_ID = 256  # characters of a session ID
+MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """A session store: its address, credentials, key prefix and what it keeps of each session.
+
+    The password is never part of ``url`` or of ``repr``: it comes from ``password`` (kept out of every
+    record recserve writes) or from the file ``password_file`` (a Kubernetes Secret mounted as a file).
+    """
+
+    url: str = "redis://127.0.0.1:6379/0"  # redis:// or rediss:// (TLS); host, port and database
+    username: str | None = None  # an ACL user; None: the server's default user
+    password: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+    prefix: str = "recserve:"  # every key is this prefix plus "s:" plus the session ID
+    window: int = 200  # most recent items kept per session (the model reads at most its own window)
+    ttl_s: int = 7 * 24 * 3600  # a session expires this long after its last event; 0: never
+    timeout_s: float = 0.25  # per store call: a slow or unreachable store is an error, never a hang
+
+    def __post_init__(self):
+        problems = []
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            problems.append(f"url={self.url!r}: expected redis://HOST:PORT/DB, rediss:// or unix://")
+        if "@" in self.url:
+            problems.append("url: give the credentials as username and password (or password_file), not in the URL")
+        if not PREFIX_PATTERN.fullmatch(self.prefix):
+            problems.append(f"prefix={self.prefix!r}: letters, digits, '_' or '-' (at most 64), then one ':'")
+        if self.window < 1:
+            problems.append(f"window={self.window}: must be at least 1")
+        if self.ttl_s < 0:
+            problems.append(f"ttl_s={self.ttl_s}: must be 0 (no expiry) or more")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s}: must be positive")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def secret(self) -> str | None:
+        """The password: ``password``, else the first line of ``password_file``, else None."""
+        if self.password is not None:
+            return self.password
+        if self.password_file is None:
+            return None
+        try:
+            return Path(self.password_file).read_text().splitlines()[0]
+        except (OSError, IndexError) as err:
+            raise ConfigError(f"password_file={self.password_file}: cannot read a password from it ({err})") from err
+
+    def key(self, session: str) -> str:
+        """The store key of a session: within this prefix whatever the ID holds (the ID is checked first)."""
+        return f"{self.prefix}s:{session}"
+
+    def describe(self) -> dict:
+        """What a record may say of the store: never the password."""
+        return {
+            "url": self.url,
+            "username": self.username,
+            "password_file": self.password_file,
+            "prefix": self.prefix,
+            "window": self.window,
+            "ttl_s": self.ttl_s,
+            "timeout_s": self.timeout_s,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict, password: str | None = None) -> StoreSettings:
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__}, password=password)
+
+
+def read_store_record(path: str | Path) -> dict:
+    """A store's record, checked: a store folder's store.json (`recserve store start`), or a JSON file of
+    ``StoreSettings`` fields. A record holding a password is refused: it names a password_file instead.
+
+    Raises:
+        ConfigError: no record there, or one that is malformed or holds a password.
+    """
+    import json
+
+    path = Path(path)
+    path = path / "store.json" if path.is_dir() else path
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{path}: no session store record to read ({err}); start one with `recserve store start`"
+        ) from err
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: a store record is a JSON object")
+    if "password" in record:
+        raise ConfigError(f"{path}: holds a password; name the file that holds it instead (password_file)")
+    try:
+        return StoreSettings.from_record(record).describe()
+    except TypeError as err:
+        raise ConfigError(f"{path}: {err}") from err
+
+
+def password_from_env(name: str | None) -> str | None:
+    """The password in the environment variable ``name`` (None: not asked); a named but unset one is an error."""
+    if not name:
+        return None
+    if name not in os.environ:
+        raise ConfigError(f"the store's password was to come from ${name}, which is not set")
+    return os.environ[name]
