@@ -6,6 +6,10 @@ config once and pads each history on the left to its fixed length with the paddi
 
 Rejections for overload (HTTP 503 / gRPC UNAVAILABLE, a full queue or a queue timeout) raise
 ``ServerBusyError``, which is retryable: ``retries`` > 0 retries them with exponential backoff.
+
+``recommend_session(session, item_ids)`` asks the session layout (``recommender_session``) for a session's
+answer, the items given appended to it first; a session store that is down answers a request that brought
+items from those alone (``history_source`` 1) and refuses one that did not (``SessionStoreError``).
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_SESSION_ID,
+    OUTPUT_HISTORY_LENGTH,
+    OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
+    SESSION_MODEL,
 )
 from recserve.data.vocab import as_str_ids
 from recserve.errors import ServingError
@@ -53,6 +61,10 @@ class ServerUnreachableError(ServerBusyError):
     """Nothing answers at the address (no server, or one still starting): retried like a busy server."""
 
 
+class SessionStoreError(RecommendError):
+    """The session model's store is down or slow and the request brought no items to answer from."""
+
+
 UNREACHABLE_SIGNS = ("failed to connect", "connection refused", "name resolution", "dns resolution")
 
 
@@ -69,6 +81,12 @@ class Recommendations:
     item_ids: np.ndarray
     scores: np.ndarray
     unknown_ids: int = 0
+
+
+@dataclass(frozen=True)
+class SessionRecommendations(Recommendations):
+    history_source: int = 0  # 0: the session's history in the store; 1: the request's items alone (store down)
+    history_length: int = 0  # the items the answer was computed from
 
 
 def _as_json(protocol: str) -> dict:
@@ -126,32 +144,42 @@ class NativeShape:
         return out
 
 
-def _inputs(module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None):
+def _id_array(item_ids) -> np.ndarray:
+    """Item IDs as Triton takes them: INT64, or BYTES for string IDs."""
     ids = np.asarray(item_ids)
     if ids.dtype.kind in "US" or ids.dtype == object:
-        ids = np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
-    else:
-        ids = ids.astype(np.int64)
+        return np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
+    return ids.astype(np.int64)
+
+
+def _tensor(module, name: str, value: np.ndarray):
+    tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def _inputs(module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None):
+    ids = _id_array(item_ids)
     if native is not None:
         if not 1 <= k <= native.max_k:
             raise RecommendError(f"{INPUT_K}: {k} is out of range; allowed 1..{native.max_k}")
         ids = native.history(ids.reshape(-1))
     ids = ids.reshape(1, -1)
-    tensors = []
-    for name, value in (
-        (INPUT_ITEM_IDS, ids),
-        (INPUT_K, np.array([[k]], dtype=np.int32)),
-        (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
-    ):
-        tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-        tensor.set_data_from_numpy(value)
-        tensors.append(tensor)
-    return tensors
+    return [
+        _tensor(module, name, value)
+        for name, value in (
+            (INPUT_ITEM_IDS, ids),
+            (INPUT_K, np.array([[k]], dtype=np.int32)),
+            (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
+        )
+    ]
 
 
 def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendError:
     status = str(err.status()) if err.status() is not None else None
     message = err.message() or str(err)
+    if "session store" in message:
+        return SessionStoreError(message, status)
     if status in BUSY_STATUSES and any(sign in message.lower() for sign in UNREACHABLE_SIGNS):
         return _unreachable(url, protocol, message)
     cls = ServerBusyError if status in BUSY_STATUSES else RecommendError
@@ -241,6 +269,39 @@ class RecommenderClient(_ModelClient):
                     raise
                 time.sleep(self.backoff_s * 2**attempt * (1 + random.random()))
         raise AssertionError("unreachable")
+
+    def recommend_session(
+        self, session: str, item_ids=None, k: int = DEFAULT_K, exclude_seen: bool = True, model: str = SESSION_MODEL
+    ) -> SessionRecommendations:
+        """Top-k for a session of the session layout, ``item_ids`` (in order) appended to it first.
+
+        Raises:
+            SessionStoreError: the store is down and no ``item_ids`` were given.
+        """
+        tensors = [(INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_))]
+        if item_ids is not None and len(item_ids):
+            tensors.append((INPUT_ITEM_IDS, _id_array(item_ids).reshape(1, -1)))
+        tensors += [
+            (INPUT_K, np.array([[k]], dtype=np.int32)),
+            (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
+        ]
+        outputs = [OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS, OUTPUT_HISTORY_SOURCE, OUTPUT_HISTORY_LENGTH]
+        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        with self._errors():
+            reply = self.client.infer(
+                model,
+                inputs=[_tensor(self.module, name, value) for name, value in tensors],
+                outputs=[self.module.InferRequestedOutput(n) for n in outputs],
+                **kwargs,
+            )
+        base = _result(reply, True)
+        return SessionRecommendations(
+            base.item_ids,
+            base.scores,
+            base.unknown_ids,
+            int(reply.as_numpy(OUTPUT_HISTORY_SOURCE)[0, 0]),
+            int(reply.as_numpy(OUTPUT_HISTORY_LENGTH)[0, 0]),
+        )
 
     def native_shape(self) -> NativeShape | None:
         """What the model takes if it is a native-layout model (asked of the server once), else None."""

@@ -96,6 +96,10 @@ class SessionStore:
         except redis.ConnectionError as err:
             raise StoreError(f"the session store at {self.settings.url} cannot be reached ({what}): {err}") from err
         except redis.ResponseError as err:
+            if isinstance(err, redis.exceptions.NoPermissionError) or "no permissions" in str(err):
+                raise StoreError(
+                    f"the session store at {self.settings.url} refused {what} (no permission): {err}"
+                ) from err
             if str(err).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise StoreError(f"the session store at {self.settings.url} refused {what}: {err}") from err
             raise StoreError(f"the session store at {self.settings.url} failed {what}: {err}") from err
