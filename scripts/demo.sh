@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole path on the shipped ML-100K data: prepare, train SASRec (the default model), evaluate, export,
-# serve through every layout (fused, native, the PoC's seed ensemble, echo), recommend, benchmark; then
+# serve through every layout (fused, native, the PoC's seed ensemble, echo, and by session from recserve's
+# embedded session store), recommend, benchmark; then
 # Mult-VAE, and the SageMaker path on a local endpoint.
 set -euo pipefail
 out=${1:-runs/demo}
@@ -30,6 +31,14 @@ else
   native=0
 fi
 
+# Real-time sessions: recserve's embedded store (a Redis server on loopback behind a generated password, run
+# from a folder), 100 ML-100K users' histories replayed into it (each user's test item held out), and the
+# session layout, which answers a session ID from the store
+$rs store start --dir "$out/store"
+trap '$rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
+$rs events load "$out/data" --users 100 --holdout 1 --store "$out/store"
+$rs repo --export "$out/export-onnx" --out "$out/repo" --layout session --session-store "$out/store"
+
 # A real shopper: user 1's 20 most recent movies before the one held out for testing.
 history=$($bin/python - "$out/data" <<'PY'
 import sys
@@ -43,7 +52,7 @@ PY
 
 $rs serve --repo "$out/repo" --http-port 18000 --grpc-port 18001 --metrics-port 18002 &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true; $rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 1 120); do
   curl -sf 127.0.0.1:18000/v2/health/ready >/dev/null && break
   kill -0 $server 2>/dev/null || { echo "server failed to start" >&2; exit 1; }
@@ -51,6 +60,12 @@ for _ in $(seq 1 120); do
 done
 echo "history of user 1 (oldest first): $history"
 $rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
+# the same shopper by session: the store holds user 1's whole history (the newest 200 items); then a click,
+# sent as an event, is in the very next answer
+user=$($bin/python -c "import sys; from recserve.data.datasets import load_prepared; print(load_prepared(sys.argv[1]).user_ids[0])" "$out/data")
+$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
+$rs events send "user-$user" 50 --kind view --store "$out/store"
+$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
 if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
   $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
   # the PoC's own client, unchanged: 39 INT64 IDs in `inputs` of bert4rec_ensemble, IDs and scores back
@@ -70,11 +85,13 @@ print("seed layout (the PoC's client):", result.as_numpy("output__0").tolist())
 PY
 fi
 kill -TERM $server; wait $server 2>/dev/null || true
-trap - EXIT
 mark "served every layout"
 
-# A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md)
+# A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md), the
+# session layout's requests asking for sessions of the same histories, loaded into the store first
 $rs bench --repo "$out/repo" --out "$out/bench" --concurrency 8 --measurement-ms 1000
+$rs store stop --dir "$out/store"
+trap - EXIT
 mark "benchmarked"
 
 # Mult-VAE on implicit feedback (ratings of 4 and 5), by the paper's held-out-user protocol

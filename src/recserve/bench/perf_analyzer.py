@@ -20,6 +20,7 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_SESSION_ID,
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
 )
@@ -58,6 +59,10 @@ def write_input_data(
     native layout (``native``: its model's shape) padded histories with k 10 and seen items excluded, as
     ``RecommenderClient`` sends them."""
     rows = []
+    if layout == "session":  # the sessions bench_sessions loaded, by ID
+        count = min(limit, len(histories))
+        path.write_text(json.dumps({"data": [session_input(n) for n in range(count)]}))
+        return count
     for history in histories:
         if layout == "seed":
             if len(history) < SEED_HISTORY_LENGTH:
@@ -78,6 +83,34 @@ def write_input_data(
         raise ServingError(f"no history fits the {layout} layout (it needs at least {SEED_HISTORY_LENGTH} items)")
     path.write_text(json.dumps({"data": rows}))
     return len(rows)
+
+
+BENCH_SESSION = "bench-{}"  # the session IDs a session sweep loads and asks for
+
+
+def session_input(n: int) -> dict:
+    return {INPUT_SESSION_ID: {"content": [BENCH_SESSION.format(n)], "shape": [1]}}
+
+
+def load_bench_sessions(store_record: dict, histories: list[np.ndarray], limit: int = 1000) -> int:
+    """Puts the first ``limit`` histories into the session store as sessions bench-0, bench-1, ... (each
+    replaced whole), what a session layout's requests then ask for; returns how many."""
+    from recserve.sessions.session_store import Event, SessionStore
+    from recserve.sessions.store_settings import StoreSettings
+
+    count = min(limit, len(histories))
+    with SessionStore(StoreSettings.from_record(store_record)) as store:
+        sessions = [BENCH_SESSION.format(n) for n in range(count)]
+        store.forget(sessions)
+        window = store.settings.window
+        for start in range(0, count, 100):
+            events = [
+                Event(sessions[n], item)
+                for n in range(start, min(start + 100, count))
+                for item in np.asarray(histories[n])[-window:].tolist()
+            ]
+            store.append(events)
+    return count
 
 
 def default_client_threads() -> int:

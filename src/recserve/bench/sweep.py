@@ -25,6 +25,7 @@ from recserve.constants import (
 )
 from recserve.errors import ServingError
 from recserve.serving.triton.repository import LAYOUTS
+from recserve.serving.triton.repository_settings import read_repository_info
 
 TOP = 10  # what check_answers and compare_native ask for
 
@@ -53,6 +54,12 @@ def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray
     if layout in ("fused", "native"):
         with _client(grpc_url, layout) as client:
             ids = client.recommend(history, k=TOP).item_ids.tolist()
+    elif layout == "session":
+        with _client(grpc_url, layout) as client:
+            answer = client.recommend_session(pa.BENCH_SESSION.format(0), k=TOP)
+            if answer.history_length == 0:
+                raise ServingError("layout session: the store holds no history of the bench's first session")
+            ids = answer.item_ids.tolist()
     else:
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
         if layout == "seed":
@@ -154,6 +161,13 @@ def sweep(
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
             inputs = {}
+            if "session" in layouts:  # the store (the repository's record names it) holds the same histories
+                if repo is None:
+                    raise ServingError("the session layout's sweep needs --repo (its record names the store)")
+                store = read_repository_info(repo)["layouts"].get("session", {}).get("session_store")
+                if not store:
+                    raise ServingError(f"{repo}: no session layout with a store in its record")
+                pa.load_bench_sessions(store, histories)
             for layout in layouts:
                 history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
                 check_answers(layout, http_url, grpc_url, history, string_ids)

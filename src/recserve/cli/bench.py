@@ -40,7 +40,8 @@ def bench(
     layouts: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated layouts to load: fused, native, seed, echo [every layout the repository holds; "
+            help="Comma-separated layouts to load: fused, native, seed, echo, session (its sessions loaded into the "
+            "repository's store first) [every layout the repository holds; "
             "fused,seed,echo with --url]."
         ),
     ] = None,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors, history_ids
-from recserve.constants import FUSED_MODEL, GRPC_PORT, HTTP_PORT, NATIVE_MODEL, OUTPUT_UNKNOWN_IDS
+from recserve.constants import FUSED_MODEL, GRPC_PORT, HTTP_PORT, NATIVE_MODEL, OUTPUT_UNKNOWN_IDS, SESSION_MODEL
 
 
 def _titles(path: Path | None) -> dict:
@@ -23,7 +23,10 @@ def _titles(path: Path | None) -> dict:
 
 @handle_errors
 def recommend(
-    item_ids: Annotated[list[str], typer.Argument(help="The shopper's recent item IDs, oldest first.")],
+    item_ids: Annotated[
+        list[str] | None,
+        typer.Argument(help="The shopper's recent item IDs, oldest first (with --session: appended to it first)."),
+    ] = None,
     k: Annotated[int, typer.Option("--k", "-k", help="How many items to return.")] = 10,
     url: Annotated[
         str | None, typer.Option(help=f"host:port (default 127.0.0.1:{GRPC_PORT} gRPC, :{HTTP_PORT} HTTP).")
@@ -37,15 +40,31 @@ def recommend(
         str,
         typer.Option(help=f"The served model: {FUSED_MODEL} (fused layout) or {NATIVE_MODEL} (native layout)."),
     ] = FUSED_MODEL,
+    session: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Ask by session instead: the {SESSION_MODEL} model (session layout) answers from its store."
+        ),
+    ] = None,
 ) -> None:
-    """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS."""
+    """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS,
+    or, with --session, the session layout for the next items of that session."""
     from rich.table import Table
 
     from recserve.client import RecommenderClient
 
-    history = history_ids(item_ids, string_ids)
+    history = history_ids(item_ids or [], string_ids)
     with RecommenderClient(url, protocol, model=model) as client:
-        answer = client.recommend(history, k=k, exclude_seen=not include_seen)
+        if session is not None:
+            model = SESSION_MODEL if model == FUSED_MODEL else model
+            answer = client.recommend_session(session, history, k=k, exclude_seen=not include_seen, model=model)
+        else:
+            answer = client.recommend(history, k=k, exclude_seen=not include_seen)
+    extra = (
+        {"history_source": answer.history_source, "history_length": answer.history_length}
+        if session is not None
+        else {}
+    )
     if as_json:
         print(
             json.dumps(
@@ -54,12 +73,16 @@ def recommend(
                     "score": answer.scores.tolist(),
                     OUTPUT_UNKNOWN_IDS: answer.unknown_ids,
                 }
+                | extra
             )
         )
         return
     titles = _titles(items)
+    length = extra.get("history_length", len(history))
+    source = {0: "", 1: ", the store down: the request's items alone"}.get(extra.get("history_source", 0), "")
     table = Table(
-        title=f"top {len(answer.item_ids)} after {len(history)} items"
+        title=f"top {len(answer.item_ids)} after {length} items"
+        + (f" of session {session}{source}" if session is not None else "")
         + (f" ({answer.unknown_ids} unknown dropped)" if answer.unknown_ids else "")
     )
     for column in ("rank", "item_id", "score", "title"):

@@ -29,6 +29,10 @@ def as_catalogue_ids(items: list[str], string_ids: bool) -> np.ndarray:
     values = np.asarray(items, dtype=np.str_)
     if string_ids:
         return values.astype(object)
+    try:
+        return values.astype(np.int64)  # the usual case: every stored ID an integer
+    except ValueError:
+        pass
     digits = np.char.isdigit(np.char.lstrip(values, "-")) if values.size else np.zeros(0, dtype=bool)
     return values[digits].astype(np.int64)
 

@@ -402,7 +402,8 @@ def write_repository(
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
     export = {"backend": manifest.backend, "precision": manifest.precision, "device": manifest.device}
-    record_layouts(repo, layouts, export, manifest.run)
+    store = _store_record(settings) if "session" in layouts else None
+    record_layouts(repo, layouts, export, manifest.run, store)
     return summary
 
 

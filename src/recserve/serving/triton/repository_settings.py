@@ -63,12 +63,15 @@ class RepositorySettings:
         return GPU_QUEUE_DELAY_US if self.device == "gpu" else 0
 
 
-def record_layouts(repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str) -> None:
+def record_layouts(
+    repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str, session_store: dict | None = None
+) -> None:
     """Adds the layouts just written to the repository's record, with the export each was built from
-    (``export``: its backend, precision and device) and the run it came from."""
+    (``export``: its backend, precision and device) and the run it came from; the session layout's with
+    its store's record (``session_store``: never a password)."""
     info = read_repository_info(repo)
     for layout in layouts:
-        info["layouts"][layout] = dict(export)
+        info["layouts"][layout] = dict(export) | ({"session_store": session_store} if layout == "session" else {})
     info["run"] = run
     (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
