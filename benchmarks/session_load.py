@@ -1,0 +1,173 @@
+"""Sessions under a mixed load of events and requests, against a real Triton and a real store (a
+repository's session layout and the store its record names; both started here unless --url is given).
+
+Two phases, each bounded in time:
+
+1. visibility: background threads keep a load of requests by session (and of events) going while probes
+   send one event and then ask for their session; the figure is the time from the event's acknowledgement
+   to the first answer that holds it (p50, p99), and whether every answer did;
+2. restart: the same load while the store is killed (SIGKILL: no shutdown save) and started again
+   (``--restart-after-s``); every acknowledged event is counted and then looked for in the store, and
+   every request is counted as answered, refused with the typed store error, or failed otherwise.
+
+    python benchmarks/session_load.py --repo runs/demo/repo --store runs/demo/store --out runs/session-load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from recserve.client import RecommenderClient
+from recserve.client.triton import SessionStoreError
+from recserve.errors import StoreError
+from recserve.serving.processes import free_ports
+from recserve.serving.triton.launcher import ServerSettings, TritonServer
+from recserve.sessions import embedded_store
+from recserve.sessions.session_store import Event, SessionStore
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+class Load:
+    """Threads of requests by session and of single events until ``stop``; counts every outcome."""
+
+    def __init__(self, url: str, store_folder: Path, threads: int, sessions: int, item: int):
+        self.url, self.folder, self.threads, self.sessions, self.item = url, store_folder, threads, sessions, item
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.outcomes: Counter = Counter()
+        self.acknowledged: Counter = Counter()  # session -> events the store acknowledged
+
+    def _requests(self, n: int) -> None:
+        with RecommenderClient(self.url, timeout_s=5) as client:
+            i = 0
+            while not self.stop.is_set():
+                session = f"load-{(n * 7919 + i) % self.sessions}"
+                try:
+                    client.recommend_session(session, k=10)
+                    outcome = "answered"
+                except SessionStoreError:
+                    outcome = "refused: session store"
+                except Exception as err:  # counted, never hidden: any other failure is a finding
+                    outcome = f"failed: {type(err).__name__}"
+                with self.lock:
+                    self.outcomes[outcome] += 1
+                i += 1
+
+    def _events(self, n: int) -> None:
+        store = SessionStore(embedded_store.settings_of(self.folder))
+        i = 0
+        while not self.stop.is_set():
+            session = f"load-{(n * 104729 + i) % self.sessions}"
+            try:
+                accepted = store.append([Event(session, self.item)]).accepted
+                with self.lock:
+                    self.acknowledged[session] += accepted
+                    self.outcomes["event acknowledged"] += accepted
+            except StoreError:
+                with self.lock:
+                    self.outcomes["event refused: session store"] += 1
+                time.sleep(0.01)
+            i += 1
+        store.close()
+
+    def start(self) -> list[threading.Thread]:
+        workers = [threading.Thread(target=self._requests, args=(n,)) for n in range(self.threads)]
+        workers += [threading.Thread(target=self._events, args=(n,)) for n in range(max(1, self.threads // 2))]
+        for w in workers:
+            w.start()
+        return workers
+
+
+def visibility(url: str, folder: Path, probes: int, item: int) -> dict:
+    """Each probe: one event to a fresh session, then requests until an answer holds it."""
+    delays, misses = [], 0
+    with SessionStore(embedded_store.settings_of(folder)) as store, RecommenderClient(url, timeout_s=5) as client:
+        for n in range(probes):
+            session = f"probe-{time.time_ns()}-{n}"
+            store.append([Event(session, item)])
+            acknowledged = time.perf_counter()
+            answer = client.recommend_session(session, k=10)
+            delays.append((time.perf_counter() - acknowledged) * 1000)
+            misses += answer.history_length != 1  # the very next answer must hold the event
+    return {
+        "probes": probes,
+        "next_answer_held_the_event": probes - misses,
+        "ms_from_ack_to_answer_p50": round(percentile(delays, 50), 3),
+        "ms_from_ack_to_answer_p99": round(percentile(delays, 99), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", type=Path, required=True, help="a repository with the session layout")
+    parser.add_argument("--store", type=Path, required=True, help="the embedded store's folder its record names")
+    parser.add_argument("--threads", type=int, default=4, help="request threads (events: half as many)")
+    parser.add_argument("--sessions", type=int, default=500)
+    parser.add_argument("--probes", type=int, default=300)
+    parser.add_argument("--item", type=int, default=50, help="an item ID of the catalogue, for every event")
+    parser.add_argument("--restart-s", type=float, default=6.0, help="the restart phase's length")
+    parser.add_argument("--restart-after-s", type=float, default=2.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    embedded_store.start(args.store)
+    http, grpc, metrics = free_ports(3)
+    settings = ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5)
+    result: dict = {"threads": args.threads, "sessions": args.sessions}
+    with SessionStore(embedded_store.settings_of(args.store)) as store:  # the load's sessions start empty
+        store.forget([f"load-{n}" for n in range(args.sessions)])
+    with TritonServer(args.repo, settings) as server:
+        url = server.grpc_url
+        load = Load(url, args.store, args.threads, args.sessions, args.item)
+        workers = load.start()
+        time.sleep(0.5)
+        result["visibility"] = visibility(url, args.store, args.probes, args.item)
+        result["visibility"]["under_load"] = dict(load.outcomes)
+        print("visibility under load:", json.dumps(result["visibility"]), flush=True)
+        load.outcomes.clear()
+        time.sleep(args.restart_after_s)
+        started = time.perf_counter()
+        os.kill(int((args.store / "server.pid").read_text()), signal.SIGKILL)  # a crash: no shutdown save
+        while embedded_store._running(args.store):
+            time.sleep(0.01)
+        time.sleep(0.5)
+        embedded_store.start(args.store)
+        down_s = time.perf_counter() - started
+        time.sleep(max(0.0, args.restart_s - args.restart_after_s - down_s))
+        load.stop.set()
+        for w in workers:
+            w.join()
+    with SessionStore(embedded_store.settings_of(args.store)) as store:
+        sessions = sorted(load.acknowledged)
+        held = store.recent(sessions, store.settings.window)
+    window = embedded_store.settings_of(args.store).window
+    lost = sum(
+        max(0, min(load.acknowledged[s], window) - sum(1 for x in items if x == str(args.item)))
+        for s, items in zip(sessions, held)
+    )
+    result["restart"] = {
+        "store_down_s": round(down_s, 3),
+        "outcomes": dict(load.outcomes),
+        "events_acknowledged": sum(load.acknowledged.values()),
+        "acknowledged_events_lost": lost,
+        "note": "each session's list keeps its newest `window` items: at most that many are looked for",
+    }
+    print("restart:", json.dumps(result["restart"]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    embedded_store.stop(args.store)
+
+
+if __name__ == "__main__":
+    main()
