@@ -68,8 +68,11 @@ def test_bad_session_requests_get_invalid_argument(session_stack):
     with RecommenderClient(server.grpc_url) as client:
         with pytest.raises(ServingError, match="empty session ID"):
             client.recommend_session("", k=10)
+        with pytest.raises(ServingError, match="over 256 characters"):
+            client.recommend_session("x" * 300, k=10)
         with pytest.raises(ServingError, match="out of range"):
             client.recommend_session("shopper-2", k=0)
+        assert client.recommend_session("shopper-2", k=3).history_length == 0  # the server is unharmed
 
 
 def test_the_repository_names_the_store_and_never_its_password(session_stack):

@@ -11,6 +11,7 @@ import numpy as np
 
 from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, INPUT_SESSION_ID, NATIVE_PAD_ID
 from recserve.errors import RequestError
+from recserve.sessions.store_settings import MAX_SESSION_ID
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ def parse_session_request(
         raise RequestError(f"{INPUT_SESSION_ID}: not UTF-8 ({err.reason})") from None
     if any(not s for s in sessions):
         raise RequestError(f"{INPUT_SESSION_ID}: an empty session ID")
+    if any(len(s) > MAX_SESSION_ID for s in sessions):
+        raise RequestError(f"{INPUT_SESSION_ID}: a session ID over {MAX_SESSION_ID} characters")
     rows = len(sessions)
     if item_ids is None:
         parsed = parse_request(
