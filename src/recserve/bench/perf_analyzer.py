@@ -95,21 +95,14 @@ def session_input(n: int) -> dict:
 def load_bench_sessions(store_record: dict, histories: list[np.ndarray], limit: int = 1000) -> int:
     """Puts the first ``limit`` histories into the session store as sessions bench-0, bench-1, ... (each
     replaced whole), what a session layout's requests then ask for; returns how many."""
-    from recserve.sessions.session_store import Event, SessionStore
+    from recserve.sessions.session_store import SessionStore
     from recserve.sessions.store_settings import StoreSettings
 
     count = min(limit, len(histories))
     with SessionStore(StoreSettings.from_record(store_record)) as store:
         sessions = [BENCH_SESSION.format(n) for n in range(count)]
         store.forget(sessions)
-        window = store.settings.window
-        for start in range(0, count, 100):
-            events = [
-                Event(sessions[n], item)
-                for n in range(start, min(start + 100, count))
-                for item in np.asarray(histories[n])[-window:].tolist()
-            ]
-            store.append(events)
+        store.append_histories(sessions, [np.asarray(h).tolist() for h in histories[:count]], per_call=100)
     return count
 
 

@@ -16,6 +16,7 @@ import torch
 
 from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
+from recserve.models.model_configs import Bert4RecConfig, SASRecConfig
 from recserve.models.run_loader import MODELS
 
 ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
@@ -37,7 +38,10 @@ def make_random_run(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config_class, model_class = MODELS[model]
+    if model not in ("bert4rec", "sasrec"):
+        raise ValueError(f"model={model!r}: a random run is of bert4rec or sasrec")
+    config_class: type[Bert4RecConfig] | type[SASRecConfig] = Bert4RecConfig if model == "bert4rec" else SASRecConfig
+    model_class = MODELS[model][1]
     cfg = config_class(num_items=num_items, window=window, hidden=hidden, layers=layers, heads=heads, **options)
     cfg.save(out / MODEL_CONFIG_FILE)
     torch.save(model_class(cfg).state_dict(), out / WEIGHTS_FILE)

@@ -79,7 +79,7 @@ def send(
         events, lines, errors = read_events(file)
         where = "line"
     else:
-        if not items:
+        if session is None or not items:
             raise typer.BadParameter("no item IDs after the session", param_hint="ITEMS")
         events = [Event(session, item, kind=kind) for item in history_ids(items, string_ids)]
         lines, errors, where = list(range(1, len(events) + 1)), [], "event"
@@ -108,23 +108,16 @@ def load(
     from rich.progress import Progress
 
     from recserve.data.datasets import load_prepared
-    from recserve.sessions.session_store import Event
 
     prepared = load_prepared(data)
     sequences = prepared.sequences.truncated(holdout) if holdout else prepared.sequences
     count = min(users or sequences.num_users, sequences.num_users)
-    stored = 0
+    ids = prepared.vocab.to_ids(sequences.items[: sequences.offsets[count]]).tolist()
+    histories = [ids[a:b] for a, b in zip(sequences.offsets[:count], sequences.offsets[1 : count + 1])]
+    names = [f"{session_prefix}{user}" for user in prepared.user_ids[:count].tolist()]
     with open_store(store, password_env) as sessions, Progress(console=console, transient=True) as progress:
         task = progress.add_task("loading sessions", total=count)
-        window = sessions.settings.window
-        for start in range(0, count, 1000):  # one MULTI a thousand users
-            batch = []
-            for user in range(start, min(start + 1000, count)):
-                row = sequences.items[sequences.offsets[user] : sequences.offsets[user + 1]][-window:]
-                session = f"{session_prefix}{prepared.user_ids[user]}"
-                batch += [Event(session, item) for item in prepared.vocab.to_ids(row).tolist()]
-            stored += sessions.append(batch).accepted
-            progress.advance(task, min(1000, count - start))
+        stored = sessions.append_histories(names, histories, progress=lambda done: progress.advance(task, done))
     console.print(f"{count:,} sessions, {stored:,} events stored")
 
 

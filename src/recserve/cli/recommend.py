@@ -52,19 +52,18 @@ def recommend(
     from rich.table import Table
 
     from recserve.client import RecommenderClient
+    from recserve.client.triton import Recommendations
 
     history = history_ids(item_ids or [], string_ids)
+    extra: dict = {}
     with RecommenderClient(url, protocol, model=model) as client:
         if session is not None:
             model = SESSION_MODEL if model == FUSED_MODEL else model
-            answer = client.recommend_session(session, history, k=k, exclude_seen=not include_seen, model=model)
+            by_session = client.recommend_session(session, history, k=k, exclude_seen=not include_seen, model=model)
+            extra = {"history_source": by_session.history_source, "history_length": by_session.history_length}
+            answer: Recommendations = by_session
         else:
             answer = client.recommend(history, k=k, exclude_seen=not include_seen)
-    extra = (
-        {"history_source": answer.history_source, "history_length": answer.history_length}
-        if session is not None
-        else {}
-    )
     if as_json:
         print(
             json.dumps(

@@ -10,7 +10,7 @@ retry at most); an unreachable, slow or refusing store is a ``StoreError``, neve
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -136,6 +136,23 @@ class SessionStore:
         self._call("the append", pipe.execute)
         result.accepted = sum(len(rows) for rows in by_session.values())
         return result
+
+    def append_histories(
+        self,
+        sessions: Sequence[str],
+        histories: Sequence[Sequence[str | int]],
+        per_call: int = 1000,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> int:
+        """Appends each history's newest ``window`` items to its session, ``per_call`` sessions a MULTI
+        (``progress`` told how many sessions each call added); returns the events acknowledged."""
+        stored, window = 0, self.settings.window
+        for start in range(0, len(sessions), per_call):
+            stop = min(start + per_call, len(sessions))
+            events = [Event(sessions[n], item) for n in range(start, stop) for item in list(histories[n])[-window:]]
+            stored += self.append(events).accepted
+            progress(stop - start)
+        return stored
 
     def recent(self, sessions: Sequence[str], count: int | None = None) -> list[list[str]]:
         """The newest ``count`` (default: the window) items of each session, oldest first; [] for a session
