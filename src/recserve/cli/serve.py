@@ -10,32 +10,14 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
-from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
+from recserve.cli.options import Settings, takes
+from recserve.serving.triton.launcher import ServerSettings
 
 
 @handle_errors
+@takes(Settings("settings", (ServerSettings,)))
 def serve(
     repo: Annotated[Path, typer.Option("--repo", help="Model repository written by `recserve repo`.")],
-    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default).")] = "127.0.0.1",
-    http_port: Annotated[int, typer.Option(help="HTTP port.")] = HTTP_PORT,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = GRPC_PORT,
-    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = METRICS_PORT,
-    model_control: Annotated[
-        str,
-        typer.Option(
-            help="none, poll (watch the repository for new versions) or "
-            "explicit (load over the API; needs --admin-key)."
-        ),
-    ] = "none",
-    admin_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="RECSERVE_ADMIN_KEY",
-            help="Key that unlocks the model-repository, shared-memory and logging APIs (header recserve-admin-key).",
-        ),
-    ] = None,
-    poll_secs: Annotated[int, typer.Option(help="Repository poll interval (poll mode).")] = 5,
-    exit_timeout_secs: Annotated[int, typer.Option(help="Time in-flight requests get to finish on stop.")] = 30,
     gpu: Annotated[
         bool,
         typer.Option(
@@ -52,21 +34,12 @@ def serve(
             "--model-control none, where model processes never change on purpose."
         ),
     ] = 5,
+    settings: ServerSettings = ServerSettings(),  # noqa: B008 (frozen; drawn from the options)
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
-    from recserve.serving.triton.launcher import ServerSettings, TritonServer
+    from recserve.serving.triton.launcher import TritonServer
     from recserve.serving.triton.supervisor import supervise
 
-    settings = ServerSettings(
-        host=host,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        model_control_mode=model_control,
-        restricted_api_key=admin_key,
-        repository_poll_secs=poll_secs,
-        exit_timeout_secs=exit_timeout_secs,
-    )
     if gpu:
         import torch
 
@@ -79,8 +52,9 @@ def serve(
     with console.status("starting Triton"):
         server.start()
         server.wait_ready(ready_timeout_s)
+    host, ports = settings.host, (settings.http_port, settings.grpc_port, settings.metrics_port)
     console.print(
-        f"ready: HTTP {host}:{http_port}, gRPC {host}:{grpc_port}, metrics {host}:{metrics_port} "
+        f"ready: HTTP {host}:{ports[0]}, gRPC {host}:{ports[1]}, metrics {host}:{ports[2]} "
         f"(log {server.log_path}){', models on the GPU' if gpu else ''}"
     )
     exited = supervise(server, stop, watch_secs, ready_timeout_s, report=lambda m: console.print(f"[yellow]{m}[/]"))

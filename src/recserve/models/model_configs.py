@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import ClassVar, Self
 
 from recserve.errors import ConfigError
+from recserve.option_fields import option
 
 
 class ModelConfig:
-    """Mixed into a model's frozen config dataclass (which has ``num_items``); ``MODEL`` names the model."""
+    """Mixed into a model's frozen config dataclass (which has ``num_items``); ``MODEL`` names the model,
+    ``TITLE`` is its name in prose."""
 
     MODEL: ClassVar[str]
+    TITLE: ClassVar[str]
     # what a config saved before a field existed meant by its absence (the model it describes had none)
     BEFORE_FIELDS: ClassVar[dict] = {}
     num_items: int
@@ -68,56 +71,71 @@ def transformer_problems(cfg) -> list[str]:
 @dataclass(frozen=True)
 class Bert4RecConfig(ModelConfig):
     MODEL: ClassVar[str] = "bert4rec"
+    TITLE: ClassVar[str] = "BERT4Rec"
 
     num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and the mask token (N + 1)
-    window: int = 100  # longest input, the mask token included
-    hidden: int = 64  # embedding and model width
-    layers: int = 1  # transformer blocks (1 does best on ML-100K-sized data: docs/quality.md)
-    heads: int = 2  # attention heads; hidden must divide by it
-    dropout: float = 0.2  # on embeddings, attention and feed-forward outputs
-    mask_prob: float = 0.4  # Cloze masking probability in training (the paper: 0.2 on MovieLens, 0.4 on Steam)
+    window: int = option(100, "longest input, mask (reserved) token included")
+    hidden: int = option(64, "model width")
+    # 1 block does best on ML-100K-sized data: docs/quality.md
+    layers: int = option(1, "transformer blocks")
+    heads: int = option(2, "attention heads (hidden must divide by them)")
+    dropout: float = option(0.2, "dropout on embeddings, attention and feed-forward outputs")
+    # the paper: 0.2 on MovieLens, 0.4 on Steam
+    mask_prob: float = option(0.4, "Cloze masking probability")
 
     def validate(self) -> None:
         problems = transformer_problems(self)
         if not 0 < self.mask_prob < 1:
             problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
-        refuse(problems, "BERT4Rec")
+        refuse(problems, self.TITLE)
 
 
 @dataclass(frozen=True)
 class SASRecConfig(ModelConfig):
     MODEL: ClassVar[str] = "sasrec"
+    TITLE: ClassVar[str] = "SASRec"
     BEFORE_FIELDS: ClassVar[dict] = {"relative_positions": False}
 
     num_items: int  # N, the catalogue size; the vocabulary adds padding (0) and a reserved index (N + 1)
-    window: int = 100  # longest input the serving graph builds: window - 1 history items and the reserved token
-    hidden: int = 64  # embedding and model width
-    layers: int = 2  # transformer blocks
-    heads: int = 1  # attention heads; hidden must divide by it
-    dropout: float = DENSE_DROPOUT  # on embeddings, attention and outputs; `recserve train`: dropout_for(data)
-    # a learned attention bias per head and query-key distance (Transformer-XL, T5): with ema_epochs 1, 1.05x
-    # test NDCG@10 on video.txt and 1.06x on ML-100K (docs/quality.md)
-    relative_positions: bool = True
-    attention_span: int = 0  # each position attends only the last this many (itself included); 0: all
+    # the serving graph builds window - 1 history items and the reserved token
+    window: int = option(100, "longest input, mask (reserved) token included")
+    hidden: int = option(64, "model width")
+    layers: int = option(2, "transformer blocks")
+    heads: int = option(1, "attention heads (hidden must divide by them)")
+    # `recserve train` picks it from the data (dropout_for)
+    dropout: float = option(
+        DENSE_DROPOUT,
+        "dropout on embeddings, attention and outputs",
+        shown=f"{SPARSE_DROPOUT} where the median training history is under {SPARSE_MEDIAN_LENGTH} items, "
+        f"else {DENSE_DROPOUT}",
+    )
+    # Transformer-XL's, T5's: with ema_epochs 1, 1.05x test NDCG@10 on video.txt and 1.06x on ML-100K
+    # (docs/quality.md)
+    relative_positions: bool = option(True, "a learned attention bias per head and query-key distance")
+    attention_span: int = option(
+        0, "each position attends only its last this many positions, itself included (local attention); 0: all"
+    )
 
     def validate(self) -> None:
         problems = transformer_problems(self)
         if self.attention_span < 0:
             problems.append(f"attention_span={self.attention_span}: must be 0 (every position) or more")
-        refuse(problems, "SASRec")
+        refuse(problems, self.TITLE)
 
 
 @dataclass(frozen=True)
 class MultVAEConfig(ModelConfig):
     MODEL: ClassVar[str] = "multvae"
+    TITLE: ClassVar[str] = "Mult-VAE"
 
     num_items: int  # N, the catalogue size
-    hidden: int = 600  # the paper's [I -> 600 -> 200 -> 600 -> I]
-    latent: int = 200
-    dropout: float = 0.5  # on the normalised input
-    anneal_cap: float = 0.2  # the KL weight grows linearly, and stops at this
-    anneal_steps: int = 2000  # optimizer steps for the weight to reach 1 (the paper's total_anneal_steps)
-    window: int = 1024  # most history items a served request keeps (the most recent)
+    hidden: int = option(600, "hidden layer")  # the paper's [I -> 600 -> 200 -> 600 -> I]
+    latent: int = option(200, "latent dimensions")
+    dropout: float = option(0.5, "dropout on the normalised input")
+    anneal_cap: float = option(0.2, "the largest KL weight (it grows linearly, and stops at this)")
+    # the paper's total_anneal_steps
+    anneal_steps: int = option(2000, "optimizer steps for the KL weight to reach 1 (it stops at the cap)")
+    window: int = option(1024, "most history items served (the most recent)")
 
     def validate(self) -> None:
         problems = []
@@ -132,7 +150,7 @@ class MultVAEConfig(ModelConfig):
             problems.append(f"anneal_cap={self.anneal_cap}: must be in [0, 1]")
         if self.window < 2:
             problems.append(f"window={self.window}: must be at least 2")
-        refuse(problems, "Mult-VAE")
+        refuse(problems, self.TITLE)
 
 
 # Each model's config class by the model's name (its ``MODEL``): what a run's model_config.json names.

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
+from recserve.option_fields import option
 from recserve.serving.processes import exit_code, stop_with_parent
 from recserve.serving.triton.bundle import Bundle, check_backends, find_bundle
 from recserve.serving.triton.placement import DEVICE_ENV
@@ -29,15 +30,26 @@ from recserve.serving.triton.placement import DEVICE_ENV
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = "127.0.0.1"  # loopback unless asked otherwise
-    http_port: int = HTTP_PORT
-    grpc_port: int = GRPC_PORT
-    metrics_port: int = METRICS_PORT
-    model_control_mode: str = "none"  # none, poll (repository polling) or explicit (model-repository API)
-    repository_poll_secs: int = 5
-    restricted_api_key: str | None = None  # header value that unlocks the restricted APIs
+    """The Triton server's own settings; a field with a help is an option of `recserve serve`."""
+
+    host: str = option("127.0.0.1", "Address to listen on (loopback by default).")
+    http_port: int = option(HTTP_PORT, "HTTP port.")
+    grpc_port: int = option(GRPC_PORT, "gRPC port.")
+    metrics_port: int = option(METRICS_PORT, "Prometheus metrics port.")
+    model_control_mode: str = option(
+        "none",
+        "none, poll (watch the repository for new versions) or explicit (load over the API; needs --admin-key).",
+        flags=("--model-control",),
+    )
+    repository_poll_secs: int = option(5, "Repository poll interval (poll mode).", flags=("--poll-secs",))
+    restricted_api_key: str | None = option(
+        None,
+        "Key that unlocks the model-repository, shared-memory and logging APIs (header recserve-admin-key).",
+        flags=("--admin-key",),
+        envvar="RECSERVE_ADMIN_KEY",
+    )
     restricted_api_header: str = "recserve-admin-key"
-    exit_timeout_secs: int = 30  # how long in-flight requests may finish after a stop
+    exit_timeout_secs: int = option(30, "Time in-flight requests get to finish on stop.")
     log_verbose: int = 0
     threads_per_instance: int = 1  # CPU threads of each model process (OMP/MKL); instances are the parallelism
     extra_args: tuple[str, ...] = ()

@@ -1,0 +1,46 @@
+"""Settings fields that say how a person sets them: ``option`` is a dataclass field whose metadata holds the
+command-line help (and, where the command line speaks another unit or spelling, the flag and the parse).
+A setting is then written once, in its dataclass; the CLI draws its options from these fields
+(``recserve.cli.options``). No typer here: the core's settings stay framework-free."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import MISSING, Field, field
+from typing import Any
+
+
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flags: tuple[str, ...] = (),
+    cli_type: Any = None,
+    cli_default: Any = MISSING,
+    parse: Callable[[Any], Any] | None = None,
+    shown: str | None = None,
+    default_factory: Any = MISSING,
+    **cli: Any,
+) -> Any:
+    """A dataclass field with its command-line option.
+
+    Args:
+        default: the setting's default.
+        help: what the option's help says (the default is added to it).
+        flags: the option's names where they are not the field's (``--instances`` for ``instance_count``).
+        cli_type: the type the command line takes, where it differs from the field's (``str`` for a tuple).
+        cli_default: the command line's default, where it is spelled otherwise than the field's.
+        parse: turns the command line's value into the field's (milliseconds into microseconds, "0,1" into
+            ``(0, 1)``); its ``ValueError`` is a bad-parameter error naming the flag, a ``RecserveError``
+            the command's own error.
+        shown: the default as the help shows it, where the value alone would mislead.
+        default_factory: as ``dataclasses.field``'s.
+        **cli: more of the option's keywords (``min``, ``envvar``).
+    """
+    metadata = dict(help=help, flags=flags, cli_type=cli_type, cli_default=cli_default, parse=parse, shown=shown)
+    return field(default=default, default_factory=default_factory, metadata=metadata | {"cli": cli})
+
+
+def has_option(item: Field) -> bool:
+    """Whether a dataclass field is set from the command line (``option`` with a help)."""
+    return bool(item.metadata.get("help"))
