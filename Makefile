@@ -36,8 +36,8 @@ bench-gpu: $(STAMP)
 
 # ruff (lint and format check) and mypy, configured in pyproject.toml
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/ruff format --check src tests scripts benchmarks
+	$(VENV)/bin/ruff check src tests scripts benchmarks native
+	$(VENV)/bin/ruff format --check src tests scripts benchmarks native
 	$(VENV)/bin/mypy
 
 format: $(STAMP)

@@ -24,7 +24,7 @@ from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 RUNTIMES = ("pytorch", "recserve")
 

@@ -40,8 +40,8 @@ from recserve.pipeline import package_from_run, repository_from_run
 from recserve.serving.processes import free_ports
 from recserve.serving.sagemaker.endpoint import LocalEndpoint
 from recserve.serving.sagemaker.invocations import pytorch_request, triton_request
-from recserve.serving.triton.launcher import ServerSettings, TritonServer
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
 ENDPOINTS = ("pytorch", "pytorch-unbatched", "triton-native")
 # one request a message, torch with a thread a core (its default): what the container does by itself

@@ -30,7 +30,7 @@ from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
 from recserve.errors import StoreError
 from recserve.serving.processes import free_ports
-from recserve.serving.triton.launcher import ServerSettings, TritonServer
+from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
 

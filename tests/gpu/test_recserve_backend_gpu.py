@@ -11,8 +11,8 @@ import tritonclient.grpc as grpcclient
 from tests.conftest import require_native, server_settings
 
 from recserve.constants import NATIVE_PAD_ID
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.pbtxt import parse_pbtxt
+from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+from recserve.serving.triton_server.launcher import TritonServer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -22,7 +22,7 @@ MAX_BATCH = 16  # buckets 1, 2, 4, 8, 16
 def _repository(tmp_path: Path, gpu: int) -> Path:
     from recserve.bench.synthetic import make_random_run
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     require_native("recserve")
     run = make_random_run(tmp_path / "run", num_items=5_000, hidden=64, layers=2, heads=2, window=20)

@@ -11,7 +11,7 @@ from tests.serving.test_sagemaker_triton import _inside_namespace
 
 from recserve.constants import PACKAGE_INSTANCES
 from recserve.serving.sagemaker.package import inspect_package
-from recserve.serving.triton.pbtxt import parse_pbtxt, pb
+from recserve.serving.triton_repository.pbtxt import parse_pbtxt, pb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

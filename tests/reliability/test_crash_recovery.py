@@ -61,8 +61,8 @@ def test_a_model_process_that_died_before_supervision_began_is_still_noticed(int
     import shutil
     import threading
 
-    from recserve.serving.triton.launcher import TritonServer
-    from recserve.serving.triton.supervisor import dead_stubs, stub_count, supervise
+    from recserve.serving.triton_server.launcher import TritonServer
+    from recserve.serving.triton_server.supervisor import dead_stubs, stub_count, supervise
     from tests.conftest import server_settings
 
     repo = tmp_path / "repo"

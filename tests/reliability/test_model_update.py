@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from tests.conftest import start_serve
 from tests.reliability.test_shutdown import _wait_ready
 

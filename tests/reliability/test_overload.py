@@ -11,8 +11,8 @@ import pytest
 
 from recserve.client import AsyncRecommenderClient, RecommenderClient, ServerBusyError
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.serving.triton_server.launcher import TritonServer
 from tests.conftest import server_settings
 
 BURST = 300

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from recserve.errors import ServingError
-from recserve.serving.triton.bundle import Bundle
-from recserve.serving.triton.launcher import ServerSettings, TritonServer, server_args
+from recserve.serving.triton_server.bundle import Bundle
+from recserve.serving.triton_server.launcher import ServerSettings, TritonServer, server_args
 from tests.conftest import server_settings
 
 HEADER = ServerSettings().restricted_api_header
@@ -64,7 +64,7 @@ def test_explicit_mode_loads_models_only_with_the_key_and_never_logs_it(int_repo
 
 def test_the_bundled_server_gets_a_backend_folder_of_its_own(tmp_path, monkeypatch):
     """The installed nvidia-pytriton package is never written to: the stub goes into recserve's cache."""
-    from recserve.serving.triton.bundle import find_bundle
+    from recserve.serving.triton_server.bundle import find_bundle
 
     monkeypatch.delenv("TRITONSERVER_BIN", raising=False)
     monkeypatch.setenv("RECSERVE_CACHE", str(tmp_path))

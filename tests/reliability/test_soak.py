@@ -13,7 +13,7 @@ from pathlib import Path
 
 from recserve.client import RecommenderClient
 from recserve.serving.processes import child_pids
-from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton_server.launcher import TritonServer
 from tests.conftest import server_settings
 
 SOAK_S = float(os.environ.get("RECSERVE_SOAK_S", "60"))

@@ -15,7 +15,7 @@ from tests.conftest import _train_tiny, model_top_ids, require_native, server_se
 from recserve.client import RecommenderClient
 from recserve.data.datasets import load_prepared, prepare
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton_server.launcher import TritonServer
 
 ITEMS, USERS, STEPS, WINDOW = 60, 300, 16, 8
 

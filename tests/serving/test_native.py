@@ -12,8 +12,8 @@ import tritonclient.http as httpclient
 from tests.conftest import require_native, server_settings
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.pbtxt import InstanceGroup, TensorSpec, TritonModelConfig, to_pbtxt
+from recserve.serving.triton_repository.pbtxt import InstanceGroup, TensorSpec, TritonModelConfig, to_pbtxt
+from recserve.serving.triton_server.launcher import TritonServer
 
 HISTORY = np.array([[3, 17, 42, 0], [5, 0, 0, 0]], dtype=np.int64)
 
@@ -102,7 +102,7 @@ def native_server(request, tiny_run, tmp_path_factory):
     """``tiny_run`` served in the fused layout (eager) and the native layout from a ``param`` export, on
     Triton's PyTorch or ONNX Runtime backend or on recserve's own."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     runtime = NATIVE_SERVERS[request.param]
     require_native(runtime)
@@ -122,7 +122,7 @@ def native_server(request, tiny_run, tmp_path_factory):
 
 def native_server_backend(repo: Path) -> str:
     """The backend (or platform) of the repository's native model, as its config.pbtxt names it."""
-    from recserve.serving.triton.pbtxt import parse_pbtxt
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
     config = parse_pbtxt((repo / "recommender_native" / "config.pbtxt").read_text())
     return "/" + (config.backend or config.platform.split("_")[0])
@@ -234,8 +234,8 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
     """An export without a native model (eager; string IDs) and a traced model asked for another device."""
     from recserve.errors import ServingError
     from recserve.export.exporter import export_run
-    from recserve.serving.triton.repository import write_repository
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.layouts import write_repository
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     with pytest.raises(ServingError, match="eager export holds no native model; export with --backend torchscript"):
         write_repository(tiny_export, tmp_path / "a", ("native",))
@@ -249,7 +249,7 @@ def test_native_repository_refusals_say_what_to_do(tiny_export, string_run, tmp_
 
 def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_starts(tmp_path):
     from recserve.errors import ServingError
-    from recserve.serving.triton.bundle import check_backends
+    from recserve.serving.triton_server.bundle import check_backends
 
     folder = tmp_path / "backends"
     (folder / "python").mkdir(parents=True)
@@ -264,7 +264,7 @@ def test_a_repository_needing_an_unbuilt_backend_is_refused_before_the_server_st
 
 def test_a_gpu_repository_on_a_backend_built_without_cuda_is_refused_naming_the_rebuild(tmp_path):
     from recserve.errors import ServingError
-    from recserve.serving.triton.bundle import check_backends
+    from recserve.serving.triton_server.bundle import check_backends
 
     folder = tmp_path / "backends"
     (folder / "pytorch").mkdir(parents=True)
@@ -286,9 +286,9 @@ def test_native_config_takes_padded_ids_and_its_own_instance_count(tiny_run, tmp
     import os
 
     from recserve.export.exporter import export_run
-    from recserve.serving.triton.pbtxt import parse_pbtxt
-    from recserve.serving.triton.repository import write_repository
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.layouts import write_repository
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     export_run(tiny_run, "torchscript", "fp32", tmp_path / "ts")
     write_repository(tmp_path / "ts", tmp_path / "a", ("native",), RepositorySettings(instance_count=1))

@@ -170,7 +170,7 @@ def test_an_onnx_export_is_served_without_torch(tiny_run, tmp_path):
         "import json, sys\n"
         "sys.modules['torch'] = sys.modules['polars'] = sys.modules['lightning'] = None  # importing them fails\n"
         "import numpy as np\n"
-        "import recserve.serving.requests, recserve.serving.triton.placement\n"
+        "import recserve.serving.requests, recserve.serving.triton_repository.placement\n"
         "from recserve.serving.predictor import Predictor\n"
         "answer = Predictor.load(sys.argv[1]).predict([np.array([1, 2, 3])], k=5)[0]\n"
         "print(json.dumps(answer.item_ids.tolist()))\n"

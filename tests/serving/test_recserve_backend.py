@@ -13,8 +13,8 @@ import tritonclient.http as httpclient
 from tests.conftest import require_native, server_settings
 
 from recserve.errors import ServingError
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.pbtxt import parse_pbtxt
+from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+from recserve.serving.triton_server.launcher import TritonServer
 
 LENGTH = 19  # tiny_run's window - 1
 
@@ -24,7 +24,7 @@ def two_runtimes(tiny_run, tmp_path_factory) -> Path:
     """One torchscript export of ``tiny_run`` in the native layout on Triton's PyTorch backend
     (``recommender_native``) and on recserve's (the same files as ``native_recserve``), in one repository."""
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     require_native("pytorch", "recserve")
     repo = tmp_path_factory.mktemp("runtimes") / "repo"
@@ -176,8 +176,8 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
 
     from recserve.export.manifest import ExportManifest
     from recserve.pipeline import repository_from_run
-    from recserve.serving.triton.native_configs import native_backend
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.native_configs import native_backend
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     repo = tmp_path / "repo"
     repository_from_run(

@@ -28,7 +28,7 @@ from recserve.serving.sagemaker import handler
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
 from recserve.serving.sagemaker.handler import HandlerError, input_fn, model_fn, output_fn, predict_fn
 from recserve.serving.sagemaker.package import package, pytorch_environment, unpack
-from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton_server.launcher import TritonServer
 
 JSON = "application/json"
 
@@ -206,7 +206,7 @@ def test_a_triton_package_asks_for_the_endpoints_instances_not_this_machines_cor
     """The packaging machine's cores say nothing of the endpoint's; the container runs Triton's own backends."""
     from recserve.constants import PACKAGE_INSTANCES
     from recserve.serving.sagemaker.package import inspect_package
-    from recserve.serving.triton.pbtxt import parse_pbtxt
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
     def config(count):
         out = tmp_path / f"model-{count}.tar.gz"

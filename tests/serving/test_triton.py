@@ -20,10 +20,10 @@ from recserve.client import AsyncRecommenderClient, RecommenderClient, Recommend
 from recserve.errors import ServingError
 from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.pbtxt import parse_pbtxt
-from recserve.serving.triton.repository import write_repository
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.layouts import write_repository
+from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.serving.triton_server.launcher import TritonServer
 
 
 def _infer(url, model, **arrays):

@@ -11,9 +11,9 @@ from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
 from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE, SESSION_MODEL
 from recserve.errors import ServingError
-from recserve.serving.triton.launcher import TritonServer
-from recserve.serving.triton.repository import write_repository
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.layouts import write_repository
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
 from tests.conftest import server_settings

@@ -25,7 +25,7 @@ from recserve.constants import (
     SEED_INPUT,
 )
 from recserve.errors import ServingError
-from recserve.serving.triton.repository import LAYOUTS
+from recserve.serving.triton_repository.layouts import LAYOUTS
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from recserve.constants import (
     SEED_OUTPUT_IDS,
 )
 from recserve.errors import ServingError
-from recserve.serving.triton.repository import LAYOUTS
-from recserve.serving.triton.repository_settings import read_repository_info
+from recserve.serving.triton_repository.layouts import LAYOUTS
+from recserve.serving.triton_repository.repository_settings import read_repository_info
 
 TOP = 10  # what check_answers and compare_native ask for
 
@@ -253,7 +253,7 @@ class _started:
 
     def __init__(self, repo: Path):
         from recserve.serving.processes import free_ports
-        from recserve.serving.triton.launcher import ServerSettings, TritonServer
+        from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
         http, grpc, metrics = free_ports(3)
         self.server = TritonServer(repo, ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics))

@@ -24,7 +24,7 @@ def _numbers(text: str | None, name: str) -> list[float]:
 
 def _data_of(repo: Path | None) -> Path | None:
     """The data folder behind a repository (repository -> run -> metrics.json)."""
-    from recserve.serving.triton.repository_settings import read_repository_info
+    from recserve.serving.triton_repository.repository_settings import read_repository_info
 
     if repo is None or not repo.is_dir() or "run" not in (info := read_repository_info(repo)):
         return None
@@ -78,7 +78,7 @@ def bench(
     data = data or _data_of(repo)
     if layouts is None:
         from recserve.bench.perf_analyzer import LAYOUT_MODELS
-        from recserve.serving.triton.repository_settings import read_repository_info
+        from recserve.serving.triton_repository.repository_settings import read_repository_info
 
         held = read_repository_info(repo)["layouts"] if repo is not None else {}
         layouts = ",".join(x for x in LAYOUT_MODELS if x in held) or "fused,seed,echo"

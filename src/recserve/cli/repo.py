@@ -10,7 +10,7 @@ import typer
 from recserve.cli.console import console, export_or_run, handle_errors
 from recserve.cli.options import Settings, takes
 from recserve.constants import DEFAULT_MAX_K
-from recserve.serving.triton.repository_settings import RepositorySettings
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 
 @handle_errors

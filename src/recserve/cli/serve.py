@@ -11,7 +11,7 @@ import typer
 
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import Settings, takes
-from recserve.serving.triton.launcher import ServerSettings
+from recserve.serving.triton_server.launcher import ServerSettings
 
 
 @handle_errors
@@ -34,11 +34,11 @@ def serve(
             "--model-control none, where model processes never change on purpose."
         ),
     ] = 5,
-    settings: ServerSettings = ServerSettings(),  # noqa: B008 (frozen; drawn from the options)
+    settings: ServerSettings = ServerSettings(),
 ) -> None:
     """Start Triton on the repository; print the endpoints once every model is ready."""
-    from recserve.serving.triton.launcher import TritonServer
-    from recserve.serving.triton.supervisor import supervise
+    from recserve.serving.triton_server.launcher import TritonServer
+    from recserve.serving.triton_server.supervisor import supervise
 
     if gpu:
         import torch

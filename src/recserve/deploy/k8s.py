@@ -21,8 +21,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT, REPOSITORY_FILE
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
-from recserve.serving.triton.bundle import model_backends
-from recserve.serving.triton.launcher import serving_flags
+from recserve.serving.triton_server.bundle import model_backends
+from recserve.serving.triton_server.launcher import serving_flags
 
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 MODELS_PATH = "/models"
@@ -313,7 +313,7 @@ def render_overlay(s: K8sSettings, overlay: str) -> list[dict[str, Any]]:
 def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     """Writes every manifest under ``out``; returns the files written. ``repo`` is checked to be a
     recserve repository (its record names the layouts the image must hold)."""
-    from recserve.serving.triton.repository_settings import read_repository_info
+    from recserve.serving.triton_repository.repository_settings import read_repository_info
 
     s.check()
     if not (Path(repo) / REPOSITORY_FILE).is_file():
@@ -354,7 +354,7 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
 def _check_image_backends(repo: Path) -> None:
     """The serving image is NVIDIA's Triton container with recserve installed: Triton's own backends, not
     recserve's (native/triton-backend is built against a source checkout's torch)."""
-    from recserve.serving.triton.native_configs import RECSERVE_BACKEND
+    from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND
 
     for model, backend, _ in model_backends(repo):
         if backend == RECSERVE_BACKEND:

@@ -35,7 +35,7 @@ from recserve.serving.sagemaker.package import (
 )
 
 if TYPE_CHECKING:
-    from recserve.serving.triton.launcher import TritonServer
+    from recserve.serving.triton_server.launcher import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class TritonEndpoint(_Endpoint):
     def start(self) -> TritonEndpoint:
         from recserve.serving.processes import free_ports
         from recserve.serving.sagemaker.package import triton_model_name
-        from recserve.serving.triton.launcher import ServerSettings, TritonServer
+        from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
         model = triton_model_name(self.package_path)  # refuses a pytorch-runtime package, naming it
         repo = unpack(self.package_path, self.workdir / "model")

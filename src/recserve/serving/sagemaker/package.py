@@ -149,8 +149,8 @@ def _write_pytorch(export_dir: Path, root: Path) -> None:
 
 def _write_triton(export_dir: Path, root: Path, manifest: ExportManifest, instances: int | None) -> None:
     from recserve.devices import serving_device
-    from recserve.serving.triton.repository import write_repository
-    from recserve.serving.triton.repository_settings import RepositorySettings
+    from recserve.serving.triton_repository.layouts import write_repository
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     device = serving_device(manifest.device)
     count = instances or PACKAGE_INSTANCES[device]
@@ -188,8 +188,8 @@ class PackageInfo:
     @property
     def on_gpus(self) -> bool:
         """Whether the triton package's model runs in GPU instances (False for a pytorch package)."""
-        from recserve.serving.triton.bundle import on_gpus
-        from recserve.serving.triton.pbtxt import parse_pbtxt
+        from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+        from recserve.serving.triton_server.bundle import on_gpus
 
         return self.runtime == "triton" and on_gpus(parse_pbtxt(self.config or ""))
 
@@ -202,7 +202,7 @@ class PackageInfo:
         from google.protobuf.json_format import MessageToDict
 
         from recserve.client.triton import NativeShape
-        from recserve.serving.triton.pbtxt import parse_pbtxt
+        from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
         config = parse_pbtxt(self.config or "") if self.runtime == "triton" else None
         shape = NativeShape.from_config(MessageToDict(config, preserving_proto_field_name=True)) if config else None

@@ -32,7 +32,7 @@ from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError, StoreError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import parse_session_request
-from recserve.serving.triton.placement import instance_device
+from recserve.serving.triton_repository.placement import instance_device
 from recserve.sessions.session_histories import session_histories
 from recserve.sessions.session_store import SessionStore
 from recserve.sessions.store_settings import StoreSettings

@@ -51,7 +51,7 @@ from recserve.constants import (
 from recserve.errors import ConfigError, ServingError
 from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
-from recserve.serving.triton.native_configs import (
+from recserve.serving.triton_repository.native_configs import (
     NATIVE_PLATFORMS,
     NATIVE_RUNTIMES,
     backend_parameters,
@@ -61,7 +61,7 @@ from recserve.serving.triton.native_configs import (
     native_contract,
     require_built_for,
 )
-from recserve.serving.triton.pbtxt import (
+from recserve.serving.triton_repository.pbtxt import (
     DynamicBatching,
     EnsembleStep,
     InstanceGroup,
@@ -70,7 +70,7 @@ from recserve.serving.triton.pbtxt import (
     TritonModelConfig,
     to_pbtxt,
 )
-from recserve.serving.triton.repository_settings import RepositorySettings, record_layouts
+from recserve.serving.triton_repository.repository_settings import RepositorySettings, record_layouts
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _batched_config(
 
 def _python_model(source: str, target_dir: Path) -> None:
     target_dir.mkdir(parents=True, exist_ok=True)
-    text = resources.files("recserve.serving.triton.python_models").joinpath(f"{source}.py").read_text()
+    text = resources.files("recserve.serving.triton_repository.python_models").joinpath(f"{source}.py").read_text()
     (target_dir / "model.py").write_text(text)
 
 

@@ -19,7 +19,7 @@ from recserve.constants import (
 )
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
-from recserve.serving.triton.pbtxt import TensorSpec
+from recserve.serving.triton_repository.pbtxt import TensorSpec
 
 # the native model's file in an export -> (Triton platform, the file name that platform loads)
 NATIVE_PLATFORMS = {

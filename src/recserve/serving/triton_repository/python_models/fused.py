@@ -20,7 +20,7 @@ from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import exclude_flags, parse_triton_request
-from recserve.serving.triton.placement import instance_device
+from recserve.serving.triton_repository.placement import instance_device
 
 
 class TritonPythonModel:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from recserve.serving.processes import child_pids, cmdline, proc_name, proc_stat
-from recserve.serving.triton.launcher import TritonServer
+from recserve.serving.triton_server.launcher import TritonServer
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from one of two places, as Triton's own build gets them:
   ``rapidjson-<commit>-include.tar.gz`` and ``onnxruntime-<version>-c-api-headers.tar.gz``; each tree is
   checked against the git tree hash of its pinned commit before use.
 
-Stdlib only: the build script runs it as ``python -m recserve.serving.triton.sources DEST``.
+Stdlib and recserve only, a build tool beside the backend it builds: ``scripts/build_triton_backends.sh`` runs
+it as ``python native/backend_sources.py DEST``.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def _try_git(folder: Path, *args: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m recserve.serving.triton.sources",
+        prog="python -m backend_sources",
         description="Write the native backends' sources into DEST: fetched with git from "
         f"${SOURCES_URL_ENV} (default {DEFAULT_SOURCES_URL}) at pinned commits and cached, or taken from the "
         f"offline folder ${OFFLINE_ENV}.",

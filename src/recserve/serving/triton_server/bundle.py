@@ -87,7 +87,7 @@ PLATFORM_BACKENDS = {"pytorch_libtorch": "pytorch", "onnxruntime_onnx": "onnxrun
 def model_backends(repo: Path) -> list[tuple[str, str, Any]]:
     """(model, the backend its config names, the parsed config) for each model of a repository; a model
     whose config does not parse is left out (the server reports it in its own words)."""
-    from recserve.serving.triton.pbtxt import parse_pbtxt
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
     found = []
     for path in sorted(Path(repo).glob("*/config.pbtxt")):

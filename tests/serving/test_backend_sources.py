@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import backend_sources as sources
+from backend_sources import GitSource, check_ort_headers, fetch_sources, tree_hash
 from recserve.errors import BuildError
-from recserve.serving.triton import sources
-from recserve.serving.triton.sources import GitSource, check_ort_headers, fetch_sources, tree_hash
 
 NAMES = ("backend", "core")
 

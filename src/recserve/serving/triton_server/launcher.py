@@ -24,8 +24,8 @@ from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
 from recserve.option_fields import option
 from recserve.serving.processes import exit_code, stop_with_parent
-from recserve.serving.triton.bundle import Bundle, check_backends, find_bundle
-from recserve.serving.triton.placement import DEVICE_ENV
+from recserve.serving.triton_repository.placement import DEVICE_ENV
+from recserve.serving.triton_server.bundle import Bundle, check_backends, find_bundle
 
 
 @dataclass(frozen=True)
