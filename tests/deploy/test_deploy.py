@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
-from recserve.deploy.k8s import K8sSettings, write_manifests
+from recserve.deploy.k8s.k8s_settings import K8sSettings
+from recserve.deploy.k8s.manifest_files import write_manifests
 from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
 from recserve.errors import ServingError
 from recserve.serving.processes import free_ports
@@ -134,7 +135,8 @@ def test_the_inference_service_matches_the_kserve_sdk_models(manifests, tmp_path
 
 
 def test_a_gpu_repository_asks_kserve_for_its_gpus():
-    from recserve.deploy.k8s import inference_service, serves_on_gpus
+    from recserve.deploy.k8s.kserve_objects import inference_service
+    from recserve.deploy.k8s.manifest_files import serves_on_gpus
 
     info = {"layouts": {"native": {"device": "cuda"}, "echo": {"device": "cpu"}}}
     assert serves_on_gpus(info) and not serves_on_gpus({"layouts": {"fused": {"device": "cpu"}}})
@@ -282,7 +284,7 @@ def test_the_autoscalers_adapter_rule_names_the_hpa_metric_and_its_query_parses(
 
 
 def test_cpu_scaling_stays_a_choice():
-    from recserve.deploy.k8s import autoscaler
+    from recserve.deploy.k8s.triton_objects import autoscaler
 
     [metric] = autoscaler(K8sSettings(_env_file=None, scale_on="cpu"))["spec"]["metrics"]
     assert metric["resource"] == {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}
@@ -342,7 +344,8 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
 
 
 def test_a_repository_on_a_volume_is_mounted_read_only_and_validates():
-    from recserve.deploy.k8s import deployment, inference_service
+    from recserve.deploy.k8s.kserve_objects import inference_service
+    from recserve.deploy.k8s.triton_objects import deployment
 
     settings = K8sSettings(_env_file=None, repository="volume", repository_claim="recserve-models")
     manifest = deployment(settings)

@@ -256,7 +256,7 @@ def test_an_unknown_device_is_refused_for_either_source_and_runtime(tiny_export,
     ],
 )
 def test_a_package_and_an_instance_type_that_disagree_are_named(on_gpus, instance_type, level):
-    from recserve.serving.sagemaker.cloud import instance_mismatch
+    from recserve.deploy.sagemaker.cloud import instance_mismatch
 
     found = instance_mismatch(on_gpus, instance_type)
     assert (found and found[0]) == level
@@ -504,7 +504,7 @@ def test_deploy_warns_that_a_cpu_package_leaves_the_instance_types_gpu_idle(
 
 
 def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monkeypatch):
-    from recserve.serving.sagemaker.cloud import load_settings
+    from recserve.deploy.sagemaker.cloud import load_settings
 
     monkeypatch.setenv("RECSERVE_SAGEMAKER_INSTANCE_TYPE", "ml.g6.xlarge")
     settings = load_settings(aws_env)
@@ -512,7 +512,7 @@ def test_deploy_settings_come_from_the_environment_before_the_file(aws_env, monk
 
 
 def test_missing_or_bad_settings_get_one_error_naming_them(tmp_path, monkeypatch):
-    from recserve.serving.sagemaker.cloud import deploy, load_settings
+    from recserve.deploy.sagemaker.cloud import deploy, load_settings
 
     monkeypatch.chdir(tmp_path)  # no .env.inference here
     with pytest.raises(ServingError, match="role_arn, model_data"):

@@ -47,7 +47,8 @@ def k8s(
     gpu overlays, and rendered), a KServe InferenceService and ServingRuntime, and Prometheus, prometheus-adapter
     and Grafana files. Settings not given
     here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
-    from recserve.deploy.k8s import K8sSettings, write_manifests
+    from recserve.deploy.k8s.k8s_settings import K8sSettings
+    from recserve.deploy.k8s.manifest_files import write_manifests
     from recserve.env_settings import read_settings
 
     given: dict[str, Any] = dict(

@@ -30,13 +30,13 @@ def deploy(
 
     Settings: RECSERVE_SAGEMAKER_* environment variables or .env.inference.
     """
-    from recserve.serving.sagemaker.cloud import deploy as run_deploy
-    from recserve.serving.sagemaker.cloud import load_settings, upload
+    from recserve.deploy.sagemaker.cloud import deploy as run_deploy
+    from recserve.deploy.sagemaker.cloud import load_settings, upload
 
     settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait, replace_failed=replace_failed or None)
     if package_file is not None and settings.runtime == "triton":  # the model the package holds, not a guess
+        from recserve.deploy.sagemaker.cloud import instance_mismatch
         from recserve.errors import ServingError
-        from recserve.serving.sagemaker.cloud import instance_mismatch
         from recserve.serving.sagemaker.package import inspect_package
 
         info = inspect_package(package_file)  # one read of the archive

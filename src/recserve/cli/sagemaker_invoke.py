@@ -45,7 +45,7 @@ def invoke(
     history = history_ids(item_ids, string_ids)
     settings = None
     if not url:
-        from recserve.serving.sagemaker.cloud import load_settings
+        from recserve.deploy.sagemaker.cloud import load_settings
 
         settings = load_settings(env_file, endpoint_name=endpoint_name)
     held = inspect_package(package_file) if package_file else None
@@ -76,7 +76,7 @@ def invoke(
         if status != 200:
             raise ServingError(f"{url} answered {status}: {answer.decode(errors='replace')}")
     else:
-        from recserve.serving.sagemaker.cloud import invoke_endpoint
+        from recserve.deploy.sagemaker.cloud import invoke_endpoint
 
         assert settings is not None
         _, answer = invoke_endpoint(settings, body, content_type)

@@ -1,1 +1,2 @@
-"""SageMaker: the handler, model.tar.gz packaging, a local endpoint and deployment."""
+"""SageMaker's containers: the handler, what /invocations takes, model.tar.gz packaging, and local
+endpoints run as each container runs its package."""

@@ -17,9 +17,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recserve.constants import NATIVE_MODEL
+from recserve.deploy.sagemaker.images import image_uri
 from recserve.env_settings import read_settings
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.images import image_uri
 from recserve.serving.sagemaker.package import TRITON_MODEL_ENV, pytorch_environment
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class DeploySettings(BaseSettings):
     image_uri: str | None = Field(
         None,
         description="inference container image; default: the runtime's for the region and instance type "
-        "(serving.sagemaker.images, from the SageMaker SDK's table)",
+        "(deploy.sagemaker.images, from the SageMaker SDK's table)",
     )
     model_data: str | None = Field(None, description="S3 URI of model.tar.gz")
     runtime: Literal["pytorch", "triton"] = "pytorch"

@@ -8,8 +8,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from recserve.deploy.sagemaker.cloud import NAME_LIMIT, DeploySettings, deploy, environment, resource_name
 from recserve.errors import ServingError
-from recserve.serving.sagemaker.cloud import NAME_LIMIT, DeploySettings, deploy, environment, resource_name
 
 NAME = "recs-20261201-abcd"
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:endpoint/recs"

@@ -1,0 +1,60 @@
+"""What the Kubernetes manifests are made from: ``K8sSettings`` (each field also read from RECSERVE_K8S_<NAME> or
+``.env.k8s``), and the names and labels every object shares."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from recserve.errors import ServingError
+
+READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
+
+MODELS_PATH = "/models"
+
+# docs/reliability.md: `recserve serve` drained and exited 5.9 s after SIGTERM with --exit-timeout-secs 10;
+# the pod gets Triton's exit timeout plus this margin before Kubernetes kills it
+GRACE_MARGIN_S = 15
+
+
+class K8sSettings(BaseSettings):
+    """What the manifests need; each field is also read from RECSERVE_K8S_<NAME> or ``.env.k8s``."""
+
+    model_config = SettingsConfigDict(env_prefix="RECSERVE_K8S_", env_file=".env.k8s", extra="ignore")
+
+    name: str = Field("recserve", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    image: str = "recserve-serve:1"  # deploy/docker/Dockerfile.serve with the repository baked in
+    repository: Literal["image", "volume"] = "image"  # the repository from the image, or from a volume
+    repository_claim: str | None = None  # with repository=volume: a PersistentVolumeClaim holding it
+    replicas: int = Field(2, ge=1)  # the autoscaler's minimum (the Deployment leaves the count to it)
+    max_replicas: int = Field(8, ge=1)
+    # what the HorizontalPodAutoscaler scales on: each pod's mean queue time a request (Triton's chart does
+    # so, through prometheus-adapter's rule in monitoring/), or CPU utilization (no adapter needed)
+    scale_on: Literal["queue_time", "cpu"] = "queue_time"
+    target_queue_time_us: int = Field(2000, ge=1)  # a fifth of a 10 ms p99 budget spent waiting
+    target_cpu_utilization: int = Field(70, ge=1, le=100)
+    shm_size: str = "1Gi"  # memory-backed /dev/shm: python models pass tensors through it (64 MiB by default)
+    fs_group: int = 1000  # the pod's group: a repository volume is readable by the server's user
+    min_available: int = Field(1, ge=0)  # the PodDisruptionBudget
+    cpu_request: str = "2"
+    cpu_limit: str = "4"
+    memory_request: str = "4Gi"
+    memory_limit: str = "8Gi"
+    gpus: int = Field(1, ge=1)  # the gpu overlay: nvidia.com/gpu per pod
+    exit_timeout_s: int = Field(30, ge=1)  # Triton's --exit-timeout-secs: in-flight requests get this long
+
+    def check(self) -> None:
+        if self.repository == "volume" and not self.repository_claim:
+            raise ServingError(
+                "repository volume: set repository_claim (RECSERVE_K8S_REPOSITORY_CLAIM), the "
+                "PersistentVolumeClaim that holds the model repository"
+            )
+        if self.max_replicas < self.replicas:
+            raise ServingError(f"max_replicas {self.max_replicas} is below replicas {self.replicas}")
+
+
+def labels(s: K8sSettings) -> dict[str, str]:
+    return {"app": s.name, "app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "triton"}

@@ -1,0 +1,123 @@
+"""``recserve deploy k8s``'s folder: a kustomize layout (``base/`` plus ``overlays/cpu`` and ``overlays/gpu``), the
+same overlays rendered (``rendered/cpu.yaml``, ``rendered/gpu.yaml``: what ``kubectl kustomize`` gives, for
+clusters without it), a KServe ``InferenceService`` alternative (``kserve/``), the monitoring files
+(``monitoring/``: Prometheus scrape config, alerting rules, Grafana dashboard, and the prometheus-adapter rule
+that gives the autoscaler each pod's queue time) and a README."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recserve.constants import REPOSITORY_FILE
+from recserve.deploy.k8s.k8s_settings import K8sSettings
+from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
+from recserve.deploy.k8s.triton_objects import (
+    adapter_rules,
+    autoscaler,
+    deployment,
+    disruption_budget,
+    gpu_patch,
+    pods_dns,
+    pods_service,
+    render_overlay,
+    service,
+)
+from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
+from recserve.errors import ServingError
+from recserve.serving.triton_server.bundle import model_backends
+
+
+def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
+    """Writes every manifest under ``out``; returns the files written. ``repo`` is checked to be a
+    recserve repository (its record names the layouts the image must hold)."""
+    from recserve.serving.triton_repository.repository_settings import read_repository_info
+
+    s.check()
+    if not (Path(repo) / REPOSITORY_FILE).is_file():
+        raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
+    info = read_repository_info(repo)
+    _check_image_backends(Path(repo))
+    files: dict[str, Any] = {
+        "base/deployment.yaml": deployment(s),
+        "base/service.yaml": service(s),
+        "base/pods.yaml": pods_service(s),
+        "base/hpa.yaml": autoscaler(s),
+        "base/pdb.yaml": disruption_budget(s),
+        "base/kustomization.yaml": _kustomization(
+            ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]
+        ),
+        "overlays/cpu/kustomization.yaml": _kustomization(["../../base"]),
+        "overlays/gpu/kustomization.yaml": _kustomization(["../../base"]) | {"patches": [{"path": "gpu.yaml"}]},
+        "overlays/gpu/gpu.yaml": gpu_patch(s),
+        "kserve/inferenceservice.yaml": inference_service(s, gpu=serves_on_gpus(info)),
+        "kserve/servingruntime.yaml": serving_runtime(s),
+        "monitoring/prometheus.yml": scrape_config(pods_dns=pods_dns(s)),
+        "monitoring/prometheus-adapter.yaml": adapter_rules(s),
+        "monitoring/alerts.yml": alert_rules(),
+    }
+    written = []
+    for relative, content in files.items():
+        written.append(_write(Path(out) / relative, yaml.safe_dump(content, sort_keys=False)))
+    for overlay in ("cpu", "gpu"):
+        text = yaml.safe_dump_all(render_overlay(s, overlay), sort_keys=False)
+        written.append(_write(Path(out) / "rendered" / f"{overlay}.yaml", text))
+    written.append(
+        _write(Path(out) / "monitoring" / "grafana-dashboard.json", json.dumps(grafana_dashboard(), indent=2))
+    )
+    written.append(_write(Path(out) / "README.md", _readme(s, info)))
+    return written
+
+
+def _check_image_backends(repo: Path) -> None:
+    """The serving image is NVIDIA's Triton container with recserve installed: Triton's own backends, not
+    recserve's (native/triton-backend is built against a source checkout's torch)."""
+    from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND
+
+    for model, backend, _ in model_backends(repo):
+        if backend == RECSERVE_BACKEND:
+            raise ServingError(
+                f"{repo}: {model} runs on recserve's own Triton backend, which the serving image "
+                "(deploy/docker/Dockerfile.serve, NVIDIA's Triton container) does not hold: write the repository "
+                "with `recserve repo --native-runtime pytorch` for Kubernetes"
+            )
+
+
+def serves_on_gpus(info: dict) -> bool:
+    """Whether a repository's record has a layout exported for a GPU."""
+    return any(str(layout.get("device", "cpu")) in ("cuda", "gpu") for layout in info.get("layouts", {}).values())
+
+
+def _kustomization(resources: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": resources}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def _readme(s: K8sSettings, info: dict) -> str:
+    layouts = ", ".join(sorted(info.get("layouts", {}))) or "unknown"
+    lines = [
+        f"# {s.name}: Triton on Kubernetes",
+        "",
+        f"Written by `recserve deploy k8s` for a repository with the layouts {layouts}.",
+        "",
+        "```bash",
+        f"docker build -f deploy/docker/Dockerfile.serve --build-arg REPO=<repo> -t {s.image} .",
+        "kubectl apply -k overlays/gpu   # or overlays/cpu; without kustomize: kubectl apply -f rendered/gpu.yaml",
+        "kubectl apply -f kserve/servingruntime.yaml -f kserve/inferenceservice.yaml   # the KServe alternative",
+        "```",
+        "",
+        "monitoring/: prometheus.yml (scrape job), alerts.yml (rules), grafana-dashboard.json, and",
+        "prometheus-adapter.yaml: the rule that gives the autoscaler each pod's queue time",
+        "(`helm install prometheus-adapter prometheus-community/prometheus-adapter \\`",
+        "`-f monitoring/prometheus-adapter.yaml`;",
+        "RECSERVE_K8S_SCALE_ON=cpu scales on CPU instead, without the adapter); docs/deployment.md.",
+    ]
+    return "\n".join(lines) + "\n"
