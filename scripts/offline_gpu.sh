@@ -56,12 +56,7 @@ cmd_pack() {
   if [ $# -eq 2 ]; then
     rm -rf .gpu/ml100k && mkdir -p .gpu/ml100k
     cp "$1"/model.pt "$1"/model_config.json "$1"/item_ids.npy "$1"/popularity.npy .gpu/ml100k/
-    .venv/bin/python - "$2" .gpu/ml100k/histories.npz <<'PY'
-import sys, numpy as np
-from recserve.data.datasets import load_prepared
-data = load_prepared(sys.argv[1]); seq = data.sequences.truncated(1)
-np.savez(sys.argv[2], items=data.vocab.to_ids(seq.items), offsets=seq.offsets)
-PY
+    .venv/bin/python benchmarks/gpu_files.py histories "$2" .gpu/ml100k/histories.npz
   fi
   du -sh .gpu
 }
@@ -153,15 +148,7 @@ cmd_ddp() {
       --out "$out/trainer-overhead.json" 2>&1 | grep "repeat\|median\|Error"
   fi
   # one file for the training runs' JSON: a call brings back at most 8 files
-  python3 - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-runs = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*.json")) if f.name not in ("step.json", "prepared.json")}
-(out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
-for name in runs:
-    (out / f"{name}.json").unlink()
-PY
+  python3 benchmarks/gpu_files.py merge "$out"
 }
 
 # One GPU-machine call: both models with `recserve train`'s defaults on each data set named (default: video

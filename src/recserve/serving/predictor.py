@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,12 @@ class Answers:
             width = int(np.isfinite(scores).sum(1).min(initial=k))
             ids, scores = ids[:, :width], scores[:, :width]
         return np.ascontiguousarray(ids), np.ascontiguousarray(scores)
+
+    def for_triton(self) -> Answers:
+        """These answers as Triton sends them: string IDs as BYTES (numpy bytes), integer IDs as they are."""
+        from recserve.data.vocab import as_bytes_ids
+
+        return replace(self, item_ids=as_bytes_ids(self.item_ids)) if self.item_ids.dtype.kind == "U" else self
 
 
 @dataclass(frozen=True)

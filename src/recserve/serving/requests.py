@@ -5,13 +5,17 @@ Shared by every server shell (the Triton python models and the SageMaker handler
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, INPUT_SESSION_ID, NATIVE_PAD_ID
 from recserve.errors import RequestError
 from recserve.sessions.store_settings import MAX_SESSION_ID
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -140,3 +144,15 @@ def parse_triton_request(request, max_k: int, string_ids: bool) -> ParsedRequest
     return parse_request(
         inputs[INPUT_ITEM_IDS].as_numpy(), value(INPUT_K), value(INPUT_EXCLUDE_SEEN), max_k, string_ids
     )
+
+
+def parse_each(requests: Sequence[Any], parse: Callable[[Any], P]) -> tuple[list[P | RequestError], list[P]]:
+    """A batch's requests parsed one by one: each one's parse, or its ``RequestError`` in its place (a bad
+    request is answered alone, never fails the batch), and the good ones."""
+    parsed: list[P | RequestError] = []
+    for request in requests:
+        try:
+            parsed.append(parse(request))
+        except RequestError as err:
+            parsed.append(err)
+    return parsed, [p for p in parsed if not isinstance(p, RequestError)]

@@ -6,7 +6,6 @@ INVALID_ARG error response and leaves the rest of the batch unharmed.
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,9 @@ if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carri
     sys.path.insert(0, str(Path(__file__).parent))
 
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
-from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
-from recserve.serving.requests import exclude_flags, parse_triton_request
+from recserve.serving.requests import exclude_flags, parse_each, parse_triton_request
 from recserve.serving.triton_repository.placement import instance_device
 
 
@@ -32,20 +30,14 @@ class TritonPythonModel:
         self.predictor = Predictor.load(folder, instance_device(args))
 
     def _parse(self, request):
-        try:
-            return parse_triton_request(request, self.predictor.max_k, self.predictor.string_ids)
-        except RequestError as err:
-            return err
+        return parse_triton_request(request, self.predictor.max_k, self.predictor.string_ids)
 
     def execute(self, requests):
-        parsed = [self._parse(r) for r in requests]
-        good = [p for p in parsed if not isinstance(p, RequestError)]
+        parsed, good = parse_each(requests, self._parse)
         if not good:
             return [self._error(p) for p in parsed]
         histories = [h for p in good for h in p.histories]
-        answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good))
-        if answers.item_ids.dtype.kind == "U":  # string IDs go out as BYTES
-            answers = replace(answers, item_ids=as_bytes_ids(answers.item_ids))
+        answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good)).for_triton()
         unknown = answers.unknown.astype(np.int32)[:, None]  # Triton 2.51 has no response parameters
         responses, row = [], 0
         for p in parsed:

@@ -8,7 +8,6 @@ UNAVAILABLE; a bad request gets INVALID_ARG; neither harms the rest of the batch
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +27,9 @@ from recserve.constants import (
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
 )
-from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError, StoreError
 from recserve.serving.predictor import Predictor
-from recserve.serving.requests import parse_session_request
+from recserve.serving.requests import parse_each, parse_session_request
 from recserve.serving.triton_repository.placement import instance_device
 from recserve.sessions.session_histories import session_histories
 from recserve.sessions.session_store import SessionStore
@@ -53,23 +51,19 @@ class TritonPythonModel:
 
     def _parse(self, request):
         inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-        try:
-            if INPUT_SESSION_ID not in inputs:
-                raise RequestError(f"missing input '{INPUT_SESSION_ID}'")
-            return parse_session_request(
-                inputs[INPUT_SESSION_ID],
-                inputs.get(INPUT_ITEM_IDS),
-                inputs.get(INPUT_K),
-                inputs.get(INPUT_EXCLUDE_SEEN),
-                self.predictor.max_k,
-                self.predictor.string_ids,
-            )
-        except RequestError as err:
-            return err
+        if INPUT_SESSION_ID not in inputs:
+            raise RequestError(f"missing input '{INPUT_SESSION_ID}'")
+        return parse_session_request(
+            inputs[INPUT_SESSION_ID],
+            inputs.get(INPUT_ITEM_IDS),
+            inputs.get(INPUT_K),
+            inputs.get(INPUT_EXCLUDE_SEEN),
+            self.predictor.max_k,
+            self.predictor.string_ids,
+        )
 
     def execute(self, requests):
-        parsed = [self._parse(r) for r in requests]
-        good = [p for p in parsed if not isinstance(p, RequestError)]
+        parsed, good = parse_each(requests, self._parse)
         if not good:
             return [self._error(p) for p in parsed]
         found = session_histories(
@@ -86,9 +80,7 @@ class TritonPythonModel:
         answers = None
         if answerable:
             histories = [found.histories[i] for i in answerable]
-            answers = self.predictor.answer(histories, max(p.k for p in good), exclude[answerable])
-            if answers.item_ids.dtype.kind == "U":  # string IDs go out as BYTES
-                answers = replace(answers, item_ids=as_bytes_ids(answers.item_ids))
+            answers = self.predictor.answer(histories, max(p.k for p in good), exclude[answerable]).for_triton()
         position = {row: n for n, row in enumerate(answerable)}  # batch row -> row of the answers
         responses, row = [], 0
         for p in parsed:
