@@ -57,6 +57,9 @@ OUTPUT_HISTORY_SOURCE = "history_source"  # INT32 [1]: HISTORY_FROM_STORE, or HI
 OUTPUT_HISTORY_LENGTH = "history_length"  # INT32 [1]: the items the answer was computed from
 HISTORY_FROM_STORE = 0
 HISTORY_FROM_REQUEST = 1
+# the same by session on recserve's own backend: the store read in C++ (hiredis), the native graph scored
+NATIVE_SESSION_MODEL = "recommender_native_session"
+SESSION_LAYOUTS = ("session", "native_session")  # the layouts whose record names a session store
 
 # Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
 NATIVE_MODEL = "recommender_native"

@@ -81,9 +81,9 @@ def test_the_pytorch_container_gets_batching_one_thread_and_the_workers_asked_fo
 
 def test_names_fit_sagemakers_limit_and_never_repeat():
     long = "a" * 70
-    names = {resource_name(long) for _ in range(50)}
-    assert len(names) == 50 and all(len(n) <= NAME_LIMIT for n in names)
-    assert resource_name("recs").startswith("recs-") and len(resource_name("recs")) == len("recs") + 20
+    names = {resource_name(long) for _ in range(1000)}
+    assert len(names) == 1000 and all(len(n) <= NAME_LIMIT for n in names)
+    assert resource_name("recs").startswith("recs-") and len(resource_name("recs")) == len("recs") + 24
 
 
 def test_an_updating_endpoint_is_waited_for_then_updated(sm):

@@ -41,12 +41,20 @@ def k8s(
         str | None, typer.Option(help="image (baked in) or volume (a PersistentVolumeClaim).")
     ] = None,
     repository_claim: Annotated[str | None, typer.Option(help="With --repository volume: the claim's name.")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="For a repository with the session layout: statefulset (a Valkey StatefulSet with persistence, "
+            "written beside the replicas) or external (the store the repository's record names) [statefulset]. "
+            "Its password is the Secret RECSERVE_K8S_STORE_SECRET [recserve-store]."
+        ),
+    ] = None,
     env_file: Annotated[Path, typer.Option(help="Settings file (RECSERVE_K8S_<NAME>=value lines).")] = Path(".env.k8s"),
 ) -> None:
     """Write Deployment, Service, HorizontalPodAutoscaler, PodDisruptionBudget (kustomize base with cpu and
     gpu overlays, and rendered), a KServe InferenceService and ServingRuntime, and Prometheus, prometheus-adapter
-    and Grafana files. Settings not given
-    here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
+    and Grafana files; for the session layout, its store (a StatefulSet, or an existing one's Secret). Settings
+    not given here come from RECSERVE_K8S_* variables or --env-file, then the defaults."""
     from recserve.deploy.k8s.k8s_settings import K8sSettings
     from recserve.deploy.k8s.manifest_files import write_manifests
     from recserve.env_settings import read_settings
@@ -60,6 +68,7 @@ def k8s(
         scale_on=scale_on,
         repository=repository,
         repository_claim=repository_claim,
+        store=store,
     )
     settings = read_settings(K8sSettings, env_file, **given)
     files = write_manifests(repo, out, settings)

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from recserve.errors import ConfigError, StoreError
 from recserve.serving.processes import free_ports
-from recserve.sessions.store_settings import StoreSettings
+from recserve.sessions.store_settings import StoreSettings, acl_rules
 
 RECORD_FILE = "store.json"
 PASSWORD_FILE = "password"
+ACL_FILE = "users.acl"
 USER = "recserve"
 
 
@@ -69,7 +70,6 @@ def start(folder: Path, prefix: str = "recserve:", persist: bool = True, port: i
     old = json.loads((folder / RECORD_FILE).read_text()) if (folder / RECORD_FILE).exists() else {}
     port = port or old.get("port") or free_ports(1)[0]
     prefix = old.get("prefix", prefix)
-    StoreSettings(prefix=prefix)  # the prefix checked before the server holds it in its ACL
     config = "\n".join(
         [
             "bind 127.0.0.1",
@@ -82,11 +82,10 @@ def start(folder: Path, prefix: str = "recserve:", persist: bool = True, port: i
             'save ""',
             f"appendonly {'yes' if persist else 'no'}",
             "appendfsync always",  # acknowledged means on disk
-            "user default off",
-            f"user {USER} on >{password} ~{prefix}* &* +@all -@dangerous",
         ]
     )
-    _private(folder / "server.conf", config + "\n")
+    _private(folder / ACL_FILE, acl_rules(USER, password, prefix))
+    _private(folder / "server.conf", config + f"\naclfile {folder / ACL_FILE}\n")
     settings = StoreSettings(
         url=f"redis://127.0.0.1:{port}/0", username=USER, password_file=str(password_file), prefix=prefix
     )

@@ -12,6 +12,9 @@ from recserve.errors import ConfigError
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}:")  # one tenant's namespace: no ':' inside, one at the end
 MAX_SESSION_ID = 256  # characters of a session ID
 MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
+# the ACL a store gives recserve: the default user off, and one user who holds the password's SHA-256 and may
+# touch only its prefix's keys and channels, with every command but the dangerous ones (CONFIG, FLUSHALL, ...)
+ACL_RULES = "user default off\nuser {user} on #{sha256} ~{prefix}* &* +@all -@dangerous\n"
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,14 @@ def read_store_record(path: str | Path) -> dict:
         return StoreSettings.from_record(record).describe()
     except TypeError as err:
         raise ConfigError(f"{path}: {err}") from err
+
+
+def acl_rules(user: str, password: str, prefix: str) -> str:
+    """The store's ACL file for one recserve user (``ACL_RULES``): the password's hash, never the password."""
+    import hashlib
+
+    StoreSettings(prefix=prefix)  # the prefix checked before the server holds it in its ACL
+    return ACL_RULES.format(user=user, sha256=hashlib.sha256(password.encode()).hexdigest(), prefix=prefix)
 
 
 def password_from_env(name: str | None) -> str | None:

@@ -45,6 +45,13 @@ class K8sSettings(BaseSettings):
     memory_limit: str = "8Gi"
     gpus: int = Field(1, ge=1)  # the gpu overlay: nvidia.com/gpu per pod
     exit_timeout_s: int = Field(30, ge=1)  # Triton's --exit-timeout-secs: in-flight requests get this long
+    # the session layout's store: a StatefulSet written beside the replicas, or the one the repository's
+    # store record names (external); its password in the Secret store_secret (key "password")
+    store: Literal["statefulset", "external"] = "statefulset"
+    store_secret: str = Field("recserve-store", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    store_image: str = "valkey/valkey:8.0.2"
+    store_storage: str = "10Gi"  # the StatefulSet's volume: the append-only file
+    store_memory: str = "2Gi"
 
     def check(self) -> None:
         if self.repository == "volume" and not self.repository_claim:

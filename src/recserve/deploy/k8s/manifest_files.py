@@ -12,9 +12,10 @@ from typing import Any
 
 import yaml
 
-from recserve.constants import REPOSITORY_FILE
+from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
+from recserve.deploy.k8s.store_objects import SECRET_KEY, check_store_record, store_service, store_statefulset
 from recserve.deploy.k8s.triton_objects import (
     adapter_rules,
     autoscaler,
@@ -41,15 +42,22 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
     info = read_repository_info(repo)
     _check_image_backends(Path(repo))
+    store = next((info["layouts"][n]["session_store"] for n in SESSION_LAYOUTS if n in info["layouts"]), None)
+    if store is not None:
+        check_store_record(s, store)
+    base = ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]
+    store_files: dict[str, Any] = {}
+    if store is not None and s.store == "statefulset":
+        store_files = {"base/store.yaml": store_statefulset(s, store), "base/store-service.yaml": store_service(s)}
+        base += ["store.yaml", "store-service.yaml"]
     files: dict[str, Any] = {
-        "base/deployment.yaml": deployment(s),
+        "base/deployment.yaml": deployment(s, store),
         "base/service.yaml": service(s),
         "base/pods.yaml": pods_service(s),
         "base/hpa.yaml": autoscaler(s),
         "base/pdb.yaml": disruption_budget(s),
-        "base/kustomization.yaml": _kustomization(
-            ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]
-        ),
+        **store_files,
+        "base/kustomization.yaml": _kustomization(base),
         "overlays/cpu/kustomization.yaml": _kustomization(["../../base"]),
         "overlays/gpu/kustomization.yaml": _kustomization(["../../base"]) | {"patches": [{"path": "gpu.yaml"}]},
         "overlays/gpu/gpu.yaml": gpu_patch(s),
@@ -63,12 +71,12 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     for relative, content in files.items():
         written.append(_write(Path(out) / relative, yaml.safe_dump(content, sort_keys=False)))
     for overlay in ("cpu", "gpu"):
-        text = yaml.safe_dump_all(render_overlay(s, overlay), sort_keys=False)
+        text = yaml.safe_dump_all(render_overlay(s, overlay, store), sort_keys=False)
         written.append(_write(Path(out) / "rendered" / f"{overlay}.yaml", text))
     written.append(
         _write(Path(out) / "monitoring" / "grafana-dashboard.json", json.dumps(grafana_dashboard(), indent=2))
     )
-    written.append(_write(Path(out) / "README.md", _readme(s, info)))
+    written.append(_write(Path(out) / "README.md", _readme(s, info, store)))
     return written
 
 
@@ -101,7 +109,7 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _readme(s: K8sSettings, info: dict) -> str:
+def _readme(s: K8sSettings, info: dict, store: dict | None) -> str:
     layouts = ", ".join(sorted(info.get("layouts", {}))) or "unknown"
     lines = [
         f"# {s.name}: Triton on Kubernetes",
@@ -120,4 +128,24 @@ def _readme(s: K8sSettings, info: dict) -> str:
         "`-f monitoring/prometheus-adapter.yaml`;",
         "RECSERVE_K8S_SCALE_ON=cpu scales on CPU instead, without the adapter); docs/deployment.md.",
     ]
+    if store is not None:
+        where = (
+            f"the StatefulSet {s.name}-store (base/store.yaml: Valkey, the append-only file fsynced at every write on "
+            f"a {s.store_storage} volume, its ACL built from the Secret at start: the password's SHA-256 only)"
+            if s.store == "statefulset"
+            else f"the store at {store['url']} (its ACL user {store['username']}, keys {store['prefix']}* only)"
+        )
+        lines += [
+            "",
+            "## The session store",
+            "",
+            f"The session layout keeps each session's items in {where}. Its password is the Secret",
+            f"`{s.store_secret}` (key `{SECRET_KEY}`), which no file here holds; create it before applying:",
+            "",
+            "```bash",
+            f"kubectl create secret generic {s.store_secret} -n {s.namespace} --from-file={SECRET_KEY}=PASSWORD_FILE",
+            "```",
+            "",
+            f"The Triton pods read it at {store['password_file']}; docs/sessions.md.",
+        ]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from typing import Any
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.deploy.k8s.k8s_settings import GRACE_MARGIN_S, LIVE_PATH, MODELS_PATH, READY_PATH, K8sSettings, labels
+from recserve.deploy.k8s.store_objects import store_mount, store_service, store_statefulset
 from recserve.serving.triton_server.launcher import serving_flags
 
 
@@ -31,7 +32,8 @@ def _probe(path: str, period_s: int, failures: int) -> dict[str, Any]:
     }
 
 
-def deployment(s: K8sSettings) -> dict[str, Any]:
+def deployment(s: K8sSettings, store: dict | None = None) -> dict[str, Any]:
+    """The Triton replicas; with ``store`` (the session layout's store record) the store's Secret mounted."""
     container: dict[str, Any] = {
         "name": "triton",
         "image": s.image,
@@ -58,6 +60,10 @@ def deployment(s: K8sSettings) -> dict[str, Any]:
     }
     container["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm"}]
     pod["volumes"] = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}}]
+    if store is not None:
+        mount, volume = store_mount(s, store)
+        container["volumeMounts"].append(mount)
+        pod["volumes"].append(volume)
     if s.repository == "volume":
         container["volumeMounts"].append({"name": "models", "mountPath": MODELS_PATH, "readOnly": True})
         pod["volumes"].append(
@@ -178,9 +184,11 @@ def gpu_patch(s: K8sSettings) -> dict[str, Any]:
     }
 
 
-def render_overlay(s: K8sSettings, overlay: str) -> list[dict[str, Any]]:
+def render_overlay(s: K8sSettings, overlay: str, store: dict | None = None) -> list[dict[str, Any]]:
     """The objects ``kubectl kustomize overlays/<overlay>`` yields: the base, with the gpu patch applied."""
-    objects = [deployment(s), service(s), pods_service(s), autoscaler(s), disruption_budget(s)]
+    objects = [deployment(s, store), service(s), pods_service(s), autoscaler(s), disruption_budget(s)]
+    if store is not None and s.store == "statefulset":
+        objects += [store_statefulset(s, store), store_service(s)]
     if overlay == "gpu":
         pod = objects[0]["spec"]["template"]["spec"]
         patch = gpu_patch(s)["spec"]["template"]["spec"]

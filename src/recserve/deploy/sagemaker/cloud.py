@@ -113,8 +113,9 @@ BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
 
 
 def resource_name(endpoint_name: str) -> str:
-    """``<endpoint>-<UTC stamp>-<4 hex>``, cut to fit 63 characters: unique within a second too."""
-    suffix = f"-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:4]}"
+    """``<endpoint>-<UTC stamp>-<8 hex>``, cut to fit 63 characters: unique within a second too (4 hex collided
+    once in 50 names a second about 2% of the time)."""
+    suffix = f"-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     return endpoint_name[: NAME_LIMIT - len(suffix)].rstrip("-") + suffix
 
 

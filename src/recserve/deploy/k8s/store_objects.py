@@ -1,0 +1,173 @@
+"""The session store on Kubernetes, for a repository with the session layout: a Valkey StatefulSet with
+persistence (the append-only file, fsynced at every write, on a PersistentVolumeClaim) and its Service, or
+an existing store's address; and what the Triton pods mount to reach it. The password lives in a Secret the
+team creates (``kubectl create secret generic NAME --from-file=password=FILE``): no manifest holds it, and the
+store's ACL file holds only its SHA-256."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import urllib.parse
+from typing import Any
+
+from recserve.deploy.k8s.k8s_settings import K8sSettings
+from recserve.errors import ServingError
+from recserve.sessions.store_settings import ACL_RULES
+
+STORE_PORT = 6379
+SECRET_KEY = "password"  # the Secret's key that holds the password
+SECRET_DIR, ACL_DIR, DATA_DIR = "/secret", "/acl", "/data"
+VALKEY_UID = 999  # the valkey image's user
+# the init container: the ACL file (store_settings.ACL_RULES) from the Secret, the password's SHA-256 only; the
+# password is the file's first line, as StoreSettings.secret reads it
+_ACL_FORMAT = ACL_RULES.format(user="%s", sha256="%s", prefix="%s").replace("\n", "\\n")  # printf's format
+ACL_SCRIPT = (
+    "set -eu\n"
+    f"hash=$(head -n 1 {SECRET_DIR}/{SECRET_KEY} | tr -d '\\r\\n' | sha256sum | cut -d ' ' -f 1)\n"
+    f"printf '{_ACL_FORMAT}' "
+    f'"$STORE_USER" "$hash" "$STORE_PREFIX" > {ACL_DIR}/users.acl\n'
+)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def store_name(s: K8sSettings) -> str:
+    return f"{s.name}-store"
+
+
+def store_url(s: K8sSettings) -> str:
+    """The address the Triton pods reach the StatefulSet's store at (its Service, in the same namespace)."""
+    return f"redis://{store_name(s)}:{STORE_PORT}/0"
+
+
+def check_store_record(s: K8sSettings, record: dict) -> None:
+    """The session layout's store record (in the repository) must be one the cluster can use.
+
+    Raises:
+        ServingError: it names a loopback address, no user or no absolute password file, or (with the
+            StatefulSet) another address than the StatefulSet's Service; the message gives the record to write.
+    """
+    host = urllib.parse.urlsplit(record.get("url", "")).hostname or ""
+    wanted = store_url(s) if s.store == "statefulset" else "redis://STORE-HOST:6379/0"
+    example = (
+        f'{{"url": "{wanted}", "username": "recserve", "password_file": "/var/run/recserve-store/password", '
+        '"prefix": "recserve:"}'
+    )
+    problems = []
+    if s.store == "statefulset" and record.get("url") != store_url(s):
+        problems.append(f"its url is {record.get('url')!r}, not the StatefulSet's {store_url(s)!r}")
+    elif host in LOOPBACK:
+        problems.append(f"its url {record.get('url')!r} is a loopback address, which in a pod is the pod itself")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", record.get("username") or ""):
+        problems.append(f"it names no ACL user of letters, digits, '_' or '-' (username: {record.get('username')!r})")
+    if not posixpath.isabs(record.get("password_file") or ""):
+        problems.append("it names no absolute password_file (where the pods mount the Secret)")
+    if problems:
+        raise ServingError(
+            "the session layout's store record cannot serve on Kubernetes: " + "; ".join(problems) + ". Write the "
+            f"repository with `recserve repo --layout session --session-store cluster-store.json`, the file holding "
+            f"{example}"
+        )
+
+
+def store_mount(s: K8sSettings, record: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Triton container's volume mount and the pod's volume: the Secret's password at the record's
+    ``password_file``."""
+    folder, name = posixpath.split(record["password_file"])
+    volume = {
+        "name": "store-secret",
+        "secret": {"secretName": s.store_secret, "items": [{"key": SECRET_KEY, "path": name}], "defaultMode": 0o440},
+    }
+    return {"name": "store-secret", "mountPath": folder, "readOnly": True}, volume
+
+
+def _labels(s: K8sSettings) -> dict[str, str]:
+    return {"app": store_name(s), "app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "session-store"}
+
+
+def store_service(s: K8sSettings) -> dict[str, Any]:
+    """A headless Service: the StatefulSet's pod by a stable name, ``<name>-store``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": store_name(s), "namespace": s.namespace, "labels": _labels(s)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"app": store_name(s)},
+            "ports": [{"name": "redis", "port": STORE_PORT, "targetPort": "redis"}],
+        },
+    }
+
+
+def store_args() -> list[str]:
+    """valkey-server's flags: every interface of the pod, the ACL file, and an acknowledged write on disk."""
+    return [
+        "--bind", "0.0.0.0",
+        "--port", str(STORE_PORT),
+        "--dir", DATA_DIR,
+        "--aclfile", f"{ACL_DIR}/users.acl",
+        "--appendonly", "yes",
+        "--appendfsync", "always",
+        "--save", "",
+    ]  # fmt: skip
+
+
+def store_statefulset(s: K8sSettings, record: dict) -> dict[str, Any]:
+    secret = {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True}
+    acl = {"name": "acl", "mountPath": ACL_DIR}
+    security = {"runAsNonRoot": True, "runAsUser": VALKEY_UID, "allowPrivilegeEscalation": False}
+    init = {
+        "name": "acl",
+        "image": s.store_image,
+        "command": ["sh", "-c", ACL_SCRIPT],
+        "env": [
+            {"name": "STORE_USER", "value": record["username"]},
+            {"name": "STORE_PREFIX", "value": record["prefix"]},
+        ],
+        "volumeMounts": [secret, acl],
+        "securityContext": security,
+    }
+    probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 5, "failureThreshold": 3}
+    container = {
+        "name": "valkey",
+        "image": s.store_image,
+        "command": ["valkey-server"],
+        "args": store_args(),
+        "ports": [{"name": "redis", "containerPort": STORE_PORT}],
+        "readinessProbe": probe,
+        "livenessProbe": probe | {"periodSeconds": 10},
+        "resources": {
+            "requests": {"cpu": "250m", "memory": s.store_memory},
+            "limits": {"memory": s.store_memory},
+        },
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}, acl],
+        "securityContext": security,
+    }
+    volumes = [
+        {"name": "secret", "secret": {"secretName": s.store_secret, "defaultMode": 0o400}},
+        {"name": "acl", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+    claim = {
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": s.store_storage}}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": store_name(s), "namespace": s.namespace, "labels": _labels(s)},
+        "spec": {
+            "serviceName": store_name(s),
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": store_name(s)}},
+            "template": {
+                "metadata": {"labels": _labels(s)},
+                "spec": {
+                    "initContainers": [init],
+                    "containers": [container],
+                    "volumes": volumes,
+                    "securityContext": {"runAsNonRoot": True, "fsGroup": VALKEY_UID},
+                },
+            },
+            "volumeClaimTemplates": [claim],
+        },
+    }

@@ -1,0 +1,185 @@
+"""`recserve deploy k8s` for the session layout: the store's StatefulSet and Service validate against the
+Kubernetes schemas, the Triton pods mount the Secret where the repository's record says, a record a cluster
+cannot use is refused, and what the StatefulSet runs (its init container's ACL script, then the server with
+its flags) is run here against a real Redis server: the password works, the default user and other
+prefixes are shut out, and no file holds the password."""
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import redis
+import yaml
+
+from recserve.deploy.k8s.k8s_settings import K8sSettings
+from recserve.deploy.k8s.manifest_files import write_manifests
+from recserve.deploy.k8s.store_objects import ACL_DIR, DATA_DIR, SECRET_DIR, SECRET_KEY, store_args, store_url
+from recserve.errors import ServingError, StoreError
+from recserve.serving.processes import free_ports
+from recserve.serving.triton_repository.layouts import write_repository
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.sessions.embedded_store import server_binary, start, stop
+from recserve.sessions.session_store import Event, SessionStore
+from recserve.sessions.store_settings import StoreSettings
+
+K8S_VERSION = "1.32.0"
+MOUNTED = "/var/run/recserve-store/password"
+
+
+def _cluster_record(tmp_path: Path, url: str, **changes) -> Path:
+    record = {"url": url, "username": "recserve", "password_file": MOUNTED, "prefix": "shop-a:"} | changes
+    path = tmp_path / f"store-{len(list(tmp_path.glob('store-*')))}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _session_repo(tiny_export, tmp_path: Path, record: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.rmtree(repo, ignore_errors=True)
+    write_repository(tiny_export, repo, ("fused", "session"), RepositorySettings(session_store=str(record)))
+    return repo
+
+
+def _objects(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+@pytest.fixture(scope="module")
+def store_manifests(tiny_export, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("k8s-store")
+    repo = _session_repo(tiny_export, tmp, _cluster_record(tmp, store_url(K8sSettings(_env_file=None))))
+    out = tmp / "k8s"
+    write_manifests(repo, out, K8sSettings(_env_file=None))
+    return out
+
+
+def test_the_store_statefulset_and_service_validate_and_the_pods_mount_the_secret(store_manifests):
+    base = yaml.safe_load((store_manifests / "base" / "kustomization.yaml").read_text())["resources"]
+    assert {"store.yaml", "store-service.yaml"} <= set(base)
+    for path in [*sorted((store_manifests / "base").glob("*.yaml")), *(store_manifests / "rendered").glob("*.yaml")]:
+        for obj in _objects(path):
+            if obj["kind"] != "Kustomization":
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    [statefulset] = _objects(store_manifests / "base" / "store.yaml")
+    assert statefulset["kind"] == "StatefulSet" and statefulset["spec"]["volumeClaimTemplates"][0]["spec"]
+    valkey = statefulset["spec"]["template"]["spec"]["containers"][0]
+    assert valkey["args"][valkey["args"].index("--appendfsync") + 1] == "always"
+    [deployment] = _objects(store_manifests / "base" / "deployment.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    [secret] = [v for v in pod["volumes"] if "secret" in v]
+    assert secret["secret"] == {
+        "secretName": "recserve-store",
+        "items": [{"key": SECRET_KEY, "path": "password"}],
+        "defaultMode": 0o440,
+    }
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == secret["name"]]
+    assert mount == {"name": secret["name"], "mountPath": str(Path(MOUNTED).parent), "readOnly": True}
+    for overlay in ("cpu", "gpu"):
+        kinds = [obj["kind"] for obj in _objects(store_manifests / "rendered" / f"{overlay}.yaml")]
+        assert kinds.count("StatefulSet") == 1 and kinds.count("Service") == 3
+    readme = (store_manifests / "README.md").read_text()
+    assert "kubectl create secret generic recserve-store -n default --from-file=password=PASSWORD_FILE" in readme
+
+
+def test_a_record_the_cluster_cannot_use_is_refused_with_the_record_to_write(tiny_export, tmp_path):
+    """The embedded store's record (loopback), one without a user or an absolute password file, and one that
+    names another address than the StatefulSet's: each refused, saying what to write. With --store external
+    the store's address is the record's, and no StatefulSet is written."""
+    settings = K8sSettings(_env_file=None)
+    store = start(tmp_path / "store")
+    try:
+        repo = _session_repo(tiny_export, tmp_path, tmp_path / "store")
+        with pytest.raises(ServingError, match="not the StatefulSet's 'redis://recserve-store:6379/0'.*cluster-store"):
+            write_manifests(repo, tmp_path / "k8s", settings)
+        external = K8sSettings(_env_file=None, store="external")
+        with pytest.raises(ServingError, match="loopback address, which in a pod is the pod itself"):
+            write_manifests(repo, tmp_path / "k8s", external)
+    finally:
+        stop(tmp_path / "store")
+    assert store.url.startswith("redis://127.0.0.1:")
+    url = store_url(settings)
+    for changes, problem in [
+        ({"username": None}, "names no ACL user"),
+        ({"username": "a b"}, "names no ACL user"),
+        ({"password_file": "password"}, "no absolute password_file"),
+    ]:
+        repo = _session_repo(tiny_export, tmp_path, _cluster_record(tmp_path, url, **changes))
+        with pytest.raises(ServingError, match=problem):
+            write_manifests(repo, tmp_path / "k8s", settings)
+    assert not (tmp_path / "k8s").exists()
+    repo = _session_repo(tiny_export, tmp_path, _cluster_record(tmp_path, "redis://valkey.shop.svc:6379/0"))
+    write_manifests(repo, tmp_path / "k8s", K8sSettings(_env_file=None, store="external"))
+    assert not (tmp_path / "k8s" / "base" / "store.yaml").exists()
+    assert "redis://valkey.shop.svc:6379/0" in (tmp_path / "k8s" / "README.md").read_text()
+
+
+def test_what_the_statefulset_runs_serves_the_password_and_shuts_out_the_rest(store_manifests, tmp_path):
+    """The init container's script and the server's flags, as the manifest holds them, run on this machine
+    (paths moved into a temporary folder, loopback instead of every interface): the ACL it writes holds only
+    the password's hash; the record's user reaches its prefix with the Secret's password, and nobody else."""
+    [statefulset] = _objects(store_manifests / "base" / "store.yaml")
+    pod = statefulset["spec"]["template"]["spec"]
+    [init], [valkey] = pod["initContainers"], pod["containers"]
+    password = "correct-horse-battery-staple"
+    moved = {SECRET_DIR: tmp_path / "secret", ACL_DIR: tmp_path / "acl", DATA_DIR: tmp_path / "data"}
+    for folder in moved.values():
+        folder.mkdir()
+    (moved[SECRET_DIR] / SECRET_KEY).write_text(password + "\n")  # as `--from-file` of a file with a newline
+
+    def local(text: str) -> str:
+        for path, here in moved.items():
+            text = text.replace(path, str(here))
+        return text
+
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env == {"STORE_USER": "recserve", "STORE_PREFIX": "shop-a:"}
+    subprocess.run(["sh", "-c", local(init["command"][2])], env=env, check=True)
+    acl = (moved[ACL_DIR] / "users.acl").read_text()
+    assert password not in acl and acl.startswith("user default off\nuser recserve on #")
+
+    assert valkey["args"] == store_args()
+    port = free_ports(1)[0]
+    args = [local(a) for a in valkey["args"]]
+    args[args.index("--bind") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
+    server = subprocess.Popen([server_binary(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        settings = StoreSettings(
+            url=f"redis://127.0.0.1:{port}/0", username="recserve", password=password, prefix="shop-a:", timeout_s=2
+        )
+        with SessionStore(settings) as store:
+            _wait(store)
+            store.append([Event("s1", "7"), Event("s1", "9")])
+            assert store.recent(["s1"]) == [["7", "9"]]
+        anonymous = redis.Redis(port=port, socket_timeout=2)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, username="recserve", password="wrong", socket_timeout=2).ping()
+        ours = redis.Redis(port=port, username="recserve", password=password, socket_timeout=2)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ours.get("shop-b:s:s1")  # another tenant's prefix
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            ours.flushall()
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert any(moved[DATA_DIR].iterdir()), "the append-only file is in the volume's folder"
+    for path in [*store_manifests.rglob("*"), *tmp_path.rglob("*")]:
+        if path.is_file() and path.name != SECRET_KEY:
+            assert password.encode() not in path.read_bytes(), path
+
+
+def _wait(store: SessionStore) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            store.ping()
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
