@@ -81,6 +81,11 @@ RAPIDJSON = GitSource(
     subdir="include",
 )
 TRITON_ARCHIVE = f"triton-{TRITON_RELEASE}-src.tar.gz"
+# recserve's backend reads the session store with hiredis's C client: the copy that the `hiredis` package's
+# source distribution vendors (hiredis 1.5.0), from the package index, checked by its SHA-256
+HIREDIS_VERSION = "3.5.0"
+HIREDIS_SHA256 = "c227592cc56b7df247abe4755c26723965be68972be2149fa441ac33d82131ba"
+HIREDIS_ARCHIVE = f"hiredis-{HIREDIS_VERSION}.tar.gz"
 
 
 def fetch_sources(
@@ -101,7 +106,7 @@ def fetch_sources(
         repos, rapidjson: the pins (tests point them at mirrors of their own).
 
     Returns:
-        name -> the folder written (``onnxruntime`` for the headers).
+        name -> the folder written (``onnxruntime`` for the headers, ``hiredis`` for its C sources).
 
     Raises:
         BuildError: a source that cannot be had or does not verify, saying what to set.
@@ -109,7 +114,8 @@ def fetch_sources(
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     if offline is not None:
-        return _from_offline(Path(offline), dest, ort_version, repos, rapidjson)
+        out = _from_offline(Path(offline), dest, ort_version, repos, rapidjson)
+        return out | {"hiredis": hiredis_sources(dest / "hiredis", offline)}
     base = (base_url or DEFAULT_SOURCES_URL).rstrip("/")
     out = {}
     for source in (*repos, rapidjson):
@@ -120,7 +126,37 @@ def fetch_sources(
         out[source.name] = dest / source.name
     if ort_version:
         out["onnxruntime"] = _copy(cached_ort_headers(ort_version), dest / "onnxruntime-headers")
-    return out
+    return out | {"hiredis": hiredis_sources(dest / "hiredis")}
+
+
+def hiredis_sources(dest: Path, offline: Path | None = None) -> Path:
+    """hiredis's C sources (``vendor/hiredis`` of ``HIREDIS_ARCHIVE``) in ``dest``: the archive from the offline
+    folder, else the cache, else downloaded from the package index with pip; checked by its SHA-256."""
+    import hashlib
+
+    cached = cache_dir() / "sources" / HIREDIS_ARCHIVE
+    places = [Path(offline) / HIREDIS_ARCHIVE] if offline else []
+    archive = next((p for p in [*places, cached] if p.is_file()), None)
+    if archive is None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d",
+             str(cached.parent), f"hiredis=={HIREDIS_VERSION}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode != 0 or not cached.is_file():
+            raise BuildError(
+                f"cannot download hiredis {HIREDIS_VERSION}'s source distribution ({done.stderr.strip()[-300:]}): "
+                f"put {HIREDIS_ARCHIVE} in {OFFLINE_ENV} or in {cached.parent}"
+            )
+        archive = cached
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != HIREDIS_SHA256:
+        raise BuildError(f"{archive}: SHA-256 {digest}, not {HIREDIS_SHA256} of hiredis {HIREDIS_VERSION}'s sources")
+    with tempfile.TemporaryDirectory(dir=Path(dest).parent) as tmp:
+        _extract(archive, Path(tmp), strip=1)
+        _copy(Path(tmp) / "vendor" / "hiredis", Path(dest))
+    return Path(dest)
 
 
 def cached_checkout(source: GitSource, url: str) -> Path:

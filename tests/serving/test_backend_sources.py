@@ -4,6 +4,7 @@ when nothing can be had. Small trees of our own stand in for Triton's repositori
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import tarfile
 from pathlib import Path
@@ -41,9 +42,23 @@ def _mirror(root: Path, name: str, text: str, branch: str = "r24.10") -> GitSour
     return GitSource(name, commit, tree_hash(work))
 
 
+def _hiredis_archive(path: Path, text: str = "/* hiredis */\n") -> str:
+    """A source distribution laid out as hiredis's (``vendor/hiredis`` inside one top folder); its SHA-256."""
+    work = path.parents[1] / "hiredis-work" / f"hiredis-{sources.HIREDIS_VERSION}" / "vendor" / "hiredis"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "hiredis.c").write_text(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(work.parents[1], arcname=work.parents[1].name)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
+    """recserve's cache in ``tmp_path``, holding a small tree of our own where hiredis's sources go (pinned)."""
     monkeypatch.setenv("RECSERVE_CACHE", str(tmp_path / "cache"))
+    digest = _hiredis_archive(tmp_path / "cache" / "sources" / sources.HIREDIS_ARCHIVE)
+    monkeypatch.setattr(sources, "HIREDIS_SHA256", digest)
     return tmp_path / "cache"
 
 
@@ -59,10 +74,12 @@ def mirrors(tmp_path) -> tuple[Path, tuple[GitSource, ...], GitSource]:
 def test_mirrors_are_fetched_at_the_pinned_commits_and_cached(mirrors, cache, tmp_path):
     root, repos, json = mirrors
     written = fetch_sources(tmp_path / "out", base_url=f"file://{root}", repos=repos, rapidjson=json)
-    assert set(written) == {*NAMES, "rapidjson"}
+    assert set(written) == {*NAMES, "rapidjson", "hiredis"}
+    assert (written["hiredis"] / "hiredis.c").read_text() == "/* hiredis */\n"
     assert (tmp_path / "out" / "core" / "src" / "core.cc").read_text() == "// core at r24.10\n"
     assert not (tmp_path / "out" / "core" / ".git").exists()  # a plain tree, as the offline folder gives
-    assert {p.name for p in (cache / "sources").iterdir()} == {f"{s.name}-{s.commit}" for s in (*repos, json)}
+    checkouts = {p.name for p in (cache / "sources").iterdir() if p.is_dir()}
+    assert checkouts == {f"{s.name}-{s.commit}" for s in (*repos, json)}
     # a second build fetches nothing: the mirrors may be gone
     subprocess.run(["rm", "-rf", str(root)], check=True)
     fetch_sources(tmp_path / "again", base_url="file:///nowhere", repos=repos, rapidjson=json)
@@ -108,6 +125,18 @@ def test_the_offline_folder_is_checked_against_the_pinned_trees(mirrors, cache, 
     (offline / "rapidjson-24b5e7a-include.tar.gz").rename(tmp_path / "tampered" / "rapidjson-24b5e7a-include.tar.gz")
     with pytest.raises(BuildError, match=f"core is tree [0-9a-f]{{40}}, not the tree {repos[1].tree}"):
         fetch_sources(tmp_path / "out2", offline=tmp_path / "tampered", repos=repos, rapidjson=json)
+
+
+def test_hiredis_comes_from_the_offline_folder_first_and_must_match_its_pin(cache, tmp_path, monkeypatch):
+    offline = tmp_path / "offline"
+    digest = _hiredis_archive(offline / sources.HIREDIS_ARCHIVE, "/* the offline copy */\n")
+    monkeypatch.setattr(sources, "HIREDIS_SHA256", digest)
+    written = sources.hiredis_sources(tmp_path / "a", offline)
+    assert (written / "hiredis.c").read_text() == "/* the offline copy */\n"
+    _hiredis_archive(offline / sources.HIREDIS_ARCHIVE, "/* another release */\n")
+    with pytest.raises(BuildError, match=f"SHA-256 [0-9a-f]{{64}}, not {sources.HIREDIS_SHA256} of hiredis 3.5.0"):
+        sources.hiredis_sources(tmp_path / "b", offline)
+    assert not (tmp_path / "b").exists(), "nothing unverified is written"
 
 
 def test_the_offline_folder_must_hold_the_triton_archive(tmp_path):

@@ -1,7 +1,9 @@
 """Recommend by session on a real Triton with a real store (recserve's embedded Redis server, on
-loopback behind its password): the answer of a session is the answer of its history, events show in the
-next answer, and a store that is down answers from the request's items or refuses with a typed error."""
+loopback behind its password), in both layouts by session (the python model, and recserve's own backend
+reading the store in C++): the answer of a session is the answer of its history, events show in the next
+answer, and a store that is down answers from the request's items or refuses with a typed error."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,37 +11,66 @@ import pytest
 
 from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
-from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE, SESSION_MODEL
+from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE, NATIVE_SESSION_MODEL, SESSION_MODEL
 from recserve.errors import ServingError
 from recserve.serving.triton_repository.layouts import write_repository
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
-from tests.conftest import server_settings
+from tests.conftest import require_native, server_settings
+
+# the layout by session -> its model; the native one beside the native layout (item IDs) of the same export
+BY_SESSION = {"session": SESSION_MODEL, "native_session": NATIVE_SESSION_MODEL}
 
 
-@pytest.fixture(scope="module")
-def session_stack(tiny_export, tmp_path_factory):
-    root = tmp_path_factory.mktemp("sessions")
+class Session(RecommenderClient):
+    """The client, asking the layout's session model by session, and the layout's item-ID model by items."""
+
+    def __init__(self, url: str, layout: str):
+        super().__init__(url, model=RECOMMENDER_BY_ITEMS[layout])
+        self.session_model = BY_SESSION[layout]
+
+    def recommend_session(self, session, item_ids=None, k=10, exclude_seen=True, model=None):
+        return super().recommend_session(session, item_ids, k, exclude_seen, model or self.session_model)
+
+
+RECOMMENDER_BY_ITEMS = {"session": "recommender", "native_session": "recommender_native"}
+
+
+@pytest.fixture(scope="module", params=list(BY_SESSION))
+def session_stack(request, tiny_run, tiny_export, tmp_path_factory):
+    from recserve.export.exporter import export_run
+
+    layout = request.param
+    root = tmp_path_factory.mktemp(layout)
+    export = tiny_export
+    layouts: tuple[str, ...] = ("fused", "session")
+    if layout == "native_session":
+        require_native("recserve")
+        export = root / "torchscript"
+        export_run(tiny_run, "torchscript", "fp32", export)
+        layouts = ("native", "native_session")
     store_dir = root / "store"
     embedded_store.start(store_dir)
     repo = root / "repo"
-    settings = RepositorySettings(max_queue_delay_microseconds=2000, session_store=str(store_dir))
-    write_repository(tiny_export, repo, ("fused", "session"), settings)
+    settings = RepositorySettings(
+        max_queue_delay_microseconds=2000, session_store=str(store_dir), native_runtime="recserve"
+    )
+    write_repository(export, repo, layouts, settings)
     try:
         with TritonServer(repo, server_settings()) as server:
-            yield server, store_dir, repo
+            yield server, store_dir, repo, layout
     finally:
         embedded_store.stop(store_dir)
 
 
 def test_a_sessions_answer_is_its_historys_and_an_event_shows_in_the_next_answer(session_stack):
-    server, store_dir, _ = session_stack
+    server, store_dir, _, layout = session_stack
     history = [50, 172, 133, 204, 96]
     with SessionStore(embedded_store.settings_of(store_dir)) as store:
         store.append([Event("shopper-1", item) for item in history[:3]])
-    with RecommenderClient(server.grpc_url) as client:
+    with Session(server.grpc_url, layout) as client:
         by_items = client.recommend(history[:3], k=10)
         by_session = client.recommend_session("shopper-1", k=10)
         np.testing.assert_array_equal(by_session.item_ids, by_items.item_ids)
@@ -57,15 +88,15 @@ def test_a_sessions_answer_is_its_historys_and_an_event_shows_in_the_next_answer
 
 
 def test_requests_that_carry_item_ids_keep_working_exactly_as_today(session_stack):
-    server, _, _ = session_stack
-    with RecommenderClient(server.grpc_url) as client:
+    server, _, _, layout = session_stack
+    with Session(server.grpc_url, layout) as client:
         answer = client.recommend([50, 172, 133], k=10)
     assert len(answer.item_ids) == 10 and answer.unknown_ids == 0
 
 
 def test_bad_session_requests_get_invalid_argument(session_stack):
-    server, _, _ = session_stack
-    with RecommenderClient(server.grpc_url) as client:
+    server, _, _, layout = session_stack
+    with Session(server.grpc_url, layout) as client:
         with pytest.raises(ServingError, match="empty session ID"):
             client.recommend_session("", k=10)
         with pytest.raises(ServingError, match="over 256 characters"):
@@ -76,19 +107,48 @@ def test_bad_session_requests_get_invalid_argument(session_stack):
 
 
 def test_the_repository_names_the_store_and_never_its_password(session_stack):
-    _, store_dir, repo = session_stack
+    _, store_dir, repo, layout = session_stack
     password = embedded_store.settings_of(store_dir).secret()
     written = [p.read_text() for p in repo.rglob("*") if p.is_file() and p.suffix in (".pbtxt", ".json")]
     assert written and not any(password in text for text in written)
-    config = (repo / SESSION_MODEL / "config.pbtxt").read_text()
+    config = (repo / BY_SESSION[layout] / "config.pbtxt").read_text()
     assert "password_file" in config and str(store_dir / "password") in config
 
 
+def test_a_request_of_several_sessions_answers_each_row_from_its_own_history(session_stack):
+    """Three rows in one request, each appending its own items (padded with -1 to one width) to its own
+    session: every row is answered as its whole history asked by items, and says how long it was."""
+    import tritonclient.grpc as grpcclient
+
+    server, store_dir, _, layout = session_stack
+    with SessionStore(embedded_store.settings_of(store_dir)) as store:
+        store.append([Event("row-a", 50), Event("row-a", 172), Event("row-b", 133)])
+    appended = np.array([[204, 96, -1], [-1, -1, -1], [7, 8, 9]], dtype=np.int64)
+    histories = [[50, 172, 204, 96], [133], [7, 8, 9]]
+    inputs = []
+    for name, value, dtype in [
+        ("session_id", np.array([[b"row-a"], [b"row-b"], [b"row-c"]], dtype=np.object_), "BYTES"),
+        ("item_ids", appended, "INT64"),
+        ("k", np.full((3, 1), 5, dtype=np.int32), "INT32"),
+        ("exclude_seen", np.ones((3, 1), dtype=bool), "BOOL"),
+    ]:
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    reply = client.infer(BY_SESSION[layout], inputs)
+    assert reply.as_numpy("history_length")[:, 0].tolist() == [4, 1, 3]
+    assert reply.as_numpy("history_source")[:, 0].tolist() == [HISTORY_FROM_STORE] * 3
+    with Session(server.grpc_url, layout) as by_items:
+        for row, history in enumerate(histories):
+            np.testing.assert_array_equal(reply.as_numpy("item_ids")[row], by_items.recommend(history, k=5).item_ids)
+
+
 def test_a_store_that_is_down_answers_from_the_requests_items_or_refuses(session_stack):
-    server, store_dir, _ = session_stack
+    server, store_dir, _, layout = session_stack
     embedded_store.stop(store_dir)
     try:
-        with RecommenderClient(server.grpc_url) as client:
+        with Session(server.grpc_url, layout) as client:
             fallback = client.recommend_session("shopper-1", [50, 172], k=10)
             assert (fallback.history_source, fallback.history_length) == (HISTORY_FROM_REQUEST, 2)
             np.testing.assert_array_equal(fallback.item_ids, client.recommend([50, 172], k=10).item_ids)
@@ -96,7 +156,7 @@ def test_a_store_that_is_down_answers_from_the_requests_items_or_refuses(session
                 client.recommend_session("shopper-1", k=10)
     finally:
         embedded_store.start(store_dir)
-    with RecommenderClient(server.grpc_url) as client:  # back: the store's events as before the outage
+    with Session(server.grpc_url, layout) as client:  # back: the store's events as before the outage
         assert client.recommend_session("shopper-1", k=10).history_length == 5
 
 
@@ -107,3 +167,17 @@ def test_a_session_layout_without_a_store_is_refused(tiny_export, tmp_path):
     leaky.write_text(json.dumps({"url": "redis://127.0.0.1:6379/0", "password": "secret"}))
     with pytest.raises(ServingError, match="holds a password"):
         write_repository(tiny_export, tmp_path / "repo", ("session",), RepositorySettings(session_store=str(leaky)))
+
+
+def test_the_native_session_layout_needs_a_torchscript_export_on_recserves_backend(tiny_run, tiny_export, tmp_path):
+    from recserve.export.exporter import export_run
+
+    record = tmp_path / "store.json"
+    record.write_text(json.dumps({"url": "redis://127.0.0.1:6379/0"}))
+    settings = RepositorySettings(session_store=str(record))
+    with pytest.raises(ServingError, match="eager export holds no native model"):
+        write_repository(tiny_export, tmp_path / "repo", ("native_session",), settings)
+    export_run(tiny_run, "torchscript", "fp32", tmp_path / "torchscript")
+    on_pytorch = dataclasses.replace(settings, native_runtime="pytorch")
+    with pytest.raises(ServingError, match="reads the session store in recserve's own backend"):
+        write_repository(tmp_path / "torchscript", tmp_path / "repo", ("native_session",), on_pytorch)

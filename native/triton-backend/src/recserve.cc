@@ -11,6 +11,15 @@
 //
 // Parameters (config.pbtxt): buckets ("1,2,4,..."), padding_id (the histories' padding, default -1),
 // intra_op_thread_count (CPU threads of an instance, default 1), warmup (calls before a capture, default 3).
+//
+// By session (parameter session_store: the store's record, JSON; history_length: the graph's width): the
+// `recommender_native_session` contract, session_id BYTES (B, 1), item_ids INT64 (B, -1) optional (items to
+// append to the row's session first; -1 is padding), k, exclude_seen in; item IDs, scores (k wide),
+// unknown_ids, history_source INT32 (0 the store, 1 the request's items alone), history_length INT32 out. One
+// round trip to the store a batch (session_store.h) appends every row's items and reads every session's
+// newest items; the rows' histories are staged as the graph takes them and scored in the same execution.
+// A store that fails answers the requests that brought items from those alone, and refuses the others
+// with UNAVAILABLE.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -32,6 +41,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "session_store.h"
 #include "triton/backend/backend_common.h"
 #include "triton/backend/backend_model.h"
 #include "triton/backend/backend_model_instance.h"
@@ -49,6 +59,16 @@ const TRITONSERVER_DataType kOutputTypes[kOutputs] = {
     TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32};
 const at::ScalarType kInputScalars[kInputs] = {at::kLong, at::kInt, at::kBool};
 const at::ScalarType kOutputScalars[kOutputs] = {at::kLong, at::kFloat, at::kInt};
+// by session: session_id, item_ids (optional), k, exclude_seen in; the graph's outputs, history_source and
+// history_length out
+constexpr int kSessionInputs = 4;
+constexpr int kSessionOutputs = 5;
+const TRITONSERVER_DataType kSessionInputTypes[kSessionInputs] = {
+    TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_BOOL};
+const TRITONSERVER_DataType kSessionOutputTypes[kSessionOutputs] = {
+    TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_INT32,
+    TRITONSERVER_TYPE_INT32};
+constexpr int64_t kMaxAppended = 4096;  // items a row may append in one request
 
 TRITONSERVER_Error*
 Error(const std::string& message, TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_INVALID_ARG)
@@ -84,6 +104,22 @@ IntParameter(common::TritonJson::Value& config, const std::string& key, int64_t 
   return nullptr;
 }
 
+// A string parameter of the model config, or "" where it is not set.
+std::string
+StringParameter(common::TritonJson::Value& config, const std::string& key)
+{
+  std::string text;
+  common::TritonJson::Value params;
+  if (config.Find("parameters", &params)) {
+    TRITONSERVER_Error* err = GetParameterValue(params, key, &text);
+    if (err != nullptr) {
+      TRITONSERVER_ErrorDelete(err);
+      text.clear();
+    }
+  }
+  return text;
+}
+
 }  // namespace
 
 // The model: its contract (names and types checked against the recommender_native contract), its
@@ -99,18 +135,25 @@ class ModelState : public BackendModel {
   int64_t IntraOpThreads() const { return intra_op_threads_; }
   int64_t Warmup() const { return warmup_; }
   const std::vector<int64_t>& Buckets() const { return buckets_; }
+  bool BySession() const { return by_session_; }
+  int64_t MaxK() const { return max_k_; }
+  const StoreSettings& Store() const { return store_; }
   std::string ModelPath(const std::string& artifact) const
   {
     return RepositoryPath() + "/" + std::to_string(Version()) + "/" + (artifact.empty() ? "model.pt" : artifact);
   }
 
  private:
-  explicit ModelState(TRITONBACKEND_Model* triton_model) : BackendModel(triton_model) {}
+  // optional inputs allowed: by session, item_ids
+  explicit ModelState(TRITONBACKEND_Model* triton_model) : BackendModel(triton_model, true) {}
   TRITONSERVER_Error* ReadContract();
   TRITONSERVER_Error* ReadParameters();
 
-  std::string inputs_[kInputs];
-  std::string outputs_[kOutputs];
+  std::string inputs_[kSessionInputs];
+  std::string outputs_[kSessionOutputs];
+  bool by_session_ = false;
+  StoreSettings store_;
+  int64_t max_k_ = 0;
   int64_t history_length_ = 0;
   int64_t padding_id_ = -1;
   int64_t intra_op_threads_ = 1;
@@ -144,18 +187,36 @@ ModelState::ReadContract()
   if (MaxBatchSize() <= 0) {
     return Error("the recserve backend batches requests: set max_batch_size above 0");
   }
+  const std::string record = StringParameter(ModelConfig(), "session_store");
+  by_session_ = !record.empty();
+  if (by_session_) {
+    const std::string problem = ParseStoreRecord(record, &store_);
+    if (!problem.empty()) {
+      return Error(problem);
+    }
+    int64_t length = 0;
+    RETURN_IF_ERROR(IntParameter(ModelConfig(), "history_length", 0, &length));
+    if (length < 1) {
+      return Error("by session the recserve backend needs the parameter history_length (the graph's width)");
+    }
+    history_length_ = length;
+  }
+  const char* contract = by_session_ ? "recommender_native_session" : "recommender_native";
   const char* kinds[2] = {"input", "output"};
-  const TRITONSERVER_DataType* types[2] = {kInputTypes, kOutputTypes};
+  const TRITONSERVER_DataType* types[2] = {
+      by_session_ ? kSessionInputTypes : kInputTypes, by_session_ ? kSessionOutputTypes : kOutputTypes};
+  const size_t counts[2] = {
+      size_t(by_session_ ? kSessionInputs : kInputs), size_t(by_session_ ? kSessionOutputs : kOutputs)};
   std::string* names[2] = {inputs_, outputs_};
   for (int side = 0; side < 2; ++side) {
     common::TritonJson::Value tensors;
     RETURN_IF_ERROR(ModelConfig().MemberAsArray(kinds[side], &tensors));
-    if (tensors.ArraySize() != 3) {
+    if (tensors.ArraySize() != counts[side]) {
       return Error(
-          std::string("the recserve backend serves the recommender_native contract: 3 ") + kinds[side] + "s, not " +
-          std::to_string(tensors.ArraySize()));
+          std::string("the recserve backend serves the ") + contract + " contract: " + std::to_string(counts[side]) +
+          " " + kinds[side] + "s, not " + std::to_string(tensors.ArraySize()));
     }
-    for (size_t i = 0; i < 3; ++i) {
+    for (size_t i = 0; i < counts[side]; ++i) {
       common::TritonJson::Value tensor;
       RETURN_IF_ERROR(tensors.IndexAsObject(i, &tensor));
       RETURN_IF_ERROR(tensor.MemberAsString("name", &names[side][i]));
@@ -163,16 +224,18 @@ ModelState::ReadContract()
       RETURN_IF_ERROR(tensor.MemberAsString("data_type", &type));
       if (ModelConfigDataTypeToTritonServerDataType(type) != types[side][i]) {
         return Error(
-            std::string(kinds[side]) + " " + std::to_string(i) + " ('" + names[side][i] + "') is " + type +
-            "; the recommender_native contract has " + TRITONSERVER_DataTypeString(types[side][i]) + " there");
+            std::string(kinds[side]) + " " + std::to_string(i) + " ('" + names[side][i] + "') is " + type + "; the " +
+            contract + " contract has " + TRITONSERVER_DataTypeString(types[side][i]) + " there");
       }
-      if (side == 0) {
+      if (side == 0 && !(by_session_ && i == 1)) {  // by session, item_ids are as wide as a request's
         std::vector<int64_t> dims;
         RETURN_IF_ERROR(ParseShape(tensor, "dims", &dims));
-        if (dims.size() != 1 || dims[0] <= 0 || (i > 0 && dims[0] != 1)) {
-          return Error("input '" + names[side][i] + "' needs one fixed dimension (the padded history; 1 for k and exclude_seen)");
+        const bool history = !by_session_ && i == 0;
+        if (dims.size() != 1 || dims[0] <= 0 || (!history && dims[0] != 1)) {
+          return Error(
+              "input '" + names[side][i] + "' needs one fixed dimension (the padded history; 1 for the others)");
         }
-        if (i == 0) {
+        if (history) {
           history_length_ = dims[0];
         }
       }
@@ -187,15 +250,8 @@ ModelState::ReadParameters()
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "padding_id", -1, &padding_id_));
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "intra_op_thread_count", 1, &intra_op_threads_));
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "warmup", 3, &warmup_));
-  std::string text;
-  common::TritonJson::Value params;
-  if (ModelConfig().Find("parameters", &params)) {
-    TRITONSERVER_Error* err = GetParameterValue(params, "buckets", &text);
-    if (err != nullptr) {
-      TRITONSERVER_ErrorDelete(err);
-      text.clear();
-    }
-  }
+  RETURN_IF_ERROR(IntParameter(ModelConfig(), "max_k", INT32_MAX, &max_k_));
+  const std::string text = StringParameter(ModelConfig(), "buckets");
   const int64_t max_batch = MaxBatchSize();
   if (text.empty()) {
     for (int64_t b = 1; b < max_batch; b *= 2) {
@@ -234,6 +290,14 @@ struct Slot {
   TRITONBACKEND_Response* response;
   int64_t first_row;
   int64_t rows;
+  int64_t width = 0;  // by session: the answers' width (the request's largest k); 0: the graph's
+  std::string unavailable = "";  // by session: the store's problem where the request cannot be answered
+};
+
+// A request's rows by session: their session IDs and the items to append to each first.
+struct SessionRows {
+  std::vector<std::string> sessions;
+  std::vector<std::vector<int64_t>> events;
 };
 
 // One instance: the loaded graph on its device; on a GPU its captured graphs and their static tensors.
@@ -250,6 +314,11 @@ class ModelInstanceState : public BackendModelInstance {
   }
   TRITONSERVER_Error* Load();
   TRITONSERVER_Error* Stage(TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows);
+  // By session: the request's session IDs and items into `found`, its k and exclude_seen staged.
+  TRITONSERVER_Error* StageSession(
+      TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found);
+  // By session: the store's histories of the batch staged as the graph takes them (slots it fails marked).
+  void StageHistories(const SessionRows& batch, std::vector<Slot>* slots);
   TRITONSERVER_Error* Respond(const Slot& slot);
   // Runs rows [0, rows) of the staged inputs; the answers land in outputs_ (host tensors).
   void Run(int64_t rows);
@@ -260,6 +329,8 @@ class ModelInstanceState : public BackendModelInstance {
   at::Device device_ = at::kCPU;
   at::Tensor staged_[kInputs];  // host (pinned on GPUs), max_batch_size rows
   at::Tensor outputs_[kOutputs];  // host answers of the last Run
+  std::unique_ptr<SessionStore> store_;  // by session
+  at::Tensor session_out_[2];  // by session: history_source and history_length, max_batch_size rows
 #ifdef TRITON_ENABLE_GPU
   struct Captured {
     int64_t batch;
@@ -336,6 +407,12 @@ ModelInstanceState::Load()
     for (int i = 0; i < kInputs; ++i) {
       staged_[i] = at::empty({max_batch, widths[i]}, pinned.dtype(kInputScalars[i]));
     }
+    if (model_->BySession()) {
+      store_ = std::make_unique<SessionStore>(model_->Store());
+      for (at::Tensor& out : session_out_) {
+        out = at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kInt));
+      }
+    }
   }
   catch (const std::exception& ex) {
     return Error("loading " + path + " on " + (gpu ? "cuda:" + std::to_string(DeviceId()) : std::string("cpu")) +
@@ -409,60 +486,201 @@ ModelInstanceState::Capture()
 }
 #endif
 
+namespace {
+
+// A request's input: its type, shape and size (`input` null where an optional one is absent).
+struct InputView {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_DataType type = TRITONSERVER_TYPE_INVALID;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+  uint32_t buffers = 0;
+};
+
+TRITONSERVER_Error*
+ViewInput(TRITONBACKEND_Request* request, const std::string& name, bool optional, InputView* view)
+{
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestInput(request, name.c_str(), &view->input);
+  if (err != nullptr) {
+    view->input = nullptr;
+    if (optional) {
+      TRITONSERVER_ErrorDelete(err);
+      return nullptr;
+    }
+    return err;
+  }
+  const int64_t* shape;
+  uint32_t dims;
+  RETURN_IF_ERROR(TRITONBACKEND_InputProperties(
+      view->input, nullptr, &view->type, &shape, &dims, &view->bytes, &view->buffers));
+  view->shape.assign(shape, shape + dims);
+  return nullptr;
+}
+
+// Copies an input's buffers (host or GPU memory) to `target`, which holds exactly its bytes.
+TRITONSERVER_Error*
+Gather(const InputView& view, const std::string& name, char* target)
+{
+  uint64_t copied = 0;
+  for (uint32_t b = 0; b < view.buffers; ++b) {
+    const void* data;
+    uint64_t size;
+    TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_id = 0;
+    RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(view.input, b, &data, &size, &memory, &memory_id));
+    if (copied + size > view.bytes) {
+      return Error("input '" + name + "' holds more bytes than its shape");
+    }
+    if (memory == TRITONSERVER_MEMORY_GPU) {
+#ifdef TRITON_ENABLE_GPU
+      if (cudaMemcpy(target + copied, data, size, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return Error("input '" + name + "': copying it from GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
+      }
+#else
+      return Error("input '" + name + "' is in GPU memory, which a CPU build of the recserve backend cannot read");
+#endif
+    } else {
+      std::memcpy(target + copied, data, size);
+    }
+    copied += size;
+  }
+  if (copied != view.bytes) {
+    return Error("input '" + name + "' holds fewer bytes than its shape");
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 TRITONSERVER_Error*
 ModelInstanceState::Stage(TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows)
 {
   *rows = -1;
   for (int i = 0; i < kInputs; ++i) {
     const std::string& name = model_->InputName(i);
-    TRITONBACKEND_Input* input;
-    RETURN_IF_ERROR(TRITONBACKEND_RequestInput(request, name.c_str(), &input));
-    TRITONSERVER_DataType type;
-    const int64_t* shape;
-    uint32_t dims;
-    uint64_t bytes;
-    uint32_t buffers;
-    RETURN_IF_ERROR(TRITONBACKEND_InputProperties(input, nullptr, &type, &shape, &dims, &bytes, &buffers));
+    InputView view;
+    RETURN_IF_ERROR(ViewInput(request, name, false, &view));
     const int64_t width = staged_[i].size(1);
-    if (type != kInputTypes[i] || dims != 2 || shape[1] != width || shape[0] < 1 ||
-        (*rows >= 0 && shape[0] != *rows)) {
+    if (view.type != kInputTypes[i] || view.shape.size() != 2 || view.shape[1] != width || view.shape[0] < 1 ||
+        (*rows >= 0 && view.shape[0] != *rows)) {
       return Error(
           "input '" + name + "': expected " + TRITONSERVER_DataTypeString(kInputTypes[i]) + " [rows, " +
           std::to_string(width) + "] with the same rows as the other inputs");
     }
-    *rows = shape[0];
+    *rows = view.shape[0];
     if (first_row + *rows > staged_[i].size(0)) {
       return Error("the batch holds more than max_batch_size rows");
     }
-    char* target = static_cast<char*>(staged_[i].data_ptr()) + first_row * width * staged_[i].element_size();
-    uint64_t copied = 0;
-    for (uint32_t b = 0; b < buffers; ++b) {
-      const void* data;
-      uint64_t size;
-      TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_id = 0;
-      RETURN_IF_ERROR(TRITONBACKEND_InputBuffer(input, b, &data, &size, &memory, &memory_id));
-      if (copied + size > bytes) {
-        return Error("input '" + name + "' holds more bytes than its shape");
-      }
-      if (memory == TRITONSERVER_MEMORY_GPU) {
-#ifdef TRITON_ENABLE_GPU
-        if (cudaMemcpy(target + copied, data, size, cudaMemcpyDeviceToHost) != cudaSuccess) {
-          return Error("input '" + name + "': copying it from GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
-        }
-#else
-        return Error("input '" + name + "' is in GPU memory, which a CPU build of the recserve backend cannot read");
-#endif
-      } else {
-        std::memcpy(target + copied, data, size);
-      }
-      copied += size;
-    }
-    if (copied != bytes) {
-      return Error("input '" + name + "' holds fewer bytes than its shape");
-    }
+    RETURN_IF_ERROR(Gather(
+        view, name, static_cast<char*>(staged_[i].data_ptr()) + first_row * width * staged_[i].element_size()));
   }
   return nullptr;
+}
+
+TRITONSERVER_Error*
+ModelInstanceState::StageSession(
+    TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found)
+{
+  InputView sessions;
+  const std::string& session_name = model_->InputName(0);
+  RETURN_IF_ERROR(ViewInput(request, session_name, false, &sessions));
+  if (sessions.type != TRITONSERVER_TYPE_BYTES || sessions.shape.size() != 2 || sessions.shape[1] != 1 ||
+      sessions.shape[0] < 1) {
+    return Error("input '" + session_name + "': expected BYTES [rows, 1] (one session ID a row)");
+  }
+  *rows = sessions.shape[0];
+  if (first_row + *rows > model_->MaxBatchSize()) {
+    return Error("the batch holds more than max_batch_size rows");
+  }
+  std::string text(sessions.bytes, '\0');
+  RETURN_IF_ERROR(Gather(sessions, session_name, text.data()));
+  size_t at = 0;
+  for (int64_t r = 0; r < *rows; ++r) {  // each element: its length (4 bytes, little-endian), then its bytes
+    uint32_t length = 0;
+    if (at + 4 > text.size() || (std::memcpy(&length, text.data() + at, 4), at + 4 + length > text.size())) {
+      return Error("input '" + session_name + "': malformed BYTES");
+    }
+    found->sessions.emplace_back(text.data() + at + 4, length);
+    at += 4 + length;
+    const std::string problem = SessionIdProblem(found->sessions.back());
+    if (!problem.empty()) {
+      return Error("input '" + session_name + "': " + problem);
+    }
+  }
+  InputView items;
+  const std::string& items_name = model_->InputName(1);
+  RETURN_IF_ERROR(ViewInput(request, items_name, true, &items));
+  found->events.assign(*rows, {});
+  if (items.input != nullptr) {
+    if (items.type != TRITONSERVER_TYPE_INT64 || items.shape.size() != 2 || items.shape[0] != *rows ||
+        items.shape[1] > kMaxAppended) {
+      return Error(
+          "input '" + items_name + "': expected INT64 [rows, items] with a row a session, at most " +
+          std::to_string(kMaxAppended) + " items (padded with -1)");
+    }
+    std::vector<int64_t> ids(items.bytes / sizeof(int64_t));
+    RETURN_IF_ERROR(Gather(items, items_name, reinterpret_cast<char*>(ids.data())));
+    for (int64_t r = 0; r < *rows; ++r) {
+      for (int64_t c = 0; c < items.shape[1]; ++c) {
+        const int64_t id = ids[r * items.shape[1] + c];
+        if (id != model_->PaddingId()) {
+          found->events[r].push_back(id);
+        }
+      }
+    }
+  }
+  for (int i = 1; i < kInputs; ++i) {  // k and exclude_seen, as the graph takes them
+    const std::string& name = model_->InputName(i + 1);
+    InputView view;
+    RETURN_IF_ERROR(ViewInput(request, name, false, &view));
+    if (view.type != kInputTypes[i] || view.shape.size() != 2 || view.shape[0] != *rows || view.shape[1] != 1) {
+      return Error(
+          "input '" + name + "': expected " + TRITONSERVER_DataTypeString(kInputTypes[i]) + " [rows, 1], a row a session");
+    }
+    RETURN_IF_ERROR(Gather(view, name, static_cast<char*>(staged_[i].data_ptr()) + first_row * staged_[i].element_size()));
+  }
+  *width = 1;
+  const int32_t* ks = staged_[1].data_ptr<int32_t>() + first_row;
+  for (int64_t r = 0; r < *rows; ++r) {
+    if (ks[r] < 1 || ks[r] > model_->MaxK()) {
+      return Error("input '" + model_->InputName(2) + "': k out of range (1.." + std::to_string(model_->MaxK()) + ")");
+    }
+    *width = std::max<int64_t>(*width, ks[r]);
+  }
+  return nullptr;
+}
+
+void
+ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* slots)
+{
+  const int64_t length = model_->HistoryLength();
+  const int64_t count = std::min<int64_t>(length, model_->Store().window);
+  std::vector<std::vector<int64_t>> histories;
+  const std::string problem = store_->AppendAndRead(batch.sessions, batch.events, count, &histories);
+  const int32_t source = problem.empty() ? 0 : 1;
+  if (!problem.empty()) {
+    LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: " + problem).c_str());
+    histories = batch.events;  // each row's own items alone
+    for (Slot& slot : *slots) {
+      for (int64_t r = slot.first_row; r < slot.first_row + slot.rows; ++r) {
+        if (histories[r].empty()) {
+          slot.unavailable = problem;
+        }
+      }
+    }
+  }
+  int64_t* rows = staged_[0].data_ptr<int64_t>();
+  int32_t* sources = session_out_[0].data_ptr<int32_t>();
+  int32_t* lengths = session_out_[1].data_ptr<int32_t>();
+  for (size_t r = 0; r < histories.size(); ++r) {  // the newest `length` items, padding before them
+    const std::vector<int64_t>& history = histories[r];
+    const int64_t kept = std::min<int64_t>(history.size(), count);
+    int64_t* row = rows + r * length;
+    std::fill(row, row + length - kept, model_->PaddingId());
+    std::copy(history.end() - kept, history.end(), row + length - kept);
+    sources[r] = source;
+    lengths[r] = static_cast<int32_t>(kept);
+  }
 }
 
 void
@@ -513,38 +731,47 @@ ModelInstanceState::Run(int64_t rows)
 TRITONSERVER_Error*
 ModelInstanceState::Respond(const Slot& slot)
 {
+  const bool by_session = model_->BySession();
+  const int outputs = by_session ? kSessionOutputs : kOutputs;
   uint32_t requested;
   RETURN_IF_ERROR(TRITONBACKEND_RequestOutputCount(slot.request, &requested));
   for (uint32_t r = 0; r < requested; ++r) {
     const char* name;
     RETURN_IF_ERROR(TRITONBACKEND_RequestOutputName(slot.request, r, &name));
     int i = 0;
-    while (i < kOutputs && model_->OutputName(i) != name) {
+    while (i < outputs && model_->OutputName(i) != name) {
       ++i;
     }
-    if (i == kOutputs) {
+    if (i == outputs) {
       return Error(std::string("unknown output '") + name + "'");
     }
-    const at::Tensor& all = outputs_[i];
-    const int64_t shape[2] = {slot.rows, all.size(1)};
+    const at::Tensor& all = i < kOutputs ? outputs_[i] : session_out_[i - kOutputs];
+    const TRITONSERVER_DataType type = by_session ? kSessionOutputTypes[i] : kOutputTypes[i];
+    // by session the items and scores are as wide as the request's largest k (past a row's k: -1, -inf)
+    const int64_t width = (by_session && i < 2) ? std::min<int64_t>(slot.width, all.size(1)) : all.size(1);
+    const int64_t shape[2] = {slot.rows, width};
     TRITONBACKEND_Output* output;
-    RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(slot.response, &output, name, kOutputTypes[i], shape, 2));
-    const uint64_t row_bytes = all.size(1) * all.element_size();
+    RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(slot.response, &output, name, type, shape, 2));
+    const uint64_t stride = all.size(1) * all.element_size(), row_bytes = width * all.element_size();
     void* buffer;
     TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
     int64_t memory_id = 0;
     RETURN_IF_ERROR(TRITONBACKEND_OutputBuffer(output, &buffer, slot.rows * row_bytes, &memory, &memory_id));
-    const char* source = static_cast<const char*>(all.data_ptr()) + slot.first_row * row_bytes;
-    if (memory == TRITONSERVER_MEMORY_GPU) {
+    const char* source = static_cast<const char*>(all.data_ptr()) + slot.first_row * stride;
+    for (int64_t row = 0; row < (row_bytes == stride ? 1 : slot.rows); ++row) {  // one copy where rows are whole
+      const uint64_t bytes = row_bytes == stride ? slot.rows * row_bytes : row_bytes;
+      char* target = static_cast<char*>(buffer) + row * row_bytes;
+      if (memory == TRITONSERVER_MEMORY_GPU) {
 #ifdef TRITON_ENABLE_GPU
-      if (cudaMemcpy(buffer, source, slot.rows * row_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-        return Error(std::string("output '") + name + "': copying it to GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
-      }
+        if (cudaMemcpy(target, source + row * stride, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+          return Error(std::string("output '") + name + "': copying it to GPU memory failed", TRITONSERVER_ERROR_INTERNAL);
+        }
 #else
-      return Error(std::string("output '") + name + "' was asked for in GPU memory", TRITONSERVER_ERROR_INTERNAL);
+        return Error(std::string("output '") + name + "' was asked for in GPU memory", TRITONSERVER_ERROR_INTERNAL);
 #endif
-    } else {
-      std::memcpy(buffer, source, slot.rows * row_bytes);
+      } else {
+        std::memcpy(target, source + row * stride, bytes);
+      }
     }
   }
   return nullptr;
@@ -558,6 +785,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
   std::vector<Slot> slots;
   std::vector<bool> succeeded(request_count, false);
   int64_t rows = 0;
+  SessionRows batch;  // by session
   for (uint32_t r = 0; r < request_count; ++r) {
     TRITONBACKEND_Response* response = nullptr;
     TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
@@ -565,19 +793,32 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
       LOG_IF_ERROR(err, "recserve backend: no response could be made for a request");
       continue;
     }
-    int64_t n = 0;
-    err = Stage(requests[r], rows, &n);
+    int64_t n = 0, width = 0;
+    SessionRows found;
+    err = model_->BySession() ? StageSession(requests[r], rows, &n, &width, &found) : Stage(requests[r], rows, &n);
     if (err != nullptr) {  // this request alone is refused
       LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending an error");
       TRITONSERVER_ErrorDelete(err);
       continue;
     }
-    slots.push_back({r, requests[r], response, rows, n});
+    slots.push_back({r, requests[r], response, rows, n, width});
     rows += n;
+    for (size_t row = 0; row < found.sessions.size(); ++row) {
+      batch.sessions.push_back(std::move(found.sessions[row]));
+      batch.events.push_back(std::move(found.events[row]));
+    }
   }
   SET_TIMESTAMP(compute_start_ns);
   std::string failure;
-  if (rows > 0) {
+  if (rows > 0 && model_->BySession()) {
+    try {
+      StageHistories(batch, &slots);
+    }
+    catch (const std::exception& ex) {
+      failure = std::string("recserve backend: reading the sessions failed: ") + ex.what();
+    }
+  }
+  if (rows > 0 && failure.empty()) {
     try {
       Run(rows);
     }
@@ -587,7 +828,9 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
   }
   SET_TIMESTAMP(compute_end_ns);
   for (const Slot& slot : slots) {
-    TRITONSERVER_Error* err = failure.empty() ? Respond(slot) : Error(failure, TRITONSERVER_ERROR_INTERNAL);
+    TRITONSERVER_Error* err = !failure.empty()            ? Error(failure, TRITONSERVER_ERROR_INTERNAL)
+                              : !slot.unavailable.empty() ? Error(slot.unavailable, TRITONSERVER_ERROR_UNAVAILABLE)
+                                                          : Respond(slot);
     LOG_IF_ERROR(TRITONBACKEND_ResponseSend(slot.response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending a response");
     succeeded[slot.index] = err == nullptr;
     if (err != nullptr) {

@@ -40,7 +40,9 @@ def repo(
             help="Comma-separated: fused (model `recommender`, python), native (`recommender_native`: "
             "TorchScript or ONNX on Triton's own backends, integer IDs, no Python), seed (the PoC's ensemble), "
             "echo (fixed answer, the python server-stack ceiling), session (`recommender_session`: a session "
-            "ID in, its history read from --session-store)."
+            "ID in, its history read from --session-store), native_session (`recommender_native_session`: the "
+            "same on recserve's own backend, the store read in C++ and the native TorchScript graph scored in one "
+            "call)."
         ),
     ] = "fused",
     backend: Annotated[

@@ -28,6 +28,7 @@ from recserve.constants import (
     ITEM_TABLE_FILE,
     NATIVE_MODEL,
     NATIVE_PAD_ID,
+    NATIVE_SESSION_MODEL,
     OUTPUT_HISTORY_LENGTH,
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
@@ -46,6 +47,7 @@ from recserve.constants import (
     SEED_PREPROCESSING,
     SEED_TOKENS,
     SEED_TOP_SCORES,
+    SESSION_LAYOUTS,
     SESSION_MODEL,
 )
 from recserve.errors import ConfigError, ServingError
@@ -54,11 +56,14 @@ from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.native_configs import (
     NATIVE_PLATFORMS,
     NATIVE_RUNTIMES,
+    RECSERVE_BACKEND,
     backend_parameters,
     check_native,
+    check_native_session,
     check_seed,
     native_backend,
     native_contract,
+    native_session_contract,
     require_built_for,
 )
 from recserve.serving.triton_repository.pbtxt import (
@@ -211,17 +216,46 @@ def write_native(
 ) -> None:
     """The ``recommender_native`` model: the export's native TorchScript or ONNX graph on a native backend
     (recserve's own or Triton's, ``native_backend``)."""
+    _write_native_model(repo, NATIVE_MODEL, export_dir, manifest, settings, version)
+
+
+def write_native_session(
+    repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
+) -> None:
+    """The ``recommender_native_session`` model: the native TorchScript graph on recserve's own backend,
+    which reads each request's session from the store (``settings.session_store``) and scores it in the
+    same call (``native/triton-backend``)."""
+    store = {"session_store": json.dumps(_store_record(settings), sort_keys=True)}
+    session = dataclasses.replace(settings, native_runtime=RECSERVE_BACKEND)
+    contract = native_session_contract(manifest)
+    parameters = store | {"history_length": str(native_contract(manifest)[0][0].dims[0])}  # the graph's width
+    _write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, session, version, parameters, contract)
+
+
+def _write_native_model(
+    repo: Path,
+    name: str,
+    export_dir: Path,
+    manifest: ExportManifest,
+    settings: RepositorySettings,
+    version: int,
+    extra: dict | None = None,
+    contract: tuple | None = None,
+) -> None:
     target = NATIVE_PLATFORMS[str(manifest.native_model)][1]
     backend, platform = native_backend(manifest, settings.native_runtime, settings.device)
     parameters = {
         **backend_parameters(backend or platform, settings.device),
         "padding_id": str(NATIVE_PAD_ID),
         "max_k": str(min(manifest.max_k, manifest.num_items)),
+        **(extra or {}),
     }
     instances = dataclasses.replace(settings, instance_count=settings.native_instances)
-    config = _batched_config(NATIVE_MODEL, "INT64", instances, parameters, manifest)
-    _write_config(repo / NATIVE_MODEL, config)
-    with replaced_on_success(repo / NATIVE_MODEL / str(version)) as staging:
+    config = _batched_config(name, "INT64", instances, parameters, manifest)
+    if contract is not None:
+        config = dataclasses.replace(config, inputs=contract[0], outputs=contract[1])
+    _write_config(repo / name, config)
+    with replaced_on_success(repo / name / str(version)) as staging:
         shutil.copyfile(Path(export_dir) / str(manifest.native_model), staging / target)
         for data in Path(export_dir).glob(f"{manifest.native_model}.data"):  # ONNX weights kept outside
             shutil.copyfile(data, staging / data.name)
@@ -308,6 +342,11 @@ def _check_native(export_dir: Path, manifest: ExportManifest, settings: Reposito
     native_backend(manifest, settings.native_runtime, settings.device)
 
 
+def _check_native_session(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
+    check_native_session(export_dir, manifest, settings.native_runtime, settings.device)
+    _store_record(settings)
+
+
 def _describe_fused(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
     return [
         {
@@ -369,6 +408,15 @@ LAYOUTS: dict[str, Layout] = {
         write_session,
         lambda manifest, settings: [{"name": SESSION_MODEL, "store": _store_record(settings)["url"]}],
     ),
+    "native_session": Layout(
+        (NATIVE_SESSION_MODEL,),
+        ("torchscript", None),  # recserve's backend runs the TorchScript native graph
+        _check_native_session,
+        write_native_session,
+        lambda manifest, settings: [
+            {"name": NATIVE_SESSION_MODEL, "backend": RECSERVE_BACKEND, "store": _store_record(settings)["url"]}
+        ],
+    ),
     "echo": Layout(
         (ECHO_MODEL,), (None, None), _nothing, write_echo, lambda manifest, settings: [{"name": ECHO_MODEL}]
     ),
@@ -402,7 +450,7 @@ def write_repository(
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
     export = {"backend": manifest.backend, "precision": manifest.precision, "device": manifest.device}
-    store = _store_record(settings) if "session" in layouts else None
+    store = _store_record(settings) if set(layouts) & set(SESSION_LAYOUTS) else None
     record_layouts(repo, layouts, export, manifest.run, store)
     return summary
 

@@ -10,9 +10,12 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_SESSION_ID,
     NATIVE_ONNX_FILE,
     NATIVE_ONNX_OUTPUT_IDS,
     NATIVE_TORCHSCRIPT_FILE,
+    OUTPUT_HISTORY_LENGTH,
+    OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
@@ -76,6 +79,31 @@ def native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], t
         TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
     )
     return inputs, outputs
+
+
+def native_session_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The native contract by session (recserve's backend, ``native/triton-backend``): a session ID a row, the
+    items to append to it first optional and as wide as a request's; the native answers (as wide as the
+    request's largest k), and where the history came from and how long it was."""
+    inputs, outputs = native_contract(manifest)
+    inputs = (
+        TensorSpec(INPUT_SESSION_ID, "BYTES", (1,)),
+        TensorSpec(INPUT_ITEM_IDS, "INT64", (-1,), optional=True),
+        *inputs[1:],
+    )
+    outputs += (TensorSpec(OUTPUT_HISTORY_SOURCE, "INT32", (1,)), TensorSpec(OUTPUT_HISTORY_LENGTH, "INT32", (1,)))
+    return inputs, outputs
+
+
+def check_native_session(export_dir: Path, manifest: ExportManifest, runtime: str | None, device: str) -> None:
+    """The native model by session runs on recserve's own backend only, from a TorchScript native graph."""
+    check_native(export_dir, manifest, device)
+    if manifest.native_model != NATIVE_TORCHSCRIPT_FILE or runtime not in (None, RECSERVE_BACKEND):
+        raise ServingError(
+            "the native_session layout reads the session store in recserve's own backend, which runs the "
+            "TorchScript native graph: export with --backend torchscript, and leave --native-runtime unset (or "
+            "recserve); the session layout serves any export by session"
+        )
 
 
 def backend_parameters(platform: str, device: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.constants import REPOSITORY_FILE
+from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
 from recserve.devices import serving_device
 from recserve.option_fields import option
 
@@ -114,7 +114,7 @@ def record_layouts(
     its store's record (``session_store``: never a password)."""
     info = read_repository_info(repo)
     for layout in layouts:
-        info["layouts"][layout] = dict(export) | ({"session_store": session_store} if layout == "session" else {})
+        info["layouts"][layout] = dict(export) | ({"session_store": session_store} if layout in SESSION_LAYOUTS else {})
     info["run"] = run
     (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
