@@ -1,4 +1,6 @@
-"""GPU benchmark: the fused, native, seed and echo layouts side by side on one GPU, written under OUT.
+"""GPU benchmark: the fused, native, seed and echo layouts side by side on one GPU, written under OUT; and by
+session beside by item IDs (the variants ``native_session-...`` and ``session-...``, recserve's embedded
+store in ``--work``).
 
 Run by `make bench-gpu` (scripts/bench_gpu.sh) on a GPU host with the normal install, or by
 `scripts/offline_gpu.sh bench` on an offline one (which sets up the carried server and perf_analyzer).
@@ -27,6 +29,7 @@ from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from recserve.sessions import embedded_store
 
 log = logging.getLogger("serving_layouts")
 
@@ -73,6 +76,19 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
             native[f"native-{runtime}-bf16-plain-gpus{''.join(map(str, gpus))}"] = base | {
                 "settings": dataclasses.replace(base["settings"], gpus=gpus)
             }
+    # by session beside by item IDs, from the same export in one repository, swept level by level together:
+    # recserve's backend reading the store in C++, and the python model over the predictor (the store: --work's)
+    native["native_session-recserve-bf16-plain"] = native["native-recserve-bf16-plain"] | {
+        "layouts": ("native", "native_session"),
+        "check": False,
+    }
+    native["session-eager-bf16"] = {
+        "layout": "fused",
+        "layouts": ("fused", "session"),
+        "backend": "eager",
+        "precision": "bf16",
+        "settings": batched,
+    }
     for precision in ("fp32", "bf16"):  # the python stub around a CUDA graph, without a queue policy
         native[f"fused-cudagraph-{precision}-plain"] = {
             "layout": "fused",
@@ -168,23 +184,26 @@ def main() -> None:
             run, args.out / "export-report", device, seconds=0.5, backends=tuple(args.export_report.split(","))
         )
     rows, notes, checks = [], {}, {}
-    for name in filter(None, args.variants.split(",")):
+    chosen_variants = list(filter(None, args.variants.split(",")))
+    store = args.work / "store"  # recserve's embedded store, for the variants by session
+    if any("layouts" in table[name] for name in chosen_variants):
+        embedded_store.start(store)
+    for name in chosen_variants:
         spec = table[name]
         repo = args.work / f"repo-{name}"
+        layouts = spec.get("layouts", (spec["layout"],))
+        settings = spec["settings"]
+        if "layouts" in spec:
+            settings = dataclasses.replace(settings, session_store=str(store))
         started = time.time()
         try:
             repository_from_run(
-                run,
-                repo,
-                (spec["layout"],),
-                spec["settings"],
-                spec.get("backend", "eager"),
-                spec.get("precision", "fp32"),
+                run, repo, layouts, settings, spec.get("backend", "eager"), spec.get("precision", "fp32")
             )
             if spec.get("check"):  # the fused layout beside it (eager, same precision) for compare_with_fused
                 repository_from_run(run, repo, ("fused",), spec["settings"], "eager", spec["precision"])
             summary = sweep(
-                [spec["layout"]],
+                list(layouts),
                 levels,
                 args.out / name,
                 histories,
@@ -221,10 +240,15 @@ def main() -> None:
             client_threads=args.client_threads,
         )
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
+    if store.is_dir():
+        embedded_store.stop(store)
     per_variant = {}
     candidates = {r["variant"]: r["layout"] for r in rows if r["layout"] in ("fused", "native")}
     for name, layout in candidates.items():
         chosen = [r for r in rows if r["variant"] == name and r["model"] == "random"]
+        if "layouts" in table.get(name, {}):  # by session against by item IDs, both in the variant's rows
+            per_variant[name] = ratios(chosen, slo_p99_ms=10.0)
+            continue
         echo = "echo-plain" if "-plain" in name else "echo"
         others = [r for r in rows if r["variant"] in ("seed", echo)]
         if layout == "native":  # against the fused variant of the same precision, where it ran

@@ -28,6 +28,7 @@ import numpy as np
 
 from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
+from recserve.constants import NATIVE_SESSION_MODEL, SESSION_MODEL
 from recserve.errors import StoreError
 from recserve.serving.processes import free_ports
 from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
@@ -42,8 +43,9 @@ def percentile(values: list[float], q: float) -> float:
 class Load:
     """Threads of requests by session and of single events until ``stop``; counts every outcome."""
 
-    def __init__(self, url: str, store_folder: Path, threads: int, sessions: int, item: int):
-        self.url, self.folder, self.threads, self.sessions, self.item = url, store_folder, threads, sessions, item
+    def __init__(self, url: str, model: str, store_folder: Path, threads: int, sessions: int, item: int):
+        self.url, self.model, self.folder = url, model, store_folder
+        self.threads, self.sessions, self.item = threads, sessions, item
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.outcomes: Counter = Counter()
@@ -55,7 +57,7 @@ class Load:
             while not self.stop.is_set():
                 session = f"load-{(n * 7919 + i) % self.sessions}"
                 try:
-                    client.recommend_session(session, k=10)
+                    client.recommend_session(session, k=10, model=self.model)
                     outcome = "answered"
                 except SessionStoreError:
                     outcome = "refused: session store"
@@ -90,7 +92,7 @@ class Load:
         return workers
 
 
-def visibility(url: str, folder: Path, probes: int, item: int) -> dict:
+def visibility(url: str, model: str, folder: Path, probes: int, item: int) -> dict:
     """Each probe: one event to a fresh session, then requests until an answer holds it."""
     delays, misses = [], 0
     with SessionStore(embedded_store.settings_of(folder)) as store, RecommenderClient(url, timeout_s=5) as client:
@@ -98,7 +100,7 @@ def visibility(url: str, folder: Path, probes: int, item: int) -> dict:
             session = f"probe-{time.time_ns()}-{n}"
             store.append([Event(session, item)])
             acknowledged = time.perf_counter()
-            answer = client.recommend_session(session, k=10)
+            answer = client.recommend_session(session, k=10, model=model)
             delays.append((time.perf_counter() - acknowledged) * 1000)
             misses += answer.history_length != 1  # the very next answer must hold the event
     return {
@@ -111,7 +113,13 @@ def visibility(url: str, folder: Path, probes: int, item: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", type=Path, required=True, help="a repository with the session layout")
+    parser.add_argument("--repo", type=Path, required=True, help="a repository with a layout by session")
+    parser.add_argument(
+        "--model",
+        default=SESSION_MODEL,
+        choices=[SESSION_MODEL, NATIVE_SESSION_MODEL],
+        help="the model asked: the session layout's (python) or the native_session layout's (recserve's backend)",
+    )
     parser.add_argument("--store", type=Path, required=True, help="the embedded store's folder its record names")
     parser.add_argument("--threads", type=int, default=4, help="request threads (events: half as many)")
     parser.add_argument("--sessions", type=int, default=500)
@@ -124,15 +132,15 @@ def main() -> None:
     embedded_store.start(args.store)
     http, grpc, metrics = free_ports(3)
     settings = ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5)
-    result: dict = {"threads": args.threads, "sessions": args.sessions}
+    result: dict = {"model": args.model, "threads": args.threads, "sessions": args.sessions}
     with SessionStore(embedded_store.settings_of(args.store)) as store:  # the load's sessions start empty
         store.forget([f"load-{n}" for n in range(args.sessions)])
     with TritonServer(args.repo, settings) as server:
         url = server.grpc_url
-        load = Load(url, args.store, args.threads, args.sessions, args.item)
+        load = Load(url, args.model, args.store, args.threads, args.sessions, args.item)
         workers = load.start()
         time.sleep(0.5)
-        result["visibility"] = visibility(url, args.store, args.probes, args.item)
+        result["visibility"] = visibility(url, args.model, args.store, args.probes, args.item)
         result["visibility"]["under_load"] = dict(load.outcomes)
         print("visibility under load:", json.dumps(result["visibility"]), flush=True)
         load.outcomes.clear()

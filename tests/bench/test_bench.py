@@ -91,15 +91,18 @@ def test_ratios_compare_layouts_at_the_same_level(summary):
 
 def test_ratios_formula():
     rows = [
-        {"layout": "fused", "concurrency": 8, "throughput_rps": 300.0, "p99_ms": 10.0, "errors": 0},
-        {"layout": "seed", "concurrency": 8, "throughput_rps": 100.0, "p99_ms": 40.0, "errors": 0},
-        {"layout": "echo", "concurrency": 8, "throughput_rps": 400.0, "p99_ms": 5.0, "errors": 0},
-        {"layout": "native", "concurrency": 8, "throughput_rps": 600.0, "p99_ms": 2.0, "errors": 0},
+        {"layout": "fused", "concurrency": 8, "throughput_rps": 300.0, "p50_ms": 4.0, "p99_ms": 10.0, "errors": 0},
+        {"layout": "seed", "concurrency": 8, "throughput_rps": 100.0, "p50_ms": 9.0, "p99_ms": 40.0, "errors": 0},
+        {"layout": "echo", "concurrency": 8, "throughput_rps": 400.0, "p50_ms": 2.0, "p99_ms": 5.0, "errors": 0},
+        {"layout": "native", "concurrency": 8, "throughput_rps": 600.0, "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0},
+        {"layout": "native_session", "concurrency": 8, "throughput_rps": 480.0, "p50_ms": 1.25, "p99_ms": 3.0},
     ]
     r = ratios(rows, slo_p99_ms=20)
-    assert r["native_over_fused"]["concurrency=8"] == {"throughput": 2.0, "p99": 0.2}
+    assert r["native_over_fused"]["concurrency=8"] == {"throughput": 2.0, "p99": 0.2, "p50_ms_more": -3.0}
+    # by session against the same layout by items
+    assert r["native_session_over_native"]["concurrency=8"] == {"throughput": 0.8, "p99": 1.5, "p50_ms_more": 0.25}
     assert r["native_over_echo"]["concurrency=8"]["throughput"] == 1.5 and r["best_native_over_best_echo"] == 1.5
-    assert r["fused_over_seed"]["concurrency=8"] == {"throughput": 3.0, "p99": 0.25}
+    assert r["fused_over_seed"]["concurrency=8"] == {"throughput": 3.0, "p99": 0.25, "p50_ms_more": -5.0}
     assert r["fused_over_echo"]["concurrency=8"]["throughput"] == 0.75
     assert r["best_within_slo"]["seed"] is None and r["best_within_slo"]["fused"]["throughput_rps"] == 300.0
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PAIRS = (("fused", "seed"), ("fused", "echo"), ("native", "fused"), ("native", "echo"))  # the ratios reported
+# the ratios reported: each layout against the one it stands in for (by session against by items)
+PAIRS = (
+    ("fused", "seed"),
+    ("fused", "echo"),
+    ("native", "fused"),
+    ("native", "echo"),
+    ("session", "fused"),
+    ("native_session", "native"),
+)
 
 
 def _level(row: dict) -> tuple[str, float]:
@@ -12,8 +20,9 @@ def _level(row: dict) -> tuple[str, float]:
 
 
 def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
-    """fused over seed and echo, native over fused and echo, at each shared load level; the best throughput
-    within the SLO per layout, and best over best."""
+    """Each of PAIRS (fused over seed, native over fused, by session over by items, ...) at each shared load
+    level (throughput and p99 as ratios, p50 as milliseconds more); the best throughput within the SLO per
+    layout, and best over best."""
     ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
     by = {(r["layout"], _level(r)): r for r in ok}
     out: dict = {f"{a}_over_{b}": {} for a, b in PAIRS} | {"best_within_slo": {}}
@@ -24,6 +33,7 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
                 out[f"{a}_over_{other}"][key] = {
                     "throughput": row["throughput_rps"] / by[(other, level)]["throughput_rps"],
                     "p99": row["p99_ms"] / by[(other, level)]["p99_ms"],
+                    "p50_ms_more": row["p50_ms"] - by[(other, level)]["p50_ms"],
                 }
     for layout in {r["layout"] for r in ok}:
         within = [r for r in ok if r["layout"] == layout and r["p99_ms"] <= slo_p99_ms]
@@ -79,7 +89,10 @@ def write_report(summary: dict, path: Path) -> None:
     ratios_ = summary["ratios"]
     for a, b in PAIRS:
         for level, v in ratios_.get(f"{a}_over_{b}", {}).items():
-            lines.append(f"- {a} over {b} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}")
+            lines.append(
+                f"- {a} over {b} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}, "
+                f"p50 {v['p50_ms_more']:+.2f} ms"
+            )
     for a, b in PAIRS:
         if f"best_{a}_over_best_{b}" in ratios_:
             lines.append(f"- best {a} over best {b} throughput: x{ratios_[f'best_{a}_over_best_{b}']:.2f}")

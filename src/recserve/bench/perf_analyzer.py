@@ -23,6 +23,7 @@ from recserve.constants import (
     INPUT_SESSION_ID,
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
+    SESSION_LAYOUTS,
 )
 from recserve.errors import ServingError
 from recserve.serving.triton_repository.layouts import LAYOUTS
@@ -59,9 +60,10 @@ def write_input_data(
     native layout (``native``: its model's shape) padded histories with k 10 and seen items excluded, as
     ``RecommenderClient`` sends them."""
     rows = []
-    if layout == "session":  # the sessions bench_sessions loaded, by ID
+    if layout in SESSION_LAYOUTS:  # the sessions load_bench_sessions loaded, by ID
         count = min(limit, len(histories))
-        path.write_text(json.dumps({"data": [session_input(n) for n in range(count)]}))
+        every_input = layout == "native_session"  # native models take every input
+        path.write_text(json.dumps({"data": [session_input(n, every_input) for n in range(count)]}))
         return count
     for history in histories:
         if layout == "seed":
@@ -88,8 +90,13 @@ def write_input_data(
 BENCH_SESSION = "bench-{}"  # the session IDs a session sweep loads and asks for
 
 
-def session_input(n: int) -> dict:
-    return {INPUT_SESSION_ID: {"content": [BENCH_SESSION.format(n)], "shape": [1]}}
+def session_input(n: int, every_input: bool = False) -> dict:
+    """Session ``n``'s row: its ID, and with ``every_input`` k 10 and seen items excluded."""
+    row: dict = {INPUT_SESSION_ID: {"content": [BENCH_SESSION.format(n)], "shape": [1]}}
+    if every_input:
+        row[INPUT_K] = {"content": [DEFAULT_K], "shape": [1]}
+        row[INPUT_EXCLUDE_SEEN] = {"content": [True], "shape": [1]}
+    return row
 
 
 def load_bench_sessions(store_record: dict, histories: list[np.ndarray], limit: int = 1000) -> int:

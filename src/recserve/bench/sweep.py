@@ -22,6 +22,7 @@ from recserve.constants import (
     SEED_HISTORY_LENGTH,
     SEED_INPUT,
     SEED_OUTPUT_IDS,
+    SESSION_LAYOUTS,
 )
 from recserve.errors import ServingError
 from recserve.serving.triton_repository.layouts import LAYOUTS
@@ -54,11 +55,11 @@ def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray
     if layout in ("fused", "native"):
         with _client(grpc_url, layout) as client:
             ids = client.recommend(history, k=TOP).item_ids.tolist()
-    elif layout == "session":
+    elif layout in SESSION_LAYOUTS:
         with _client(grpc_url, layout) as client:
-            answer = client.recommend_session(pa.BENCH_SESSION.format(0), k=TOP)
+            answer = client.recommend_session(pa.BENCH_SESSION.format(0), k=TOP, model=LAYOUT_MODELS[layout])
             if answer.history_length == 0:
-                raise ServingError("layout session: the store holds no history of the bench's first session")
+                raise ServingError(f"layout {layout}: the store holds no history of the bench's first session")
             ids = answer.item_ids.tolist()
     else:
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
@@ -161,13 +162,19 @@ def sweep(
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
             inputs = {}
-            if "session" in layouts:  # the store (the repository's record names it) holds the same histories
+            by_session = [x for x in layouts if x in SESSION_LAYOUTS]
+            if by_session:  # the store (the repository's record names it) holds the same histories
                 if repo is None:
-                    raise ServingError("the session layout's sweep needs --repo (its record names the store)")
-                store = read_repository_info(repo)["layouts"].get("session", {}).get("session_store")
-                if not store:
-                    raise ServingError(f"{repo}: no session layout with a store in its record")
-                pa.load_bench_sessions(store, histories)
+                    raise ServingError("a sweep by session needs --repo (its record names the store)")
+                records = read_repository_info(repo)["layouts"]
+                stores = {}
+                for layout in by_session:
+                    store = records.get(layout, {}).get("session_store")
+                    if not store:
+                        raise ServingError(f"{repo}: no {layout} layout with a store in its record")
+                    stores[json.dumps(store, sort_keys=True)] = store  # layouts of one store load it once
+                for store in stores.values():
+                    pa.load_bench_sessions(store, histories)
             for layout in layouts:
                 history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
                 check_answers(layout, http_url, grpc_url, history, string_ids)

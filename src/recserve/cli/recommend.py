@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors, history_ids
-from recserve.constants import FUSED_MODEL, GRPC_PORT, HTTP_PORT, NATIVE_MODEL, OUTPUT_UNKNOWN_IDS, SESSION_MODEL
+from recserve.constants import (
+    FUSED_MODEL,
+    GRPC_PORT,
+    HTTP_PORT,
+    NATIVE_MODEL,
+    NATIVE_SESSION_MODEL,
+    OUTPUT_UNKNOWN_IDS,
+    SESSION_MODEL,
+)
 
 
 def _titles(path: Path | None) -> dict:
@@ -38,12 +46,15 @@ def recommend(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     model: Annotated[
         str,
-        typer.Option(help=f"The served model: {FUSED_MODEL} (fused layout) or {NATIVE_MODEL} (native layout)."),
+        typer.Option(
+            help=f"The served model: {FUSED_MODEL} (fused layout) or {NATIVE_MODEL} (native layout); with --session "
+            f"{SESSION_MODEL} (session layout, the default) or {NATIVE_SESSION_MODEL} (native_session layout)."
+        ),
     ] = FUSED_MODEL,
     session: Annotated[
         str | None,
         typer.Option(
-            help=f"Ask by session instead: the {SESSION_MODEL} model (session layout) answers from its store."
+            help="Ask by session instead: the session model answers from its store, ITEM_IDS appended first."
         ),
     ] = None,
 ) -> None:
