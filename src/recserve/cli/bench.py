@@ -40,8 +40,8 @@ def bench(
     layouts: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated layouts to load: fused, native, seed, echo, session, native_session (their sessions loaded into the "
-            "repository's store first) [every layout the repository holds; "
+            help="Comma-separated layouts to load: fused, native, seed, echo, session, native_session (by "
+            "session: their sessions loaded into the repository's store first) [every layout the repository holds; "
             "fused,seed,echo with --url]."
         ),
     ] = None,
