@@ -53,9 +53,7 @@ def recommend(
     ] = FUSED_MODEL,
     session: Annotated[
         str | None,
-        typer.Option(
-            help="Ask by session instead: the session model answers from its store, ITEM_IDS appended first."
-        ),
+        typer.Option(help="Ask by session instead: the session model answers from its store, ITEM_IDS appended first."),
     ] = None,
 ) -> None:
     """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS,
