@@ -110,7 +110,7 @@ cmd_sessions() {
   carried_server
   out=${OUT:-runs/gpu-sessions}; work=/tmp/gpu-sessions
   python3 benchmarks/serving_layouts.py --out "$out" --work "$work" --client-cpus 4 \
-    --variants native_session-recserve-bf16-plain,session-eager-bf16 --concurrency "${LEVELS:-1,16,64,128}" "$@"
+    --variants native_session-recserve-bf16-plain,session-eager-bf16 --concurrency "${LEVELS:-1,8,16,32,64}" --measurement-ms 1500 "$@"
   for variant in native_session-recserve-bf16-plain:recommender_native_session session-eager-bf16:recommender_session; do
     python3 benchmarks/session_load.py --repo "$work/repo-${variant%%:*}" --store "$work/store" \
       --model "${variant#*:}" --probes "${PROBES:-300}" --out "$out/session-load-${variant%%:*}.json" || true
