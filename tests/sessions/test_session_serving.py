@@ -160,6 +160,35 @@ def test_a_store_that_is_down_answers_from_the_requests_items_or_refuses(session
         assert client.recommend_session("shopper-1", k=10).history_length == 5
 
 
+def test_perf_analyzer_asks_by_session_with_events_mixed_in(session_stack, ml100k_dir, tmp_path):
+    from recserve.bench.perf_analyzer import BENCH_SESSION, LoadLevel
+    from recserve.bench.sweep import real_histories, sweep
+
+    _, store_dir, repo, layout = session_stack
+    histories, string_ids = real_histories(ml100k_dir)
+    result = sweep(
+        [layout],
+        [LoadLevel("concurrency", 2)],
+        tmp_path,
+        histories,
+        string_ids,
+        repo=repo,
+        measurement_ms=500,
+        client_threads=2,
+        events_every=4,
+    )
+    (row,) = result["results"]
+    assert row["errors"] == 0 and row["throughput_rps"] > 10, row
+    assert result["server_failures"] == {layout: 0}
+    # the sweep loaded each session's history, then one request in 4 appended its last item again
+    with SessionStore(embedded_store.settings_of(store_dir)) as store:
+        first, second = store.recent([BENCH_SESSION.format(0), BENCH_SESSION.format(1)], 10_000)
+    window = embedded_store.settings_of(store_dir).window
+    assert len(second) == min(len(histories[1]), window), "a session no request appended to is as loaded"
+    assert first[-2:] == [str(histories[0][-1])] * 2, "requests of session 0 appended its last item again"
+    assert "one request in 4 carries an event" in (tmp_path / "report.md").read_text()
+
+
 def test_a_session_layout_without_a_store_is_refused(tiny_export, tmp_path):
     with pytest.raises(ServingError, match="needs a session store"):
         write_repository(tiny_export, tmp_path / "repo", ("session",), RepositorySettings())

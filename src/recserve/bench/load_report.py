@@ -63,7 +63,8 @@ def write_report(summary: dict, path: Path) -> None:
         "",
         f"perf_analyzer over {s['protocol']}, {s['measurement_ms']} ms windows, "
         + (f"{s['client_threads']} client threads, " if s.get("client_threads") else "")
-        + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms.",
+        + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms."
+        + (f" By session, one request in {s['events_every']} carries an event." if s.get("events_every") else ""),
         "",
         "| layout | load | throughput (req/s) | p50 ms | p90 ms | p99 ms | errors | server steps (ms per request) |",
         "|---|---|---:|---:|---:|---:|---:|---|",

@@ -55,15 +55,23 @@ def write_input_data(
     string_ids: bool,
     limit: int = 1000,
     native: NativeShape | None = None,
+    events_every: int = 0,
 ) -> int:
     """perf_analyzer's JSON input from real histories: the seed layout takes exactly 39 IDs per request; the
     native layout (``native``: its model's shape) padded histories with k 10 and seen items excluded, as
-    ``RecommenderClient`` sends them."""
+    ``RecommenderClient`` sends them. By session, the sessions ``load_bench_sessions`` loaded, by ID; with
+    ``events_every`` N, every Nth request also carries an event (its history's last item again), which the
+    model appends to the session before answering: a load of events and requests mixed."""
     rows = []
-    if layout in SESSION_LAYOUTS:  # the sessions load_bench_sessions loaded, by ID
+    if layout in SESSION_LAYOUTS:
         count = min(limit, len(histories))
         every_input = layout == "native_session"  # native models take every input
-        path.write_text(json.dumps({"data": [session_input(n, every_input) for n in range(count)]}))
+        for n in range(count):
+            rows.append(session_input(n, every_input))
+            if events_every and n % events_every == 0 and len(histories[n]):
+                item = histories[n][-1]
+                rows[-1][INPUT_ITEM_IDS] = {"content": [str(item) if string_ids else int(item)], "shape": [1]}
+        path.write_text(json.dumps({"data": rows}))
         return count
     for history in histories:
         if layout == "seed":

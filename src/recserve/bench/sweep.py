@@ -134,6 +134,7 @@ def sweep(
     progress: Callable[[str, int, int], None] = lambda *_: None,
     compare_with_fused: bool = False,
     client_cpus: tuple[int, ...] = (),
+    events_every: int = 0,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -145,6 +146,7 @@ def sweep(
         compare_with_fused: check the native layout's answers against the repository's fused layout even
             when only the native one is swept (they are compared whenever both are).
         client_cpus: cores to pin perf_analyzer to (the server keeps to this process's others); () shares.
+        events_every: by session, every Nth request carries an event to append first (0: none).
     """
     from recserve.bench.load_report import ratios, write_report
 
@@ -183,7 +185,9 @@ def sweep(
                 if layout == "native":
                     with _client(grpc_url, layout) as client:
                         native = client.native_shape()
-                pa.write_input_data(histories, layout, inputs[layout], string_ids, native=native)
+                pa.write_input_data(
+                    histories, layout, inputs[layout], string_ids, native=native, events_every=events_every
+                )
             compare = "native" in layouts and ("fused" in layouts or compare_with_fused)
             agreement = compare_native(grpc_url, histories) if compare else None
             # level by level, every layout in turn: the runs a ratio compares are minutes apart at most,
@@ -228,6 +232,7 @@ def sweep(
             "client_threads": client_threads,
             "layouts": layouts,
             "requests_from": f"{len(histories)} histories",
+            "events_every": events_every,
         },
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
     }

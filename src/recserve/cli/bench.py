@@ -61,6 +61,14 @@ def bench(
             "at most 16: on a shared host more threads than cores take CPU from the server.",
         ),
     ] = None,
+    events_every: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="By session: every Nth request also carries an event (an item to append before answering), a "
+            "load of events and requests mixed; 0 for none.",
+        ),
+    ] = 0,
 ) -> None:
     """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -110,6 +118,7 @@ def bench(
             slo_p99_ms=slo_p99_ms,
             client_threads=client_threads,
             progress=progress,
+            events_every=events_every,
         )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)
