@@ -151,6 +151,9 @@ def main() -> None:
         help="pin perf_analyzer to this many of the usable cores and the server (this process's children) to "
         "the others; 0: both share every core",
     )
+    parser.add_argument(
+        "--events-every", type=int, default=0, help="by session: one request in N carries an event (0: none)"
+    )
     parser.add_argument("--ml100k", type=Path, help="run folder of the trained ML-100K model, with histories.npz")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
@@ -213,6 +216,7 @@ def main() -> None:
                 client_threads=args.client_threads,
                 compare_with_fused=bool(spec.get("check")),
                 client_cpus=client_cpus,
+                events_every=args.events_every,
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]

@@ -115,6 +115,9 @@ cmd_sessions() {
     python3 benchmarks/session_load.py --repo "$work/repo-${variant%%:*}" --store "$work/store" \
       --model "${variant#*:}" --probes "${PROBES:-300}" --out "$out/session-load-${variant%%:*}.json" || true
   done
+  # the same by session with one request in 4 carrying an event (a mixed load through perf_analyzer)
+  python3 benchmarks/serving_layouts.py --out "$out/events-every-4" --work "$work" --client-cpus 4 --events-every 4 \
+    --variants native_session-recserve-bf16-plain --concurrency "${LEVELS:-1,8,16,32,64}" --measurement-ms 1500 "$@"
 }
 
 # The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.
