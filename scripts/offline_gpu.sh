@@ -81,6 +81,8 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
     python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$deps" .gpu/wheels/*.whl
   fi
   export PYTHONPATH="$PWD/src:$PWD:$deps"
+  # the python models' stub runs in its own environment: the carried wheels (redis-py for the session model) too
+  echo "$deps" > "$("$STUB_ENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/recserve-deps.pth"
   export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer RECSERVE_TRITON_BACKENDS="$TRITON_BACKEND_DIR"
   if [ -f .gpu/bin/redis-server.xz ]; then  # the carried Redis server, for the layouts by session
     mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/redis-server.xz > /tmp/gpu-bundle/bin/redis-server
