@@ -3,7 +3,7 @@ repository's session layout and the store its record names; both started here un
 
 Two phases, each bounded in time:
 
-1. visibility: background threads keep a load of requests by session (and of events) going while probes
+1. visibility: background processes keep a load of requests by session (and of events) going while probes
    send one event and then ask for their session; the figure is the time from the event's acknowledgement
    to the first answer that holds it (p50, p99), and whether every answer did;
 2. restart: the same load while the store is killed (SIGKILL: no shutdown save) and started again
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,56 +40,78 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-class Load:
-    """Threads of requests by session and of single events until ``stop``; counts every outcome."""
-
-    def __init__(self, url: str, model: str, store_folder: Path, threads: int, sessions: int, item: int):
-        self.url, self.model, self.folder = url, model, store_folder
-        self.threads, self.sessions, self.item = threads, sessions, item
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.outcomes: Counter = Counter()
-        self.acknowledged: Counter = Counter()  # session -> events the store acknowledged
-
-    def _requests(self, n: int) -> None:
-        with RecommenderClient(self.url, timeout_s=5) as client:
-            i = 0
-            while not self.stop.is_set():
-                session = f"load-{(n * 7919 + i) % self.sessions}"
-                try:
-                    client.recommend_session(session, k=10, model=self.model)
-                    outcome = "answered"
-                except SessionStoreError:
-                    outcome = "refused: session store"
-                except Exception as err:  # counted, never hidden: any other failure is a finding
-                    outcome = f"failed: {type(err).__name__}"
-                with self.lock:
-                    self.outcomes[outcome] += 1
-                i += 1
-
-    def _events(self, n: int) -> None:
-        store = SessionStore(embedded_store.settings_of(self.folder))
+def _requests(url: str, model: str, sessions: int, n: int, stop, results) -> None:
+    """A process of requests by session until ``stop``; its outcomes counted into ``results``."""
+    outcomes: Counter = Counter()
+    with RecommenderClient(url, timeout_s=5) as client:
         i = 0
-        while not self.stop.is_set():
-            session = f"load-{(n * 104729 + i) % self.sessions}"
+        while not stop.is_set():
+            session = f"load-{(n * 7919 + i) % sessions}"
             try:
-                accepted = store.append([Event(session, self.item)]).accepted
-                with self.lock:
-                    self.acknowledged[session] += accepted
-                    self.outcomes["event acknowledged"] += accepted
-            except StoreError:
-                with self.lock:
-                    self.outcomes["event refused: session store"] += 1
-                time.sleep(0.01)
+                client.recommend_session(session, k=10, model=model)
+                outcomes["answered"] += 1
+            except SessionStoreError:
+                outcomes["refused: session store"] += 1
+            except Exception as err:  # counted, never hidden: any other failure is a finding
+                outcomes[f"failed: {type(err).__name__}"] += 1
             i += 1
-        store.close()
+    results.put((outcomes, Counter()))
 
-    def start(self) -> list[threading.Thread]:
-        workers = [threading.Thread(target=self._requests, args=(n,)) for n in range(self.threads)]
-        workers += [threading.Thread(target=self._events, args=(n,)) for n in range(max(1, self.threads // 2))]
-        for w in workers:
-            w.start()
-        return workers
+
+def _events(folder: Path, sessions: int, item: int, n: int, stop, results) -> None:
+    """A process of single events until ``stop``; each session's acknowledged events counted."""
+    outcomes: Counter = Counter()
+    acknowledged: Counter = Counter()  # session -> events the store acknowledged
+    store = SessionStore(embedded_store.settings_of(folder))
+    i = 0
+    while not stop.is_set():
+        session = f"load-{(n * 104729 + i) % sessions}"
+        try:
+            accepted = store.append([Event(session, item)]).accepted
+            acknowledged[session] += accepted
+            outcomes["event acknowledged"] += accepted
+        except StoreError:
+            outcomes["event refused: session store"] += 1
+            time.sleep(0.01)
+        i += 1
+    store.close()
+    results.put((outcomes, acknowledged))
+
+
+class Load:
+    """Processes of requests by session and of single events (each its own interpreter, so the probes in
+    this one do not wait for their GIL) until ``finish``; counts every outcome."""
+
+    def __init__(self, url: str, model: str, store_folder: Path, workers: int, sessions: int, item: int):
+        self.url, self.model, self.folder = url, model, store_folder
+        self.workers, self.sessions, self.item = workers, sessions, item
+        self.context = multiprocessing.get_context("spawn")
+        self.acknowledged: Counter = Counter()  # over every phase: session -> acknowledged events
+
+    def run(self, during) -> Counter:
+        """Starts the load, calls ``during()`` under it, ends it; returns the outcomes of that phase."""
+        stop, results = self.context.Event(), self.context.Queue()
+        jobs = [(_requests, (self.url, self.model, self.sessions, n, stop, results)) for n in range(self.workers)]
+        jobs += [
+            (_events, (self.folder, self.sessions, self.item, n, stop, results))
+            for n in range(max(1, self.workers // 2))
+        ]
+        processes = [self.context.Process(target=target, args=args) for target, args in jobs]
+        for p in processes:
+            p.start()
+        time.sleep(2.0)  # the processes' imports and connections, before the phase counts
+        try:
+            during()
+        finally:
+            stop.set()
+            outcomes: Counter = Counter()
+            for _ in processes:
+                done, acknowledged = results.get(timeout=60)
+                outcomes += done
+                self.acknowledged += acknowledged
+            for p in processes:
+                p.join()
+        return outcomes
 
 
 def visibility(url: str, model: str, folder: Path, probes: int, item: int) -> dict:
@@ -121,7 +143,7 @@ def main() -> None:
         help="the model asked: the session layout's (python) or the native_session layout's (recserve's backend)",
     )
     parser.add_argument("--store", type=Path, required=True, help="the embedded store's folder its record names")
-    parser.add_argument("--threads", type=int, default=4, help="request threads (events: half as many)")
+    parser.add_argument("--threads", type=int, default=4, help="request processes (events: half as many)")
     parser.add_argument("--sessions", type=int, default=500)
     parser.add_argument("--probes", type=int, default=300)
     parser.add_argument("--item", type=int, default=50, help="an item ID of the catalogue, for every event")
@@ -138,24 +160,25 @@ def main() -> None:
     with TritonServer(args.repo, settings) as server:
         url = server.grpc_url
         load = Load(url, args.model, args.store, args.threads, args.sessions, args.item)
-        workers = load.start()
-        time.sleep(0.5)
-        result["visibility"] = visibility(url, args.model, args.store, args.probes, args.item)
-        result["visibility"]["under_load"] = dict(load.outcomes)
+        probes: dict = {}
+        under_load = load.run(lambda: probes.update(visibility(url, args.model, args.store, args.probes, args.item)))
+        result["visibility"] = probes | {"under_load": dict(under_load)}
         print("visibility under load:", json.dumps(result["visibility"]), flush=True)
-        load.outcomes.clear()
-        time.sleep(args.restart_after_s)
-        started = time.perf_counter()
-        os.kill(int((args.store / "server.pid").read_text()), signal.SIGKILL)  # a crash: no shutdown save
-        while embedded_store._running(args.store):
-            time.sleep(0.01)
-        time.sleep(0.5)
-        embedded_store.start(args.store)
-        down_s = time.perf_counter() - started
-        time.sleep(max(0.0, args.restart_s - args.restart_after_s - down_s))
-        load.stop.set()
-        for w in workers:
-            w.join()
+        restart: dict = {}
+
+        def kill_and_restart() -> None:
+            time.sleep(args.restart_after_s)
+            started = time.perf_counter()
+            os.kill(int((args.store / "server.pid").read_text()), signal.SIGKILL)  # a crash: no shutdown save
+            while embedded_store._running(args.store):
+                time.sleep(0.01)
+            time.sleep(0.5)
+            embedded_store.start(args.store)
+            restart["down_s"] = time.perf_counter() - started
+            time.sleep(max(0.0, args.restart_s - args.restart_after_s - restart["down_s"]))
+
+        outcomes = load.run(kill_and_restart)
+        down_s = restart["down_s"]
     with SessionStore(embedded_store.settings_of(args.store)) as store:
         sessions = sorted(load.acknowledged)
         held = store.recent(sessions, store.settings.window)
@@ -166,7 +189,7 @@ def main() -> None:
     )
     result["restart"] = {
         "store_down_s": round(down_s, 3),
-        "outcomes": dict(load.outcomes),
+        "outcomes": dict(outcomes),
         "events_acknowledged": sum(load.acknowledged.values()),
         "acknowledged_events_lost": lost,
         "note": "each session's list keeps its newest `window` items: at most that many are looked for",

@@ -5,6 +5,7 @@ answer, and a store that is down answers from the request's items or refuses wit
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -210,3 +211,47 @@ def test_the_native_session_layout_needs_a_torchscript_export_on_recserves_backe
     on_pytorch = dataclasses.replace(settings, native_runtime="pytorch")
     with pytest.raises(ServingError, match="reads the session store in recserve's own backend"):
         write_repository(tmp_path / "torchscript", tmp_path / "repo", ("native_session",), on_pytorch)
+
+
+@pytest.fixture(scope="module")
+def native_session_repo(tiny_run, tmp_path_factory):
+    """A repository of the native_session layout alone, its store's record pointing at no server."""
+    from recserve.export.exporter import export_run
+
+    require_native("recserve")
+    root = tmp_path_factory.mktemp("native-session-alone")
+    export_run(tiny_run, "torchscript", "fp32", root / "torchscript")
+    (root / "store.json").write_text(json.dumps({"url": "redis://127.0.0.1:9/0"}))
+    settings = RepositorySettings(session_store=str(root / "store.json"), native_runtime="recserve")
+    write_repository(root / "torchscript", root / "repo", ("native_session",), settings)
+    return root / "repo"
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"url": "redis://recserve:secret@127.0.0.1:6379/0"}, "give the credentials as username and password_file"),
+        ({"url": "rediss://127.0.0.1:6379/0"}, "reaches a store at redis://HOST:PORT/DB (no TLS"),
+        ({"url": "redis://:6379/0"}, "names no host and port"),
+        ({"window": 0}, "window must be at least 1"),
+        (None, "needs the parameter history_length"),
+    ],
+)
+def test_recserves_backend_refuses_a_store_record_it_cannot_use(native_session_repo, tmp_path, record, message):
+    """A hand-edited config.pbtxt: the server does not start, and its log says what is wrong with the record."""
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+
+    repo = tmp_path / "repo"
+    shutil.copytree(native_session_repo / NATIVE_SESSION_MODEL, repo / NATIVE_SESSION_MODEL)
+    path = repo / NATIVE_SESSION_MODEL / "config.pbtxt"
+    config = parse_pbtxt(path.read_text())
+    if record is None:
+        del config.parameters["history_length"]
+    else:
+        stored = json.loads(config.parameters["session_store"].string_value)
+        config.parameters["session_store"].string_value = json.dumps(stored | record)
+    path.write_text(str(config))
+    with pytest.raises(ServingError) as err, TritonServer(repo, server_settings()):
+        pass
+    assert message in str(err.value), str(err.value)[-2000:]
+    assert "secret" not in str(err.value)

@@ -107,6 +107,9 @@ ParseStoreRecord(const std::string& json, StoreSettings* s)
            ": the native layout reaches a store at redis://HOST:PORT/DB (no TLS, no unix socket); "
            "the session layout (python) takes rediss:// and unix://";
   }
+  if (s->url.find('@') != std::string::npos) {  // never a password in the URL, as recserve's records say
+    return "session_store: url: give the credentials as username and password_file, not in the URL";
+  }
   std::string rest = s->url.substr(scheme.size());
   const size_t slash = rest.find('/');
   std::string address = rest.substr(0, slash);
