@@ -189,7 +189,8 @@ def main() -> None:
     rows, notes, checks = [], {}, {}
     chosen_variants = list(filter(None, args.variants.split(",")))
     store = args.work / "store"  # recserve's embedded store, for the variants by session
-    if any("layouts" in table[name] for name in chosen_variants):
+    by_session = any("layouts" in table[name] for name in chosen_variants)
+    if by_session:
         embedded_store.start(store)
     for name in chosen_variants:
         spec = table[name]
@@ -244,7 +245,7 @@ def main() -> None:
             client_threads=args.client_threads,
         )
         rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
-    if store.is_dir():
+    if by_session:
         embedded_store.stop(store)
     per_variant = {}
     candidates = {r["variant"]: r["layout"] for r in rows if r["layout"] in ("fused", "native")}

@@ -20,6 +20,7 @@ it as ``python native/backend_sources.py DEST``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import re
@@ -130,10 +131,16 @@ def fetch_sources(
 
 
 def hiredis_sources(dest: Path, offline: Path | None = None) -> Path:
-    """hiredis's C sources (``vendor/hiredis`` of ``HIREDIS_ARCHIVE``) in ``dest``: the archive from the offline
-    folder, else the cache, else downloaded from the package index with pip; checked by its SHA-256."""
-    import hashlib
+    """hiredis's C sources (``vendor/hiredis`` of ``HIREDIS_ARCHIVE``, ``hiredis_archive``'s) in ``dest``."""
+    with tempfile.TemporaryDirectory(dir=Path(dest).parent) as tmp:
+        _extract(hiredis_archive(offline), Path(tmp), strip=1)
+        _copy(Path(tmp) / "vendor" / "hiredis", Path(dest))
+    return Path(dest)
 
+
+def hiredis_archive(offline: Path | None = None) -> Path:
+    """``HIREDIS_ARCHIVE``, checked by its SHA-256: from the offline folder, else the cache, else downloaded
+    into the cache from the package index with pip."""
     cached = cache_dir() / "sources" / HIREDIS_ARCHIVE
     places = [Path(offline) / HIREDIS_ARCHIVE] if offline else []
     archive = next((p for p in [*places, cached] if p.is_file()), None)
@@ -153,10 +160,7 @@ def hiredis_sources(dest: Path, offline: Path | None = None) -> Path:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != HIREDIS_SHA256:
         raise BuildError(f"{archive}: SHA-256 {digest}, not {HIREDIS_SHA256} of hiredis {HIREDIS_VERSION}'s sources")
-    with tempfile.TemporaryDirectory(dir=Path(dest).parent) as tmp:
-        _extract(archive, Path(tmp), strip=1)
-        _copy(Path(tmp) / "vendor" / "hiredis", Path(dest))
-    return Path(dest)
+    return archive
 
 
 def cached_checkout(source: GitSource, url: str) -> Path:

@@ -53,7 +53,8 @@ cmd_pack() {
     cp "$TRITON_NATIVE_SRC"/*.tar.gz .gpu/native/
   fi
   # recserve's backend links hiredis (its sources, pinned); the layouts by session need a Redis-protocol server
-  .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d .gpu/native "hiredis==3.5.0"
+  mkdir -p .gpu/native
+  PYTHONPATH=src:native .venv/bin/python -c 'import shutil, backend_sources as b; shutil.copy(b.hiredis_archive(), ".gpu/native")'
   mkdir -p .gpu/bin && rm -f .gpu/bin/redis-server
   xz -9 -c "$(.venv/bin/python -c 'from recserve.sessions.embedded_store import server_binary; print(server_binary())')" \
     > .gpu/bin/redis-server.xz

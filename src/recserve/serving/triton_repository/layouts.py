@@ -344,7 +344,7 @@ def _check_native(export_dir: Path, manifest: ExportManifest, settings: Reposito
 
 def _check_native_session(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     check_native_session(export_dir, manifest, settings.native_runtime, settings.device)
-    _store_record(settings)
+    _check_session(export_dir, manifest, settings)
 
 
 def _describe_fused(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
