@@ -3,9 +3,10 @@ repository's session layout and the store its record names; both started here un
 
 Two phases, each bounded in time:
 
-1. visibility: background processes keep a load of requests by session (and of events) going while probes
-   send one event and then ask for their session; the figure is the time from the event's acknowledgement
-   to the first answer that holds it (p50, p99), and whether every answer did;
+1. visibility: probes send one event and then ask for their session, first alone (the floor their client
+   and the server set), then while background processes keep a load of requests by session and of events
+   going (each as fast as it is answered, or ``--rate`` a second); the figure is the time from the event's
+   acknowledgement to the first answer that holds it (p50, p99), and whether every answer did;
 2. restart: the same load while the store is killed (SIGKILL: no shutdown save) and started again
    (``--restart-after-s``); every acknowledged event is counted and then looked for in the store, and
    every request is counted as answered, refused with the typed store error, or failed otherwise.
@@ -40,12 +41,19 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _requests(url: str, model: str, sessions: int, n: int, stop, results) -> None:
+def _pace(started: float, sent: int, rate: float) -> None:
+    """Waits for the next send's turn at ``rate`` a second from ``started`` (0: none, a closed loop)."""
+    if rate > 0:
+        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+
+
+def _requests(url: str, model: str, sessions: int, n: int, rate: float, stop, results) -> None:
     """A process of requests by session until ``stop``; its outcomes counted into ``results``."""
     outcomes: Counter = Counter()
     with RecommenderClient(url, timeout_s=5) as client:
-        i = 0
+        i, started = 0, time.perf_counter()
         while not stop.is_set():
+            _pace(started, i, rate)
             session = f"load-{(n * 7919 + i) % sessions}"
             try:
                 client.recommend_session(session, k=10, model=model)
@@ -55,16 +63,17 @@ def _requests(url: str, model: str, sessions: int, n: int, stop, results) -> Non
             except Exception as err:  # counted, never hidden: any other failure is a finding
                 outcomes[f"failed: {type(err).__name__}"] += 1
             i += 1
-    results.put((outcomes, Counter()))
+    results.put((outcomes, Counter(), time.perf_counter() - started))
 
 
-def _events(folder: Path, sessions: int, item: int, n: int, stop, results) -> None:
+def _events(folder: Path, sessions: int, item: int, n: int, rate: float, stop, results) -> None:
     """A process of single events until ``stop``; each session's acknowledged events counted."""
     outcomes: Counter = Counter()
     acknowledged: Counter = Counter()  # session -> events the store acknowledged
     store = SessionStore(embedded_store.settings_of(folder))
-    i = 0
+    i, started = 0, time.perf_counter()
     while not stop.is_set():
+        _pace(started, i, rate)
         session = f"load-{(n * 104729 + i) % sessions}"
         try:
             accepted = store.append([Event(session, item)]).accepted
@@ -75,25 +84,30 @@ def _events(folder: Path, sessions: int, item: int, n: int, stop, results) -> No
             time.sleep(0.01)
         i += 1
     store.close()
-    results.put((outcomes, acknowledged))
+    results.put((outcomes, acknowledged, time.perf_counter() - started))
 
 
 class Load:
     """Processes of requests by session and of single events (each its own interpreter, so the probes in
-    this one do not wait for their GIL) until ``finish``; counts every outcome."""
+    this one do not wait for their GIL) until ``finish``, each at ``rate`` a second (0: as fast as it is
+    answered); counts every outcome, and the rates reached."""
 
-    def __init__(self, url: str, model: str, store_folder: Path, workers: int, sessions: int, item: int):
+    def __init__(
+        self, url: str, model: str, store_folder: Path, workers: int, sessions: int, item: int, rate: float = 0.0
+    ):
         self.url, self.model, self.folder = url, model, store_folder
-        self.workers, self.sessions, self.item = workers, sessions, item
+        self.workers, self.sessions, self.item, self.rate = workers, sessions, item, rate
         self.context = multiprocessing.get_context("spawn")
         self.acknowledged: Counter = Counter()  # over every phase: session -> acknowledged events
 
     def run(self, during) -> Counter:
         """Starts the load, calls ``during()`` under it, ends it; returns the outcomes of that phase."""
         stop, results = self.context.Event(), self.context.Queue()
-        jobs = [(_requests, (self.url, self.model, self.sessions, n, stop, results)) for n in range(self.workers)]
+        jobs = [
+            (_requests, (self.url, self.model, self.sessions, n, self.rate, stop, results)) for n in range(self.workers)
+        ]
         jobs += [
-            (_events, (self.folder, self.sessions, self.item, n, stop, results))
+            (_events, (self.folder, self.sessions, self.item, n, self.rate, stop, results))
             for n in range(max(1, self.workers // 2))
         ]
         processes = [self.context.Process(target=target, args=args) for target, args in jobs]
@@ -106,9 +120,11 @@ class Load:
             stop.set()
             outcomes: Counter = Counter()
             for _ in processes:
-                done, acknowledged = results.get(timeout=60)
+                done, acknowledged, seconds = results.get(timeout=60)
                 outcomes += done
                 self.acknowledged += acknowledged
+                for what in ("answered", "event acknowledged"):  # each process's rate over its whole run
+                    outcomes[f"{what} per s"] += round(done[what] / seconds)
             for p in processes:
                 p.join()
         return outcomes
@@ -144,6 +160,12 @@ def main() -> None:
     )
     parser.add_argument("--store", type=Path, required=True, help="the embedded store's folder its record names")
     parser.add_argument("--threads", type=int, default=4, help="request processes (events: half as many)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="requests (or events) a second from each load process; 0: each sends the next once answered",
+    )
     parser.add_argument("--sessions", type=int, default=500)
     parser.add_argument("--probes", type=int, default=300)
     parser.add_argument("--item", type=int, default=50, help="an item ID of the catalogue, for every event")
@@ -154,12 +176,15 @@ def main() -> None:
     embedded_store.start(args.store)
     http, grpc, metrics = free_ports(3)
     settings = ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5)
-    result: dict = {"model": args.model, "threads": args.threads, "sessions": args.sessions}
+    result: dict = {"model": args.model, "threads": args.threads, "rate": args.rate, "sessions": args.sessions}
     with SessionStore(embedded_store.settings_of(args.store)) as store:  # the load's sessions start empty
         store.forget([f"load-{n}" for n in range(args.sessions)])
     with TritonServer(args.repo, settings) as server:
         url = server.grpc_url
-        load = Load(url, args.model, args.store, args.threads, args.sessions, args.item)
+        # the probes alone first: the floor their own client and the server set, before any load
+        result["visibility_without_load"] = visibility(url, args.model, args.store, args.probes, args.item)
+        print("visibility without load:", json.dumps(result["visibility_without_load"]), flush=True)
+        load = Load(url, args.model, args.store, args.threads, args.sessions, args.item, args.rate)
         probes: dict = {}
         under_load = load.run(lambda: probes.update(visibility(url, args.model, args.store, args.probes, args.item)))
         result["visibility"] = probes | {"under_load": dict(under_load)}
