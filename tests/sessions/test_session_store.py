@@ -172,6 +172,28 @@ def test_histories_of_a_batch_append_first_and_fall_back_to_the_request_when_the
         assert found.failed[0] is None and isinstance(found.failed[1], StoreError)
 
 
+def test_append_and_read_is_one_transaction_whose_read_holds_the_append(store_dir, monkeypatch):
+    sends = []
+    send = redis.connection.Connection.send_packed_command
+    monkeypatch.setattr(  # counts the writes to the store's socket (redis-py's own, not ours)
+        redis.connection.Connection, "send_packed_command", lambda self, *a, **k: sends.append(1) or send(self, *a, **k)
+    )
+    with _store(store_dir, window=3) as store:
+        store.append([Event("a", 1)])
+        sends.clear()
+        result, read = store.append_and_read(
+            [Event("a", 2), Event("", 7), Event("b", 5, time=2), Event("b", 4, time=1), Event("a", 3)], ["a", "b", "c"]
+        )
+        assert len(sends) == 1  # the appends and the reads in one MULTI/EXEC, sent at once
+        assert (result.accepted, [p for p, _ in result.errors]) == (4, [1])
+        assert read == [["1", "2", "3"], ["4", "5"], []]
+        nothing, read = store.append_and_read([Event("", 1)], ["a"], 2)  # nothing to append: the read alone
+        assert (nothing.accepted, len(nothing.errors), read) == (0, 1, [["2", "3"]])
+        with pytest.raises(ValueError):  # a bad session to read: refused before anything is appended
+            store.append_and_read([Event("a", 9)], [""])
+        assert store.recent(["a"]) == [["1", "2", "3"]]
+
+
 def test_events_commands_send_load_and_show(store_dir, ml100k_dir):
     runner = CliRunner()
     store = ["--store", str(store_dir)]

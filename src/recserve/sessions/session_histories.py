@@ -1,5 +1,6 @@
 """The histories a batch of requests by session is answered from: each row's items appended to its session
-first, then the session's newest items read back, in one append and one read for the whole batch.
+first, then the session's newest items read back, in one transaction and one round trip for the whole
+batch.
 
 Where the store fails, a row that brought items is answered from those alone (and says so); a row that
 brought none cannot be answered and gets the store's error.
@@ -50,9 +51,8 @@ def session_histories(
             for s, row in zip(sessions, events)
             for item in row.tolist()
         ]
-        if appended:
-            store.append(appended)  # the request's items are IDs of the catalogue's type: none is refused
-        stored = store.recent(sessions, window)
+        # one round trip: the request's items (IDs of the catalogue's type: none is refused), then the reads
+        _, stored = store.append_and_read(appended, sessions, window)
     except StoreError as err:
         histories = list(events)
         failed = [None if len(row) else err for row in events]

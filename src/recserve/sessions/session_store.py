@@ -115,6 +115,34 @@ class SessionStore:
         Raises:
             StoreError: the store did not acknowledge them (none of this call's events is then counted).
         """
+        pipe = self._client.pipeline(transaction=True)
+        result = self._queue_append(pipe, events)
+        if result.accepted:
+            self._call("the append", pipe.execute)
+        return result
+
+    def append_and_read(
+        self, events: Iterable[Event], sessions: Sequence[str], count: int | None = None
+    ) -> tuple[AppendResult, list[list[str]]]:
+        """``append(events)``, then ``recent(sessions, count)``, in one transaction and one round trip: the
+        read holds the append.
+
+        Raises:
+            StoreError: the store did not answer (nothing of this call is then counted as acknowledged).
+        """
+        count = self._read_count(sessions, count)
+        pipe = self._client.pipeline(transaction=True)
+        result = self._queue_append(pipe, events)
+        if not result.accepted:
+            return result, self.recent(sessions, count)
+        for session in sessions:
+            pipe.lrange(self.settings.key(session), -count, -1)
+        replies = self._call("the append and read", pipe.execute)
+        return result, replies[len(replies) - len(sessions) :]
+
+    def _queue_append(self, pipe, events: Iterable[Event]) -> AppendResult:
+        """Queues the good events on ``pipe`` (each session's in time order) and reports the bad ones;
+        ``accepted`` counts what the pipe will append once executed."""
         result = AppendResult()
         by_session: dict[str, list[tuple[float, int, str]]] = {}
         for position, event in enumerate(events):
@@ -124,16 +152,12 @@ class SessionStore:
                 continue
             when = math.inf if event.time is None else float(event.time)
             by_session.setdefault(event.session, []).append((when, position, str(event.item)))
-        if not by_session:
-            return result
-        pipe = self._client.pipeline(transaction=True)
         for session, rows in by_session.items():
             key = self.settings.key(session)
             pipe.rpush(key, *(item for _, _, item in sorted(rows)))
             pipe.ltrim(key, -self.settings.window, -1)
             if self.settings.ttl_s:
                 pipe.expire(key, self.settings.ttl_s)
-        self._call("the append", pipe.execute)
         result.accepted = sum(len(rows) for rows in by_session.values())
         return result
 
@@ -161,16 +185,20 @@ class SessionStore:
         Raises:
             StoreError: the store did not answer; RequestError-like problems of a session ID as ValueError.
         """
-        count = min(count or self.settings.window, self.settings.window)
-        for session in sessions:
-            if not isinstance(session, str) or not session or len(session) > MAX_SESSION_ID:
-                raise ValueError(f"session: a non-empty string of at most {MAX_SESSION_ID} characters")
+        count = self._read_count(sessions, count)
         if not sessions:
             return []
         pipe = self._client.pipeline(transaction=False)
         for session in sessions:
             pipe.lrange(self.settings.key(session), -count, -1)
         return self._call("the read", pipe.execute)
+
+    def _read_count(self, sessions: Sequence[str], count: int | None) -> int:
+        """How many items a read takes (at most the window); a bad session ID is a ValueError."""
+        for session in sessions:
+            if not isinstance(session, str) or not session or len(session) > MAX_SESSION_ID:
+                raise ValueError(f"session: a non-empty string of at most {MAX_SESSION_ID} characters")
+        return min(count or self.settings.window, self.settings.window)
 
     def forget(self, sessions: Sequence[str]) -> int:
         """Removes sessions (a shopper's request to be forgotten); returns how many the store held."""
