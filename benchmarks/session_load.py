@@ -31,7 +31,7 @@ from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
 from recserve.constants import NATIVE_SESSION_MODEL, SESSION_MODEL
 from recserve.errors import StoreError
-from recserve.serving.processes import free_ports
+from recserve.processes import free_ports
 from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
@@ -195,7 +195,7 @@ def main() -> None:
             time.sleep(args.restart_after_s)
             started = time.perf_counter()
             os.kill(int((args.store / "server.pid").read_text()), signal.SIGKILL)  # a crash: no shutdown save
-            while embedded_store._running(args.store):
+            while embedded_store.running(args.store):
                 time.sleep(0.01)
             time.sleep(0.5)
             embedded_store.start(args.store)

@@ -52,12 +52,12 @@ cmd_pack() {
     mkdir -p .gpu/native
     cp "$TRITON_NATIVE_SRC"/*.tar.gz .gpu/native/
   fi
-  # recserve's backend links hiredis (its sources, pinned); the layouts by session need a Redis-protocol server
+  # recserve's backend links hiredis (its sources, pinned); the layouts by session need a Valkey server
   mkdir -p .gpu/native
   PYTHONPATH=src:native .venv/bin/python -c 'import shutil, backend_sources as b; shutil.copy(b.hiredis_archive(), ".gpu/native")'
-  mkdir -p .gpu/bin && rm -f .gpu/bin/redis-server
+  mkdir -p .gpu/bin && rm -f .gpu/bin/redis-server.xz .gpu/bin/valkey-server.xz
   xz -9 -c "$(.venv/bin/python -c 'from recserve.sessions.embedded_store import server_binary; print(server_binary())')" \
-    > .gpu/bin/redis-server.xz
+    > .gpu/bin/valkey-server.xz
   mkdir -p .gpu/wheels
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
@@ -85,9 +85,9 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
   # the python models' stub runs in its own environment: the carried wheels (redis-py for the session model) too
   echo "$deps" > "$("$STUB_ENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/recserve-deps.pth"
   export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer RECSERVE_TRITON_BACKENDS="$TRITON_BACKEND_DIR"
-  if [ -f .gpu/bin/redis-server.xz ]; then  # the carried Redis server, for the layouts by session
-    mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/redis-server.xz > /tmp/gpu-bundle/bin/redis-server
-    chmod +x /tmp/gpu-bundle/bin/redis-server && export PATH="/tmp/gpu-bundle/bin:$PATH"
+  if [ -f .gpu/bin/valkey-server.xz ]; then  # the carried Valkey server, for the layouts by session
+    mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/valkey-server.xz > /tmp/gpu-bundle/bin/valkey-server
+    chmod +x /tmp/gpu-bundle/bin/valkey-server && export PATH="/tmp/gpu-bundle/bin:$PATH"
   fi
   if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend and recserve's, with CUDA, against this torch
     started=$(date +%s)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from recserve.pipeline import repository_from_run
-from recserve.serving.processes import free_ports
+from recserve.processes import free_ports
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.serving.triton_server.bundle import native_backends
 from recserve.serving.triton_server.launcher import ServerSettings, TritonServer

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from recserve.client import RecommenderClient
-from recserve.serving.processes import free_ports
+from recserve.processes import free_ports
 from tests.conftest import SKIP_NATIVE, SKIP_NATIVE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -57,6 +57,8 @@ OUTPUT_HISTORY_SOURCE = "history_source"  # INT32 [1]: HISTORY_FROM_STORE, or HI
 OUTPUT_HISTORY_LENGTH = "history_length"  # INT32 [1]: the items the answer was computed from
 HISTORY_FROM_STORE = 0
 HISTORY_FROM_REQUEST = 1
+# what a client is told when the store fails a request (UNAVAILABLE): never the store's address or keys
+STORE_UNAVAILABLE = "the session store is unavailable; the server's log says why"
 # the same by session on recserve's own backend: the store read in C++ (hiredis), the native graph scored
 NATIVE_SESSION_MODEL = "recommender_native_session"
 SESSION_LAYOUTS = ("session", "native_session")  # the layouts whose record names a session store

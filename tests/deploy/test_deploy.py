@@ -20,7 +20,7 @@ from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.manifest_files import write_manifests
 from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
 from recserve.errors import ServingError
-from recserve.serving.processes import free_ports
+from recserve.processes import free_ports
 from recserve.serving.triton_repository.layouts import write_repository
 from tests.conftest import start_serve
 

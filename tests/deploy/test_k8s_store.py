@@ -19,7 +19,7 @@ from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.manifest_files import write_manifests
 from recserve.deploy.k8s.store_objects import ACL_DIR, DATA_DIR, SECRET_DIR, SECRET_KEY, store_args, store_url
 from recserve.errors import ServingError, StoreError
-from recserve.serving.processes import free_ports
+from recserve.processes import free_ports
 from recserve.serving.triton_repository.layouts import write_repository
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.sessions.embedded_store import server_binary, start, stop

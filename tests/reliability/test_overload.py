@@ -98,7 +98,7 @@ def test_no_server_at_the_address_is_retried_then_named(protocol):
     import time
 
     from recserve.client import ServerUnreachableError
-    from recserve.serving.processes import free_ports
+    from recserve.processes import free_ports
 
     [port] = free_ports(1)
     client = RecommenderClient(f"127.0.0.1:{port}", protocol, retries=3, backoff_s=0.05, timeout_s=2)

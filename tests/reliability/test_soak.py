@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from recserve.client import RecommenderClient
-from recserve.serving.processes import child_pids
+from recserve.processes import child_pids
 from recserve.serving.triton_server.launcher import TritonServer
 from tests.conftest import server_settings
 

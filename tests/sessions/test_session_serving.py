@@ -1,4 +1,4 @@
-"""Recommend by session on a real Triton with a real store (recserve's embedded Redis server, on
+"""Recommend by session on a real Triton with a real store (recserve's embedded Valkey server, on
 loopback behind its password), in both layouts by session (the python model, and recserve's own backend
 reading the store in C++): the answer of a session is the answer of its history, events show in the next
 answer, and a store that is down answers from the request's items or refuses with a typed error."""
@@ -19,6 +19,7 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
+from recserve.sessions.store_contract import CASES
 from tests.conftest import require_native, server_settings
 
 # the layout by session -> its model; the native one beside the native layout (item IDs) of the same export
@@ -233,7 +234,8 @@ def native_session_repo(tiny_run, tmp_path_factory):
         ({"url": "redis://recserve:secret@127.0.0.1:6379/0"}, "give the credentials as username and password_file"),
         ({"url": "rediss://127.0.0.1:6379/0"}, "reaches a store at redis://HOST:PORT/DB (no TLS"),
         ({"url": "redis://:6379/0"}, "names no host and port"),
-        ({"window": 0}, "window must be at least 1"),
+        ({"window": 0}, "window must be 1 to 1,000,000"),
+        ({"window": 1e300}, "window must be 1 to 1,000,000"),
         (None, "needs the parameter history_length"),
     ],
 )
@@ -255,3 +257,60 @@ def test_recserves_backend_refuses_a_store_record_it_cannot_use(native_session_r
         pass
     assert message in str(err.value), str(err.value)[-2000:]
     assert "secret" not in str(err.value)
+
+
+JUNK = [text for what, text, accepted in CASES if what == "integer" and not accepted]
+VALID = [int(text) for what, text, accepted in CASES if what == "integer" and accepted]
+
+
+def _raw(settings):
+    import redis
+
+    return redis.Redis.from_url(settings.url, username=settings.username, password=settings.secret())
+
+
+def test_whatever_one_session_holds_every_other_request_gets_its_own_answer(session_stack):
+    """A writer with the application's password stores every junk item of the store contract's cases (and
+    members without an event ID) in one session; an operator puts another type of value at a second
+    session's key. 200 concurrent requests, one in four for those sessions: every one is answered, and the
+    poisoned session's answer is that of its valid items alone (both layouts read the store by one rule)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, store_dir, _, layout = session_stack
+    settings = embedded_store.settings_of(store_dir)
+    members = {f"junk-{n} {text}": n for n, text in enumerate(JUNK)} | {"no-event-id": 50}
+    members |= {f"ok-{n} {item}": 100 + n for n, item in enumerate([*VALID, 50, 172])}
+    _raw(settings).zadd(settings.key("poisoned"), members)
+    _raw(embedded_store.admin_settings(store_dir)).set(settings.key("wrong-type"), "not a session")
+    with SessionStore(settings) as store:
+        store.append([Event(f"healthy-{n}", item) for n in range(8) for item in (50, 172, 133)])
+    sessions = ["poisoned" if n % 8 == 0 else "wrong-type" if n % 4 == 0 else f"healthy-{n % 8}" for n in range(200)]
+
+    def ask(session):
+        with Session(server.grpc_url, layout) as client:
+            return client.recommend_session(session, k=5)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, sessions))
+    assert [len(a.item_ids) for a in answers] == [5] * 200
+    poisoned = answers[0]
+    assert poisoned.history_length == len(VALID) + 2  # the junk and the member without an ID left out
+    with Session(server.grpc_url, layout) as client:
+        np.testing.assert_array_equal(poisoned.item_ids, client.recommend([*VALID, 50, 172], k=5).item_ids)
+        assert answers[4].history_length == 0  # a key of another type reads as an empty session
+        np.testing.assert_array_equal(answers[1].item_ids, client.recommend([50, 172, 133], k=5).item_ids)
+
+
+def test_a_store_failure_tells_the_client_nothing_of_the_stores_address_or_keys(session_stack):
+    server, store_dir, _, layout = session_stack
+    settings = embedded_store.settings_of(store_dir)
+    embedded_store.stop(store_dir)
+    try:
+        with Session(server.grpc_url, layout) as client, pytest.raises(SessionStoreError) as err:
+            client.recommend_session("shopper-secret-key", k=3)
+    finally:
+        embedded_store.start(store_dir)
+    message = str(err.value)
+    assert "session store is unavailable" in message
+    for secret in (settings.url, str(settings.url.split("//")[1].split("/")[0]), settings.prefix, str(store_dir)):
+        assert secret not in message, message

@@ -664,7 +664,7 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
     for (Slot& slot : *slots) {
       for (int64_t r = slot.first_row; r < slot.first_row + slot.rows; ++r) {
         if (histories[r].empty()) {
-          slot.unavailable = problem;
+          slot.unavailable = kStoreUnavailable;  // the problem itself is in the log, above
         }
       }
     }

@@ -3,12 +3,16 @@
 #include <hiredis.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 
 #include "triton/backend/backend_common.h"
 
@@ -29,23 +33,61 @@ timeval Timeval(double seconds)
   return tv;
 }
 
-// An integer item ID as the store keeps it (its text); false for anything else.
-bool ParseId(const char* text, size_t length, int64_t* id)
+double Now()
 {
-  if (length == 0 || length > 20) {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double Monotonic()
+{
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+bool
+ParseItemId(const char* text, size_t length, int64_t* id)
+{
+  // store_contract.INTEGER_ID_PATTERN: 0, or an optional '-' then a digit 1-9 and at most 18 more digits
+  const bool negative = length > 0 && text[0] == '-';
+  const size_t digits = length - (negative ? 1 : 0);
+  const char* first = text + (negative ? 1 : 0);
+  if (digits == 0 || digits > 19 || (first[0] == '0' && (digits > 1 || negative))) {
     return false;
   }
-  char buffer[24];
-  std::memcpy(buffer, text, length);
-  buffer[length] = '\0';
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(buffer, &end, 10);
-  if (errno != 0 || end != buffer + length) {
+  uint64_t magnitude = 0;
+  for (size_t i = 0; i < digits; ++i) {
+    if (first[i] < '0' || first[i] > '9') {
+      return false;
+    }
+    magnitude = magnitude * 10 + static_cast<uint64_t>(first[i] - '0');  // 19 digits fit in uint64
+  }
+  const uint64_t limit = negative ? (uint64_t(1) << 63) : (uint64_t(1) << 63) - 1;
+  if (magnitude > limit) {
+    return false;
+  }
+  const int64_t value = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+  if (value == -1) {  // the native padding is never an item
     return false;
   }
   *id = value;
   return true;
+}
+
+namespace {
+
+// A stored member, "EVENT_ID ITEM": the item's ID, if it is an integer ID (store_contract.stored_ids).
+bool MemberItem(const redisReply* member, int64_t* id)
+{
+  if (member->type != REDIS_REPLY_STRING) {
+    return false;
+  }
+  const char* space = static_cast<const char*>(std::memchr(member->str, ' ', member->len));
+  if (space == nullptr) {
+    return false;
+  }
+  const size_t offset = static_cast<size_t>(space - member->str) + 1;
+  return ParseItemId(member->str + offset, member->len - offset, id);
 }
 
 // Whether a TritonJson call succeeded (its error, if any, freed).
@@ -95,12 +137,13 @@ ParseStoreRecord(const std::string& json, StoreSettings* s)
       return "session_store: " + problem;
     }
   }
+  // checked as doubles before any cast (a cast of one past int64 is undefined)
+  if (!(window >= 1 && window <= 1e6) || !(ttl >= 0 && ttl <= 1e10) || !(timeout > 0 && timeout <= 3600)) {
+    return "session_store: window must be 1 to 1,000,000, ttl_s 0 to 1e10 and timeout_s above 0, at most 3600";
+  }
   s->window = static_cast<int64_t>(window);
   s->ttl_s = static_cast<int64_t>(ttl);
   s->timeout_s = timeout;
-  if (s->window < 1 || s->ttl_s < 0 || !(s->timeout_s > 0)) {
-    return "session_store: window must be at least 1, ttl_s at least 0 and timeout_s positive";
-  }
   const std::string scheme = "redis://";
   if (s->url.compare(0, scheme.size(), scheme) != 0) {
     return "session_store: url " + s->url +
@@ -133,6 +176,7 @@ ParseStoreRecord(const std::string& json, StoreSettings* s)
 std::string
 SessionIdProblem(const std::string& session)
 {
+  // UTF-8 as Python decodes it: no overlong forms, no surrogates, nothing past U+10FFFF
   size_t characters = 0;
   for (size_t i = 0; i < session.size(); ++characters) {
     const unsigned char lead = session[i];
@@ -140,10 +184,17 @@ SessionIdProblem(const std::string& session)
     if (width == 0 || i + width > session.size()) {
       return "not UTF-8";
     }
+    uint32_t code = width == 1 ? lead : lead & (0xFF >> (width + 1));
     for (size_t j = 1; j < width; ++j) {
-      if ((static_cast<unsigned char>(session[i + j]) >> 6) != 0x2) {
+      const unsigned char next = session[i + j];
+      if ((next >> 6) != 0x2) {
         return "not UTF-8";
       }
+      code = (code << 6) | (next & 0x3F);
+    }
+    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < least[width] || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) {
+      return "not UTF-8";
     }
     i += width;
   }
@@ -171,17 +222,56 @@ SessionStore::Drop()
 }
 
 std::string
+ReadPassword(const std::string& path, std::string* password)
+{
+  // store_settings.read_password and password_problem: the first line without its end, neither empty nor padded
+  std::ifstream file(path);
+  if (!file) {
+    return "password_file=" + path + ": cannot read a password from it";
+  }
+  password->clear();
+  std::getline(file, *password);
+  if (!password->empty() && password->back() == '\r') {
+    password->pop_back();
+  }
+  if (password->empty()) {
+    return "password_file=" + path + ": the password is empty";
+  }
+  const char* blanks = " \t\v\f\r";
+  if (std::strchr(blanks, password->front()) != nullptr || std::strchr(blanks, password->back()) != nullptr) {
+    return "password_file=" + path + ": the password begins or ends with a blank (a space, a tab); write it without";
+  }
+  return "";
+}
+
+std::string
 SessionStore::Connect()
+{
+  // a store that refused or could not be reached is tried again after a pause (doubling to 1 s), not on
+  // every batch: until then each batch gets the last problem at once
+  if (Monotonic() < retry_at_) {
+    return last_problem_;
+  }
+  std::string problem = Dial();
+  if (problem.empty()) {
+    backoff_s_ = 0;
+    return "";
+  }
+  backoff_s_ = std::min(1.0, backoff_s_ > 0 ? backoff_s_ * 2 : 0.05);
+  retry_at_ = Monotonic() + backoff_s_;
+  last_problem_ = problem;
+  return problem;
+}
+
+std::string
+SessionStore::Dial()
 {
   const std::string where = "the session store at " + s_.url;
   std::string password;
   if (!s_.password_file.empty()) {
-    std::ifstream file(s_.password_file);
-    if (!file || !std::getline(file, password)) {
-      return "password_file=" + s_.password_file + ": cannot read a password from it";
-    }
-    if (!password.empty() && password.back() == '\r') {
-      password.pop_back();
+    const std::string problem = ReadPassword(s_.password_file, &password);  // anew: a rotated password
+    if (!problem.empty()) {
+      return problem;
     }
   }
   c_ = redisConnectWithTimeout(s_.host.c_str(), s_.port, Timeval(s_.timeout_s));
@@ -191,6 +281,8 @@ SessionStore::Connect()
     return where + " cannot be reached: " + why;
   }
   redisSetTimeout(c_, Timeval(s_.timeout_s));
+  // no reply of ours holds more elements than a read's window or a transaction's commands
+  c_->reader->maxelements = static_cast<long long>(std::max<int64_t>(4 * s_.window, 1024) + 3 * 4096);
   std::vector<std::string> hello;
   if (!password.empty()) {
     hello = s_.username.empty() ? std::vector<std::string>{"AUTH", password}
@@ -223,13 +315,15 @@ SessionStore::RoundTrip(
     std::vector<std::vector<int64_t>>* histories, bool* retryable)
 {
   *retryable = false;
+  const double deadline = Monotonic() + s_.timeout_s;  // one deadline for the whole call, not one a reply
   std::vector<std::string> keys;
   for (const std::string& session : sessions) {
-    keys.push_back(s_.prefix + "s:" + session);
+    keys.push_back(s_.prefix + "h:" + session);  // store_contract.HISTORY_KEY
   }
-  const std::string window = std::to_string(-s_.window), ttl = std::to_string(s_.ttl_s);
+  const std::string window = std::to_string(-s_.window - 1), ttl = std::to_string(s_.ttl_s);
   const std::string first = std::to_string(-count);
   size_t expected = 0;
+  bool sent = true;
   auto send = [&](const std::vector<std::string>& words) {
     std::vector<const char*> argv;
     std::vector<size_t> lengths;
@@ -237,9 +331,14 @@ SessionStore::RoundTrip(
       argv.push_back(word.data());
       lengths.push_back(word.size());
     }
-    redisAppendCommandArgv(c_, argv.size(), argv.data(), lengths.data());
+    sent = sent && redisAppendCommandArgv(c_, argv.size(), argv.data(), lengths.data()) == REDIS_OK;
     ++expected;
   };
+  // each event one member, "EVENT_ID ITEM" scored by now (a microsecond apart in row order), its ID made of
+  // this batch's random token: a batch sent again stores nothing twice (store_contract)
+  char token[32];
+  std::snprintf(token, sizeof(token), "%016llx", static_cast<unsigned long long>(random_()));
+  const double now = Now();
   bool appending = false;
   for (size_t i = 0; i < sessions.size(); ++i) {
     if (events[i].empty()) {
@@ -249,12 +348,16 @@ SessionStore::RoundTrip(
       send({"MULTI"});
       appending = true;
     }
-    std::vector<std::string> push = {"RPUSH", keys[i]};
-    for (int64_t id : events[i]) {
-      push.push_back(std::to_string(id));
+    std::vector<std::string> add = {"ZADD", keys[i], "NX"};
+    for (size_t e = 0; e < events[i].size(); ++e) {
+      char score[32];
+      std::snprintf(score, sizeof(score), "%.6f", now + 1e-6 * static_cast<double>(e));
+      add.push_back(score);
+      add.push_back(std::string(token) + "-" + std::to_string(i) + "-" + std::to_string(e) + " " +
+                    std::to_string(events[i][e]));
     }
-    send(push);
-    send({"LTRIM", keys[i], window, "-1"});
+    send(add);
+    send({"ZREMRANGEBYRANK", keys[i], "0", window});
     if (s_.ttl_s > 0) {
       send({"EXPIRE", keys[i], ttl});
     }
@@ -264,14 +367,19 @@ SessionStore::RoundTrip(
     send({"EXEC"});
   }
   for (const std::string& key : keys) {
-    send({"LRANGE", key, first, "-1"});
+    send({"ZRANGE", key, first, "-1"});
+  }
+  if (!sent) {
+    Drop();
+    return "the session store at " + s_.url + ": a command could not be queued (out of memory)";
   }
   std::string problem;
   histories->assign(sessions.size(), {});
   for (size_t n = 0; n < expected; ++n) {
+    const double left = deadline - Monotonic();
     void* raw = nullptr;
-    if (redisGetReply(c_, &raw) != REDIS_OK) {
-      const bool timeout = c_->err == REDIS_ERR_TIMEOUT ||
+    if (left <= 0 || redisSetTimeout(c_, Timeval(left)) != REDIS_OK || redisGetReply(c_, &raw) != REDIS_OK) {
+      const bool timeout = left <= 0 || c_->err == REDIS_ERR_TIMEOUT ||
                            (c_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK));
       const std::string why = c_->errstr;
       *retryable = n == 0 && !timeout;  // nothing answered, and not slow: the connection was gone
@@ -282,30 +390,21 @@ SessionStore::RoundTrip(
       return "the session store at " + s_.url + " cannot be reached: " + why;
     }
     Reply reply(static_cast<redisReply*>(raw));
-    if (reply->type == REDIS_REPLY_ERROR && problem.empty()) {
-      problem = "the session store at " + s_.url + " refused " + (appending && n <= transaction ? "the append" : "the read") +
-                ": " + reply->str;
+    const bool queued = appending && n < transaction;  // MULTI's and each command's QUEUED
+    if (reply->type == REDIS_REPLY_ERROR && (queued || (appending && n == transaction)) && problem.empty()) {
+      // the transaction as a whole was refused (a NOPERM, a NOAUTH): no row's append is acknowledged
+      problem = "the session store at " + s_.url + " refused the append: " + std::string(reply->str, reply->len);
       continue;
-    }
-    if (appending && n == transaction && problem.empty()) {
-      bool applied = reply->type == REDIS_REPLY_ARRAY;
-      for (size_t e = 0; applied && e < reply->elements; ++e) {
-        applied = reply->element[e]->type != REDIS_REPLY_ERROR;
-      }
-      if (!applied) {
-        problem = "the session store at " + s_.url + " did not apply the append";
-      }
     }
     if (n > transaction || (!appending && n >= transaction)) {
       const size_t row = n - (appending ? transaction + 1 : 0);
       if (reply->type != REDIS_REPLY_ARRAY) {
-        continue;
+        continue;  // a key the store cannot read as a session (WRONGTYPE): that row's loss alone, empty
       }
       std::vector<int64_t>& history = (*histories)[row];
       for (size_t e = 0; e < reply->elements; ++e) {
-        const redisReply* item = reply->element[e];
         int64_t id;
-        if (item->type == REDIS_REPLY_STRING && ParseId(item->str, item->len, &id)) {
+        if (MemberItem(reply->element[e], &id)) {
           history.push_back(id);
         }
       }

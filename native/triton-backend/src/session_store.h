@@ -5,12 +5,17 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 struct redisContext;
 
 namespace triton { namespace backend { namespace recserve {
+
+// What a client is told when the store fails its request (constants.STORE_UNAVAILABLE): never the store's
+// address or keys, which the server's log gives.
+constexpr const char* kStoreUnavailable = "the session store is unavailable; the server's log says why";
 
 // The store's record as `recserve repo` writes it into config.pbtxt (never the password: its file).
 struct StoreSettings {
@@ -32,6 +37,12 @@ std::string ParseStoreRecord(const std::string& json, StoreSettings* settings);
 // A session ID as recserve's stores take it: valid UTF-8, 1 to 256 characters. Returns "" or the problem.
 std::string SessionIdProblem(const std::string& session);
 
+// An integer item ID as the store keeps it (store_contract.is_integer_id: canonical decimal, int64, not -1).
+bool ParseItemId(const char* text, size_t length, int64_t* id);
+
+// A password file's password as recserve reads it (its first line; empty or padded refused): "" or the problem.
+std::string ReadPassword(const std::string& path, std::string* password);
+
 class SessionStore {
  public:
   explicit SessionStore(const StoreSettings& settings) : s_(settings) {}
@@ -39,9 +50,10 @@ class SessionStore {
   SessionStore(const SessionStore&) = delete;
   SessionStore& operator=(const SessionStore&) = delete;
 
-  // Appends events[i] to sessions[i] (one MULTI/EXEC for the whole call: each session's RPUSH, LTRIM to the
-  // window and EXPIRE), then reads each session's newest `count` items (LRANGE), all in one round trip.
-  // Items that are not integers are left out of `histories` (unknown to the model either way).
+  // Appends events[i] to sessions[i] (one MULTI/EXEC for the whole call: each session's ZADD NX of one member
+  // an event, ZREMRANGEBYRANK to the window and EXPIRE), then reads each session's newest `count` members
+  // (ZRANGE), all in one round trip. Items that break the store's rule (ParseItemId) are left out of
+  // `histories` (unknown to the model either way); a key the store cannot read as a session reads empty.
   // Returns "" or the store's problem (a timeout, a refused password, no connection): then nothing is read,
   // and the events are acknowledged only if a later call says so.
   std::string AppendAndRead(
@@ -51,7 +63,8 @@ class SessionStore {
   const StoreSettings& Settings() const { return s_; }
 
  private:
-  std::string Connect();
+  std::string Connect();  // Dial, or the last problem while a failed store's pause lasts
+  std::string Dial();
   std::string RoundTrip(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
       std::vector<std::vector<int64_t>>* histories, bool* retryable);
@@ -59,6 +72,10 @@ class SessionStore {
 
   StoreSettings s_;
   redisContext* c_ = nullptr;
+  double retry_at_ = 0;  // steady-clock seconds before which no new connection is tried
+  double backoff_s_ = 0;
+  std::string last_problem_;
+  std::mt19937_64 random_{std::random_device{}()};
 };
 
 }}}  // namespace triton::backend::recserve

@@ -11,7 +11,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.serving.processes import child_pids, proc_stat
+from recserve.processes import child_pids, proc_stat
 
 PROC = Path("/proc")
 

@@ -264,7 +264,7 @@ class _started:
     """Serves ``repo`` on free loopback ports for the length of the sweep."""
 
     def __init__(self, repo: Path):
-        from recserve.serving.processes import free_ports
+        from recserve.processes import free_ports
         from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
         http, grpc, metrics = free_ports(3)

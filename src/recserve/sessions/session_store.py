@@ -1,36 +1,48 @@
-"""The session store: events appended to one capped list per session, the latest items read back.
+"""The session store: events added to one capped sorted set per session, the latest items read back.
 
-Each session is a Redis list under ``StoreSettings.key``: appended with RPUSH, trimmed to the newest
-``window`` items with LTRIM and given its time-to-live with EXPIRE, the three in one MULTI/EXEC, so a
-call's events of a session land together and in order, and an event is acknowledged only once the store
-has applied it. Reads are one pipelined LRANGE per session. Every call is bounded by ``timeout_s`` (one
-retry at most); an unreachable, slow or refusing store is a ``StoreError``, never a hang.
+Each session is a sorted set under ``StoreSettings.key`` (``store_contract`` says how): each event one member,
+its ID and its item, scored by its time. ZADD NX, ZREMRANGEBYRANK to the newest ``window`` and EXPIRE, the
+three in one MULTI/EXEC, so a call's events of a session land together, an event is acknowledged only once
+the store has applied it, and an event stored already (a retried call, an event sent twice with its ID) is
+not stored again. Reads are one pipelined ZRANGE per session. Every call is bounded by ``timeout_s``; since
+every write is idempotent, a call that timed out or lost its connection is sent once more, never twice;
+an unreachable, slow or refusing store is a ``StoreError``, never a hang.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import redis
 from redis.backoff import NoBackoff
+from redis.credentials import CredentialProvider
 from redis.retry import Retry
 
-from recserve.errors import StoreError
-from recserve.sessions.store_settings import MAX_ITEM_ID, MAX_SESSION_ID, StoreSettings
+from recserve.errors import RequestError, StoreError
+from recserve.sessions import store_contract
+from recserve.sessions.store_settings import StoreSettings
 
 KINDS = ("view", "cart", "purchase")  # what an event may say it was; the model reads the items of all kinds
+_TIE_S = 1e-6  # events of one call without a time: "now", a microsecond apart, in call order
 
 
 @dataclass(frozen=True)
 class Event:
-    """One shopper's action: ``item`` seen in ``session`` at ``time`` (seconds; None: now, in arrival order)."""
+    """One shopper's action: ``item`` seen in ``session`` at ``time`` (seconds; None: now, in arrival order).
+
+    ``event_id`` makes it idempotent: an event sent again with the same ID is stored once. Without one,
+    recserve makes one per call (its own retries then store it once; a sender's own retry of the call does
+    not know it, so a sender that retries gives IDs)."""
 
     session: str
     item: str | int
     time: float | None = None
     kind: str | None = None
+    event_id: str | None = None
 
 
 @dataclass
@@ -42,36 +54,51 @@ class AppendResult:
     errors: list[tuple[int, str]] = field(default_factory=list)
 
 
-def event_problem(event: Event) -> str | None:
-    """Why ``event`` cannot be stored, or None."""
-    session, item = event.session, event.item
-    if not isinstance(session, str) or not session or len(session) > MAX_SESSION_ID:
-        return f"session: a non-empty string of at most {MAX_SESSION_ID} characters, got {session!r:.80}"
-    if isinstance(item, bool) or not isinstance(item, (str, int)):
-        return f"item: an item ID (a string or an integer), got {type(item).__name__}"
-    if isinstance(item, str) and (not item or len(item) > MAX_ITEM_ID):
-        return f"item: a non-empty ID of at most {MAX_ITEM_ID} characters"
+def event_problem(event: Event, id_type: str | None = None) -> str | None:
+    """Why ``event`` cannot be stored for a catalogue of ``id_type`` ("int64", "string"; None: either), or None."""
+    problem = store_contract.session_problem(event.session) or store_contract.item_problem(event.item, id_type)
+    if problem:
+        return problem
     if event.time is not None and (
         isinstance(event.time, bool) or not isinstance(event.time, (int, float)) or not math.isfinite(event.time)
     ):
         return f"time: seconds as a finite number, got {event.time!r:.40}"
     if event.kind is not None and event.kind not in KINDS:
         return f"kind: one of {', '.join(KINDS)}, got {event.kind!r:.40}"
+    if event.event_id is not None:
+        return store_contract.event_id_problem(event.event_id)
     return None
+
+
+class _FileCredentials(CredentialProvider):
+    """The store's user and password, read anew at each connection: a rotated password is taken up by the
+    next connection (one that the store refused, or dropped, is made anew)."""
+
+    def __init__(self, settings: StoreSettings):
+        self.settings = settings
+
+    def get_credentials(self):
+        password = self.settings.secret()
+        if password is None:
+            return ()
+        return (self.settings.username, password) if self.settings.username else (password,)
 
 
 class SessionStore:
     """A Redis-protocol store of sessions (Valkey or Redis), as ``settings`` says."""
 
-    def __init__(self, settings: StoreSettings):
+    def __init__(self, settings: StoreSettings, id_type: str | None = None):
+        """``id_type``: the catalogue's item IDs ("int64" or "string"), which appends are checked against
+        (None: either)."""
         self.settings = settings
+        self.id_type = id_type
+        settings.secret()  # a password file that cannot be used is an error now, not at the first call
         self._client = redis.Redis.from_url(
             settings.url,
-            username=settings.username,
-            password=settings.secret(),
+            credential_provider=_FileCredentials(settings),
             socket_timeout=settings.timeout_s,
             socket_connect_timeout=settings.timeout_s,
-            retry=Retry(NoBackoff(), 1),
+            retry=Retry(NoBackoff(), 1),  # safe: every write is idempotent (module docstring)
             decode_responses=True,
         )
 
@@ -109,57 +136,65 @@ class SessionStore:
         self._call("a ping", self._client.ping)
 
     def append(self, events: Iterable[Event]) -> AppendResult:
-        """Appends the good events (each session's in time order, events without a time after those with
-        one, ties in call order) and reports the bad ones; the good ones are stored whatever the bad.
+        """Appends the good events (each session's in time order, an event without a time at the time of the
+        call, ties in call order) and reports the bad ones; the good ones are stored whatever the bad. An
+        event stored already (its ID and item) is acknowledged and not stored again.
 
         Raises:
             StoreError: the store did not acknowledge them (none of this call's events is then counted).
         """
         pipe = self._client.pipeline(transaction=True)
-        result = self._queue_append(pipe, events)
-        if result.accepted:
-            self._call("the append", pipe.execute)
-        return result
+        queued = self._queue_append(pipe, events)
+        if queued.sessions:
+            queued.settle(self._call("the append", lambda: _execute(pipe)))
+        return queued.result
 
     def append_and_read(
         self, events: Iterable[Event], sessions: Sequence[str], count: int | None = None
     ) -> tuple[AppendResult, list[list[str]]]:
-        """``append(events)``, then ``recent(sessions, count)``, in one transaction and one round trip: the
-        read holds the append.
+        """``append(events)``, then each session's newest ``count`` members (``store_contract.stored_ids``
+        reads their items at once), in one transaction and one round trip: the read holds the append.
 
         Raises:
             StoreError: the store did not answer (nothing of this call is then counted as acknowledged).
         """
         count = self._read_count(sessions, count)
         pipe = self._client.pipeline(transaction=True)
-        result = self._queue_append(pipe, events)
-        if not result.accepted:
-            return result, self.recent(sessions, count)
+        queued = self._queue_append(pipe, events)
+        if not queued.sessions:
+            pipe = self._client.pipeline(transaction=False)
         for session in sessions:
-            pipe.lrange(self.settings.key(session), -count, -1)
-        replies = self._call("the append and read", pipe.execute)
-        return result, replies[len(replies) - len(sessions) :]
+            pipe.zrange(self.settings.key(session), -count, -1)
+        replies = self._call("the append and read", lambda: _execute(pipe))
+        if queued.sessions:
+            queued.settle(replies)
+        return queued.result, [_members(reply) for reply in replies[len(replies) - len(sessions) :]]
 
-    def _queue_append(self, pipe, events: Iterable[Event]) -> AppendResult:
-        """Queues the good events on ``pipe`` (each session's in time order) and reports the bad ones;
-        ``accepted`` counts what the pipe will append once executed."""
-        result = AppendResult()
-        by_session: dict[str, list[tuple[float, int, str]]] = {}
+    def _queue_append(self, pipe, events: Iterable[Event]) -> _Queued:
+        """Queues the good events on ``pipe``, each session's ZADD NX, ZREMRANGEBYRANK and EXPIRE, and
+        reports the bad ones."""
+        queued = _Queued(AppendResult(), [], 3 if self.settings.ttl_s else 2)
+        by_session: dict[str, tuple[dict[str, float], list[int]]] = {}
+        now, call = time.time(), secrets.token_hex(8)
         for position, event in enumerate(events):
-            problem = event_problem(event)
+            problem = event_problem(event, self.id_type)
             if problem:
-                result.errors.append((position, problem))
+                queued.result.errors.append((position, problem))
                 continue
-            when = math.inf if event.time is None else float(event.time)
-            by_session.setdefault(event.session, []).append((when, position, str(event.item)))
-        for session, rows in by_session.items():
+            when = now + position * _TIE_S if event.time is None else float(event.time)
+            event_id = event.event_id or f"{call}-{position:06d}"  # sorts in call order among equal times
+            members, positions = by_session.setdefault(event.session, ({}, []))
+            members[store_contract.member(event_id, event.item)] = when
+            positions.append(position)
+        for session, (members, positions) in by_session.items():
             key = self.settings.key(session)
-            pipe.rpush(key, *(item for _, _, item in sorted(rows)))
-            pipe.ltrim(key, -self.settings.window, -1)
+            pipe.zadd(key, members, nx=True)  # an event stored already keeps its place
+            pipe.zremrangebyrank(key, 0, -self.settings.window - 1)
             if self.settings.ttl_s:
                 pipe.expire(key, self.settings.ttl_s)
-        result.accepted = sum(len(rows) for rows in by_session.values())
-        return result
+            queued.sessions.append(positions)
+        queued.result.accepted = sum(len(positions) for positions in queued.sessions)
+        return queued
 
     def append_histories(
         self,
@@ -179,25 +214,27 @@ class SessionStore:
         return stored
 
     def recent(self, sessions: Sequence[str], count: int | None = None) -> list[list[str]]:
-        """The newest ``count`` (default: the window) items of each session, oldest first; [] for a session
-        the store does not know (new, or expired).
+        """The item IDs (text) of each session's newest ``count`` (default: the window) events, oldest
+        first; [] for a session the store does not know (new, or expired) or cannot read as a session (a key
+        of another type: it is that session's loss alone).
 
         Raises:
-            StoreError: the store did not answer; RequestError-like problems of a session ID as ValueError.
+            StoreError: the store did not answer.
+            RequestError: a session ID breaks the store's rule (``store_contract.session_problem``).
         """
         count = self._read_count(sessions, count)
         if not sessions:
             return []
         pipe = self._client.pipeline(transaction=False)
         for session in sessions:
-            pipe.lrange(self.settings.key(session), -count, -1)
-        return self._call("the read", pipe.execute)
+            pipe.zrange(self.settings.key(session), -count, -1)
+        return [items(_members(r)) for r in self._call("the read", lambda: _execute(pipe))]
 
     def _read_count(self, sessions: Sequence[str], count: int | None) -> int:
-        """How many items a read takes (at most the window); a bad session ID is a ValueError."""
+        """How many items a read takes (at most the window); a bad session ID is a ``RequestError``."""
         for session in sessions:
-            if not isinstance(session, str) or not session or len(session) > MAX_SESSION_ID:
-                raise ValueError(f"session: a non-empty string of at most {MAX_SESSION_ID} characters")
+            if problem := store_contract.session_problem(session):
+                raise RequestError(problem)
         return min(count or self.settings.window, self.settings.window)
 
     def forget(self, sessions: Sequence[str]) -> int:
@@ -205,3 +242,43 @@ class SessionStore:
         if not sessions:
             return 0
         return self._call("the removal", lambda: self._client.delete(*(self.settings.key(s) for s in sessions)))
+
+
+@dataclass
+class _Queued:
+    """An append queued on a transaction: its result so far, each session's event positions in queue
+    order, and the commands queued a session."""
+
+    result: AppendResult
+    sessions: list[list[int]]
+    commands: int
+
+    def settle(self, replies: list) -> None:
+        """Counts the events of a session whose ZADD the store refused (a key holding another type: that
+        session's loss alone, as errors), from the transaction's ``replies``."""
+        for n, positions in enumerate(self.sessions):
+            if isinstance(replies[n * self.commands], Exception):
+                self.result.accepted -= len(positions)
+                problem = "the store holds something else at this session's key; nothing was added to it"
+                self.result.errors.extend((position, problem) for position in positions)
+        self.result.errors.sort()
+
+
+def items(members: Sequence[str]) -> list[str]:
+    """The item IDs (text) of a session's members, oldest first."""
+    return [m.partition(store_contract.MEMBER_SEPARATOR)[2] for m in members]
+
+
+def _execute(pipe) -> list:
+    """The pipe's replies; a key of another type is that key's reply alone (``_members``, ``settle``), any other
+    refusal (no permission, say) is the call's, raised."""
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
+    return replies
+
+
+def _members(reply) -> list[str]:
+    """A read's reply for one session: its members, or [] where the store refused that key alone (WRONGTYPE)."""
+    return reply if isinstance(reply, list) else []

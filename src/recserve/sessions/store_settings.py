@@ -8,13 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recserve.errors import ConfigError
+from recserve.sessions import store_contract
 
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}:")  # one tenant's namespace: no ':' inside, one at the end
-MAX_SESSION_ID = 256  # characters of a session ID
-MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
-# the ACL a store gives recserve: the default user off, and one user who holds the password's SHA-256 and may
-# touch only its prefix's keys and channels, with every command but the dangerous ones (CONFIG, FLUSHALL, ...)
-ACL_RULES = "user default off\nuser {user} on #{sha256} ~{prefix}* &* +@all -@dangerous\n"
+MAX_WINDOW, MAX_TTL_S, MAX_TIMEOUT_S = 1_000_000, 10**10, 3600  # the bounds recserve's backend checks too
 
 
 @dataclass(frozen=True)
@@ -42,29 +39,39 @@ class StoreSettings:
             problems.append("url: give the credentials as username and password (or password_file), not in the URL")
         if not PREFIX_PATTERN.fullmatch(self.prefix):
             problems.append(f"prefix={self.prefix!r}: letters, digits, '_' or '-' (at most 64), then one ':'")
-        if self.window < 1:
-            problems.append(f"window={self.window}: must be at least 1")
-        if self.ttl_s < 0:
-            problems.append(f"ttl_s={self.ttl_s}: must be 0 (no expiry) or more")
-        if self.timeout_s <= 0:
-            problems.append(f"timeout_s={self.timeout_s}: must be positive")
+        if not 1 <= self.window <= MAX_WINDOW:
+            problems.append(f"window={self.window}: must be 1 to {MAX_WINDOW:,}")
+        if not 0 <= self.ttl_s <= MAX_TTL_S:
+            problems.append(f"ttl_s={self.ttl_s}: must be 0 (no expiry) to {MAX_TTL_S:.0e}")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            problems.append(f"timeout_s={self.timeout_s}: must be above 0, at most {MAX_TIMEOUT_S}")
         if problems:
             raise ConfigError("; ".join(problems))
 
     def secret(self) -> str | None:
-        """The password: ``password``, else the first line of ``password_file``, else None."""
+        """The password: ``password``, else the first line of ``password_file`` (read anew each call, so a
+        rotated Secret is taken up at the next connection), else None.
+
+        Raises:
+            ConfigError: the file cannot be read, or its password is empty or padded (``password_problem``).
+        """
         if self.password is not None:
-            return self.password
-        if self.password_file is None:
+            password, where = self.password, "password"
+        elif self.password_file is None:
             return None
-        try:
-            return Path(self.password_file).read_text().splitlines()[0]
-        except (OSError, IndexError) as err:
-            raise ConfigError(f"password_file={self.password_file}: cannot read a password from it ({err})") from err
+        else:
+            where = f"password_file={self.password_file}"
+            try:
+                password = read_password(Path(self.password_file))
+            except (OSError, UnicodeDecodeError) as err:
+                raise ConfigError(f"{where}: cannot read a password from it ({err})") from err
+        if problem := password_problem(password):
+            raise ConfigError(f"{where}: {problem}")
+        return password
 
     def key(self, session: str) -> str:
         """The store key of a session: within this prefix whatever the ID holds (the ID is checked first)."""
-        return f"{self.prefix}s:{session}"
+        return store_contract.history_key(self.prefix, session)
 
     def describe(self) -> dict:
         """What a record may say of the store: never the password."""
@@ -110,12 +117,36 @@ def read_store_record(path: str | Path) -> dict:
         raise ConfigError(f"{path}: {err}") from err
 
 
+def read_password(path: Path) -> str:
+    """A password file's password, read as every recserve part reads it (the C++ backend too): its first
+    line, without the line's end ("\n" or "\r\n"); "" for an empty file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[0] if lines else ""
+
+
+def password_problem(password: str) -> str | None:
+    """Why ``password`` is refused (empty, or blanks around it that one reader would strip and another
+    keep), or None."""
+    if not password:
+        return "the password is empty"
+    if password != password.strip():
+        return "the password begins or ends with a blank (a space, a tab); write it without"
+    return None
+
+
 def acl_rules(user: str, password: str, prefix: str) -> str:
-    """The store's ACL file for one recserve user (``ACL_RULES``): the password's hash, never the password."""
+    """The store's ACL file for one recserve user (``store_contract.ACL_RULES``): the password's hash, never
+    the password.
+
+    Raises:
+        ConfigError: the prefix or the password is refused.
+    """
     import hashlib
 
     StoreSettings(prefix=prefix)  # the prefix checked before the server holds it in its ACL
-    return ACL_RULES.format(user=user, sha256=hashlib.sha256(password.encode()).hexdigest(), prefix=prefix)
+    if problem := password_problem(password):
+        raise ConfigError(problem)
+    return store_contract.acl_rules(user, hashlib.sha256(password.encode()).hexdigest(), prefix)
 
 
 def password_from_env(name: str | None) -> str | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from recserve.errors import ServingError
-from recserve.serving.processes import exit_code
+from recserve.processes import exit_code
 from recserve.serving.sagemaker.package import (
     ENTRY_POINT,
     TRITON_MODEL_ENV,
@@ -186,7 +186,7 @@ class TritonEndpoint(_Endpoint):
         self.server: TritonServer | None = None
 
     def start(self) -> TritonEndpoint:
-        from recserve.serving.processes import free_ports
+        from recserve.processes import free_ports
         from recserve.serving.sagemaker.package import triton_model_name
         from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
 from recserve.option_fields import option
-from recserve.serving.processes import exit_code, stop_with_parent
+from recserve.processes import exit_code, stop_with_parent
 from recserve.serving.triton_repository.placement import DEVICE_ENV
 from recserve.serving.triton_server.bundle import Bundle, check_backends, find_bundle
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from recserve.serving.processes import child_pids, cmdline, proc_name, proc_stat
+from recserve.processes import child_pids, cmdline, proc_name, proc_stat
 from recserve.serving.triton_server.launcher import TritonServer
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from recserve.constants import (
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
+    STORE_UNAVAILABLE,
 )
 from recserve.errors import RequestError, StoreError
 from recserve.serving.predictor import Predictor
@@ -43,7 +44,7 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"] / parameters["export_dir"]["string_value"]
         self.predictor = Predictor.load(folder, instance_device(args))
         settings = StoreSettings.from_record(json.loads(parameters["session_store"]["string_value"]))
-        self.store = SessionStore(settings)
+        self.store = SessionStore(settings, "string" if self.predictor.string_ids else "int64")
         self.window = min(settings.window, self.predictor.history_limit)
 
     def finalize(self):
@@ -112,4 +113,8 @@ class TritonPythonModel:
 
     @staticmethod
     def _unavailable(err: StoreError):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.UNAVAILABLE))
+        # the client learns that the store failed, never its address or keys; the server's log says why
+        pb_utils.Logger.log_warn(f"recommender_session: {err}")
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(STORE_UNAVAILABLE, pb_utils.TritonError.UNAVAILABLE)
+        )

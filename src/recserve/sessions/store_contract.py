@@ -1,0 +1,161 @@
+"""The session store's wire contract, written once: its keys, the members of a session, which session, event
+and item IDs a store may hold, and the commands recserve sends (its ACL allow-list).
+
+recserve's backend (``native/triton-backend/src/session_store.cc``) restates this in C++;
+``tests/sessions/test_store_contract.py`` holds the two to the same cases (``CASES``) through a real server.
+
+A session is one sorted set, key ``PREFIX h:SESSION``. Each event is one member, ``EVENT_ID ITEM`` (the
+event's ID, one space, the item's ID as text), scored by the event's time in seconds. ZADD NX of a member
+that is there already changes nothing, so an append is idempotent by event ID: a retried call, or an event
+sent twice by its sender with its ID, is stored once. ZREMRANGEBYRANK keeps the newest ``window``; ZRANGE
+reads them, oldest first.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from recserve.constants import NATIVE_PAD_ID
+
+HISTORY_KEY = "{prefix}h:{session}"  # one sorted set a session
+MEMBER_SEPARATOR = " "  # a member is EVENT_ID, this, ITEM (an event ID holds no space)
+MAX_SESSION_ID = 256  # characters of a session ID (valid UTF-8, at least one)
+MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
+EVENT_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a sender's event ID, or one recserve makes
+# an integer item ID as stored: canonical decimal ASCII (no sign but '-', no leading zero, no space), in
+# int64's range; -1 is the native layout's padding and never an item
+INTEGER_ID_PATTERN = re.compile(r"0|-?[1-9][0-9]{0,18}")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+RESERVED_INTEGER_IDS = (NATIVE_PAD_ID,)
+ID_TYPES = ("int64", "string")  # a catalogue's item IDs
+
+# The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping
+COMMANDS = ("ping", "multi", "exec", "discard", "zadd", "zremrangebyrank", "zrange", "expire", "del")
+# the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
+# COMMANDS only, touch only its prefix's keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
+ACL_RULES = "user default off\nuser {user} on #{sha256} resetchannels resetkeys ~{prefix}* -@all {commands}\n"
+
+# Cases each side must decide alike: (what, text, accepted). Held against the Python rules by unit tests and
+# against recserve's backend and the session model by storing each item and asking for the session.
+CASES: tuple[tuple[str, str, bool], ...] = (
+    ("integer", "42", True),
+    ("integer", "0", True),
+    ("integer", "-7", True),
+    ("integer", "9223372036854775807", True),
+    ("integer", "-9223372036854775808", True),
+    ("integer", "9223372036854775808", False),  # past int64
+    ("integer", "-9223372036854775809", False),
+    ("integer", "99999999999999999999", False),
+    ("integer", "1" * 4301, False),  # past Python's int() digit limit
+    ("integer", "--5", False),
+    ("integer", "+5", False),
+    ("integer", "05", False),
+    ("integer", "-0", False),
+    ("integer", " 5", False),
+    ("integer", "5 ", False),
+    ("integer", "\u00b2", False),  # superscript two: a digit to str.isdigit
+    ("integer", "\u0663", False),  # Arabic-Indic three: int() reads it as 3
+    ("integer", "-1", False),  # the native padding
+    ("integer", "", False),
+    ("integer", "abc", False),
+    ("session", "shopper-1", True),
+    ("session", "\u00e9t\u00e9", True),
+    ("session", "x" * 256, True),
+    ("session", "x" * 257, False),
+    ("session", "", False),
+)
+
+
+def history_key(prefix: str, session: str) -> str:
+    """The store key of a session: within ``prefix`` whatever the ID holds (the ID is checked first)."""
+    return HISTORY_KEY.format(prefix=prefix, session=session)
+
+
+def acl_rules(user: str, sha256: str, prefix: str) -> str:
+    """The ACL file (``ACL_RULES``) of one recserve user, its password by SHA-256 only."""
+    return ACL_RULES.format(user=user, sha256=sha256, prefix=prefix, commands=" ".join(f"+{c}" for c in COMMANDS))
+
+
+def session_problem(session: object) -> str | None:
+    """Why ``session`` is no session ID (valid UTF-8, 1 to ``MAX_SESSION_ID`` characters), or None."""
+    # the same words as recserve's backend (SessionIdProblem), so a client reads one message from both layouts
+    if not isinstance(session, str):
+        return f"session: a session ID is a string, got {type(session).__name__}"
+    if not session:
+        return "session: an empty session ID"
+    if len(session) > MAX_SESSION_ID:
+        return f"session: a session ID over {MAX_SESSION_ID} characters"
+    if not _utf8(session):
+        return "session: not UTF-8"
+    return None
+
+
+def event_id_problem(event_id: object) -> str | None:
+    """Why ``event_id`` is no event ID (``EVENT_ID_PATTERN``), or None."""
+    if isinstance(event_id, str) and EVENT_ID_PATTERN.fullmatch(event_id):
+        return None
+    return f"event_id: 1 to 64 letters, digits or '._:-', got {event_id!r:.80}"
+
+
+def item_problem(item: object, id_type: str | None) -> str | None:
+    """Why ``item`` cannot be stored for a catalogue of ``id_type`` (None: either type), or None.
+
+    An integer catalogue takes ints and their canonical text (``INTEGER_ID_PATTERN``, int64, not -1); a
+    string catalogue takes non-empty UTF-8 text of at most ``MAX_ITEM_ID`` characters.
+    """
+    if isinstance(item, bool) or not isinstance(item, (str, int)):
+        return f"item: an item ID (a string or an integer), got {type(item).__name__}"
+    if isinstance(item, int):
+        if id_type == "string":
+            return f"item: this catalogue's IDs are strings, got the integer {item}"
+        if not INT64_MIN <= item <= INT64_MAX or item in RESERVED_INTEGER_IDS:
+            return f"item: an integer ID within int64 other than {NATIVE_PAD_ID}, got {item:.40}"
+        return None
+    if not item or len(item) > MAX_ITEM_ID or not _utf8(item):
+        return f"item: a non-empty UTF-8 ID of at most {MAX_ITEM_ID} characters, got {item!r:.40}"
+    if id_type == "int64" and not is_integer_id(item):
+        return f"item: this catalogue's IDs are integers (int64 in decimal, not {NATIVE_PAD_ID}), got {item!r:.40}"
+    return None
+
+
+def is_integer_id(text: str) -> bool:
+    """Whether ``text`` is an integer item ID as the store keeps it (the C++ side's rule too)."""
+    if not INTEGER_ID_PATTERN.fullmatch(text):
+        return False
+    value = int(text)
+    return INT64_MIN <= value <= INT64_MAX and value not in RESERVED_INTEGER_IDS
+
+
+def member(event_id: str, item: str | int) -> str:
+    """A session's member for one event (its ID checked first)."""
+    return f"{event_id}{MEMBER_SEPARATOR}{item}"
+
+
+def stored_ids(members: list[str], string_ids: bool) -> np.ndarray:
+    """The item IDs of a session's members, in the catalogue's type; what breaks the rules (an item that
+    is no integer of int64 in an integer catalogue, a member without an event ID) is left out, as an unknown
+    ID would be, whatever it holds."""
+    values = np.asarray(members, dtype=np.str_)
+    if values.size == 0:
+        return np.zeros(0, dtype=object if string_ids else np.int64)
+    parts = np.char.partition(values, MEMBER_SEPARATOR)
+    items = parts[:, 2][parts[:, 1] == MEMBER_SEPARATOR]
+    if string_ids:
+        return items[items != ""].astype(object)
+    try:  # the usual case: every stored ID canonical; the round trip finds '+5', '05', Arabic-Indic digits
+        ids = items.astype(np.int64)
+        keep = (ids.astype(np.str_) == items) & ~np.isin(ids, RESERVED_INTEGER_IDS)
+        return ids[keep]
+    except (ValueError, OverflowError):
+        keep = np.fromiter((is_integer_id(text) for text in items.tolist()), dtype=bool, count=items.size)
+        return items[keep].astype(np.int64)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
