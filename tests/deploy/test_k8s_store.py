@@ -4,6 +4,7 @@ cannot use is refused, and what the StatefulSet runs (its init container's ACL s
 its flags) is run here against a real Redis server: the password works, the default user and other
 prefixes are shut out, and no file holds the password."""
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -17,7 +18,16 @@ import yaml
 
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.manifest_files import write_manifests
-from recserve.deploy.k8s.store_objects import ACL_DIR, DATA_DIR, SECRET_DIR, SECRET_KEY, store_args, store_url
+from recserve.deploy.k8s.store_objects import (
+    ACL_DIR,
+    DATA_DIR,
+    SECRET_DIR,
+    SECRET_KEY,
+    WRITER_LABEL,
+    memory_bytes,
+    store_args,
+    store_url,
+)
 from recserve.errors import ServingError, StoreError
 from recserve.processes import free_ports
 from recserve.serving.triton_repository.layouts import write_repository
@@ -117,14 +127,15 @@ def test_a_record_the_cluster_cannot_use_is_refused_with_the_record_to_write(tin
     assert "redis://valkey.shop.svc:6379/0" in (tmp_path / "k8s" / "README.md").read_text()
 
 
-def test_what_the_statefulset_runs_serves_the_password_and_shuts_out_the_rest(store_manifests, tmp_path):
-    """The init container's script and the server's flags, as the manifest holds them, run on this machine
-    (paths moved into a temporary folder, loopback instead of every interface): the ACL it writes holds only
-    the password's hash; the record's user reaches its prefix with the Secret's password, and nobody else."""
-    [statefulset] = _objects(store_manifests / "base" / "store.yaml")
+@contextlib.contextmanager
+def _statefulset_here(manifests: Path, tmp_path: Path, password: str, operator: str = ""):
+    """What the StatefulSet of ``manifests`` runs, run on this machine: its init container's script, then the
+    server with its flags (paths moved into ``tmp_path``, loopback instead of every interface). ``operator``:
+    a password for a test's own ACL user ``operator`` (every command), added to what the script wrote. Yields
+    the port, the moved folders and the server's flags."""
+    [statefulset] = _objects(manifests / "base" / "store.yaml")
     pod = statefulset["spec"]["template"]["spec"]
     [init], [valkey] = pod["initContainers"], pod["containers"]
-    password = "correct-horse-battery-staple"
     moved = {SECRET_DIR: tmp_path / "secret", ACL_DIR: tmp_path / "acl", DATA_DIR: tmp_path / "data"}
     for folder in moved.values():
         folder.mkdir()
@@ -138,15 +149,30 @@ def test_what_the_statefulset_runs_serves_the_password_and_shuts_out_the_rest(st
     env = {e["name"]: e["value"] for e in init["env"]}
     assert env == {"STORE_USER": "recserve", "STORE_PREFIX": "shop-a:"}
     subprocess.run(["sh", "-c", local(init["command"][2])], env=env, check=True)
-    acl = (moved[ACL_DIR] / "users.acl").read_text()
-    assert password not in acl and acl.startswith("user default off\nuser recserve on #")
-
-    assert valkey["args"] == store_args()
+    if operator:
+        with (moved[ACL_DIR] / "users.acl").open("a") as acl:
+            acl.write(f"user operator on >{operator} ~* &* +@all\n")
     port = free_ports(1)[0]
     args = [local(a) for a in valkey["args"]]
     args[args.index("--bind") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(port)
     server = subprocess.Popen([server_binary(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
+        yield port, moved, valkey["args"]
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_what_the_statefulset_runs_serves_the_password_and_shuts_out_the_rest(store_manifests, tmp_path):
+    """The init container's script and the server's flags, as the manifest holds them, run on this machine:
+    the ACL it writes holds only the password's hash and recserve's commands; the record's user reaches its
+    prefix with the Secret's password, and nobody else."""
+    password = "correct-horse-battery-staple"
+    with _statefulset_here(store_manifests, tmp_path, password) as (port, moved, args):
+        acl = (moved[ACL_DIR] / "users.acl").read_text()
+        assert password not in acl and acl.startswith("user default off\nuser recserve on #")
+        assert "-@all +ping" in acl and "resetchannels" in acl
+        assert args == store_args(K8sSettings(_env_file=None))
         settings = StoreSettings(
             url=f"redis://127.0.0.1:{port}/0", username="recserve", password=password, prefix="shop-a:", timeout_s=2
         )
@@ -160,17 +186,64 @@ def test_what_the_statefulset_runs_serves_the_password_and_shuts_out_the_rest(st
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port, username="recserve", password="wrong", socket_timeout=2).ping()
         ours = redis.Redis(port=port, username="recserve", password=password, socket_timeout=2)
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            ours.get("shop-b:s:s1")  # another tenant's prefix
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            ours.flushall()
-    finally:
-        server.terminate()
-        server.wait(10)
+        for command in (("GET", "shop-b:h:s1"), ("FLUSHALL",), ("SCAN", 0), ("EVAL", "return 1", 0), ("KEYS", "*")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                ours.execute_command(*command)
     assert any(moved[DATA_DIR].iterdir()), "the append-only file is in the volume's folder"
     for path in [*store_manifests.rglob("*"), *tmp_path.rglob("*")]:
         if path.is_file() and path.name != SECRET_KEY:
             assert password.encode() not in path.read_bytes(), path
+
+
+def test_the_store_is_fenced_restricted_and_bounded_in_memory(store_manifests):
+    [policy] = _objects(store_manifests / "base" / "store-networkpolicy.yaml")
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app": "recserve-store"}
+    peers = [peer["podSelector"]["matchLabels"] for peer in policy["spec"]["ingress"][0]["from"]]
+    assert peers == [{"app": "recserve"}, {WRITER_LABEL: "true"}]
+    [deployment] = _objects(store_manifests / "base" / "deployment.yaml")
+    assert deployment["spec"]["template"]["metadata"]["labels"]["app"] == "recserve", "the Triton pods are admitted"
+    [statefulset] = _objects(store_manifests / "base" / "store.yaml")
+    pod = statefulset["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        context = container["securityContext"]
+        assert context["capabilities"] == {"drop": ["ALL"]} and context["readOnlyRootFilesystem"] is True
+        assert context["runAsNonRoot"] and context["allowPrivilegeEscalation"] is False
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    args = pod["containers"][0]["args"]
+    assert int(args[args.index("--maxmemory") + 1]) == int(0.75 * 2 * 2**30)
+    assert args[args.index("--maxmemory-policy") + 1] == "volatile-lru"
+    assert "Pin the store's image by digest" in (store_manifests / "README.md").read_text()
+    assert memory_bytes("512Mi") == 512 * 2**20 and memory_bytes("1G") == 10**9
+    with pytest.raises(ServingError, match="store_memory"):
+        memory_bytes("lots")
+
+
+def test_a_flood_of_new_sessions_stays_within_the_stores_memory_and_appends_go_on(tiny_export, tmp_path):
+    """The StatefulSet's server with a 16 MiB container (12 MiB for data) flooded with 200,000 new session
+    IDs: its memory stays within the bound (the least recently used sessions evicted), every append is
+    acknowledged, and a session written last is there to read."""
+    settings = K8sSettings(_env_file=None, store_memory="16Mi")
+    repo = _session_repo(tiny_export, tmp_path, _cluster_record(tmp_path, store_url(settings)))
+    write_manifests(repo, tmp_path / "k8s", settings)
+    password = "flood-password-0123456789"
+    (tmp_path / "here").mkdir()
+    with _statefulset_here(tmp_path / "k8s", tmp_path / "here", password, operator="op-0123456789") as (port, _, args):
+        limit = int(args[args.index("--maxmemory") + 1])
+        store_settings = StoreSettings(
+            url=f"redis://127.0.0.1:{port}/0", username="recserve", password=password, prefix="shop-a:", timeout_s=5
+        )
+        with SessionStore(store_settings) as store:
+            _wait(store)
+            acknowledged = 0
+            for start in range(0, 200_000, 5_000):
+                events = [Event(f"flood-{n}", n % 1000 + 1) for n in range(start, start + 5_000)]
+                acknowledged += store.append(events).accepted
+            assert acknowledged == 200_000
+            assert store.recent(["flood-199999"]) == [["1000"]]
+        memory = redis.Redis(port=port, username="operator", password="op-0123456789").info()
+        assert memory["evicted_keys"] > 0, "the flood went past the bound"
+        assert memory["used_memory"] <= limit * 1.05, (memory["used_memory"], limit)
 
 
 def _wait(store: SessionStore) -> None:

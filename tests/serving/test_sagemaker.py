@@ -22,8 +22,8 @@ from recserve.client import RecommenderClient
 from recserve.errors import ServingError
 from recserve.export.exporter import export_run
 from recserve.pipeline import package_from_run
-from recserve.serving.predictor import Predictor
 from recserve.processes import free_ports
+from recserve.serving.predictor import Predictor
 from recserve.serving.sagemaker import handler
 from recserve.serving.sagemaker.endpoint import LocalEndpoint, invoke, ping
 from recserve.serving.sagemaker.handler import HandlerError, input_fn, model_fn, output_fn, predict_fn

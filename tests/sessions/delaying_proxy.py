@@ -3,6 +3,7 @@ store does to a client that times out and retries."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import threading
@@ -29,10 +30,8 @@ class DelayingProxy:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         for s in [self.listener, *self._sockets]:
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -56,7 +55,5 @@ class DelayingProxy:
             pass
         finally:
             for s in (source, sink):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

@@ -101,7 +101,7 @@ def test_a_killed_and_restarted_store_keeps_every_acknowledged_event(store_dir):
     with _store(store_dir, window=1000) as store:
         for n in range(300):  # one acknowledged append at a time, as a shop sends them
             acknowledged += store.append([Event(f"s{n % 7}", n)]).accepted
-    pid = int((store_dir / "server.pid").read_text())  # noqa: F841 (killed below)
+    pid = int((store_dir / "server.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # no shutdown save: only what the append-only file holds survives
     while embedded_store.running(store_dir):
         time.sleep(0.05)

@@ -49,7 +49,8 @@ class K8sSettings(BaseSettings):
     # store record names (external); its password in the Secret store_secret (key "password")
     store: Literal["statefulset", "external"] = "statefulset"
     store_secret: str = Field("recserve-store", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    store_image: str = "valkey/valkey:8.0.2"
+    # a supported, patched Valkey; pin it by digest for production (image@sha256:..., docs/security.md)
+    store_image: str = "valkey/valkey:9.1.4"
     store_storage: str = "10Gi"  # the StatefulSet's volume: the append-only file
     store_memory: str = "2Gi"
 

@@ -15,7 +15,15 @@ import yaml
 from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
-from recserve.deploy.k8s.store_objects import SECRET_KEY, check_store_record, store_service, store_statefulset
+from recserve.deploy.k8s.store_objects import (
+    MAXMEMORY_SHARE,
+    SECRET_KEY,
+    WRITER_LABEL,
+    check_store_record,
+    store_network_policy,
+    store_service,
+    store_statefulset,
+)
 from recserve.deploy.k8s.triton_objects import (
     adapter_rules,
     autoscaler,
@@ -48,8 +56,12 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     base = ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]
     store_files: dict[str, Any] = {}
     if store is not None and s.store == "statefulset":
-        store_files = {"base/store.yaml": store_statefulset(s, store), "base/store-service.yaml": store_service(s)}
-        base += ["store.yaml", "store-service.yaml"]
+        store_files = {
+            "base/store.yaml": store_statefulset(s, store),
+            "base/store-service.yaml": store_service(s),
+            "base/store-networkpolicy.yaml": store_network_policy(s),
+        }
+        base += ["store.yaml", "store-service.yaml", "store-networkpolicy.yaml"]
     files: dict[str, Any] = {
         "base/deployment.yaml": deployment(s, store),
         "base/service.yaml": service(s),
@@ -148,4 +160,20 @@ def _readme(s: K8sSettings, info: dict, store: dict | None) -> str:
             "",
             f"The Triton pods read it at {store['password_file']}; docs/sessions.md.",
         ]
+        if s.store == "statefulset":
+            lines += [
+                "",
+                "base/store-networkpolicy.yaml admits to the store only the Triton pods and pods labelled",
+                f'`{WRITER_LABEL}: "true"` (your event writers); the store evicts the least recently used sessions',
+                f"past {int(MAXMEMORY_SHARE * 100)}% of its {s.store_memory} instead of being killed; its pod runs as",
+                "the restricted Pod Security Standard asks. Traffic to it is not encrypted (docs/security.md says why",
+                "and what to do where that matters).",
+            ]
+            if "@sha256:" not in s.store_image:
+                lines += [
+                    "",
+                    f"**Pin the store's image by digest before production**: `{s.store_image}` is a tag, which can",
+                    "move. `docker buildx imagetools inspect IMAGE` prints its digest; set",
+                    "RECSERVE_K8S_STORE_IMAGE=IMAGE@sha256:DIGEST and write the manifests again.",
+                ]
     return "\n".join(lines) + "\n"

@@ -11,17 +11,19 @@ import re
 import urllib.parse
 from typing import Any
 
-from recserve.deploy.k8s.k8s_settings import K8sSettings
+from recserve.deploy.k8s.k8s_settings import K8sSettings, labels
 from recserve.errors import ServingError
-from recserve.sessions.store_settings import ACL_RULES
+from recserve.sessions import store_contract
 
 STORE_PORT = 6379
 SECRET_KEY = "password"  # the Secret's key that holds the password
 SECRET_DIR, ACL_DIR, DATA_DIR = "/secret", "/acl", "/data"
 VALKEY_UID = 999  # the valkey image's user
-# the init container: the ACL file (store_settings.ACL_RULES) from the Secret, the password's SHA-256 only; the
-# password is the file's first line, as StoreSettings.secret reads it
-_ACL_FORMAT = ACL_RULES.format(user="%s", sha256="%s", prefix="%s").replace("\n", "\\n")  # printf's format
+WRITER_LABEL = "recserve.io/session-writer"  # a pod with this label "true" may reach the store (event writers)
+MAXMEMORY_SHARE = 0.75  # of the container's memory limit: the rest for the append-only file's rewrite and buffers
+# the init container: the ACL file (store_contract.ACL_RULES: recserve's commands and prefix only) from the
+# Secret, the password's SHA-256 only; the password is the file's first line, as StoreSettings.secret reads it
+_ACL_FORMAT = store_contract.acl_rules("%s", "%s", "%s").replace("\n", "\\n")  # printf's format
 ACL_SCRIPT = (
     "set -eu\n"
     f"hash=$(head -n 1 {SECRET_DIR}/{SECRET_KEY} | tr -d '\\r\\n' | sha256sum | cut -d ' ' -f 1)\n"
@@ -99,8 +101,23 @@ def store_service(s: K8sSettings) -> dict[str, Any]:
     }
 
 
-def store_args() -> list[str]:
-    """valkey-server's flags: every interface of the pod, the ACL file, and an acknowledged write on disk."""
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity ("2Gi", "512Mi", "1G", "1000000") in bytes.
+
+    Raises:
+        ServingError: not a quantity of those forms.
+    """
+    units = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kMGT]i?|Ki)?", quantity.strip())
+    if not match or (match.group(2) or "") not in units:
+        raise ServingError(f"store_memory={quantity!r}: a memory quantity such as 2Gi or 512Mi")
+    return int(float(match.group(1)) * units[match.group(2) or ""])
+
+
+def store_args(s: K8sSettings) -> list[str]:
+    """valkey-server's flags: every interface of the pod (the NetworkPolicy admits only recserve's pods), the
+    ACL file, an acknowledged write on disk, and a memory bound under the container's limit past which the
+    least recently used sessions are evicted (each has a time-to-live), never an OOM kill."""
     return [
         "--bind", "0.0.0.0",
         "--port", str(STORE_PORT),
@@ -109,13 +126,49 @@ def store_args() -> list[str]:
         "--appendonly", "yes",
         "--appendfsync", "always",
         "--save", "",
+        "--maxmemory", str(int(memory_bytes(s.store_memory) * MAXMEMORY_SHARE)),
+        "--maxmemory-policy", "volatile-lru",
+        "--enable-debug-command", "no",
+        "--enable-module-command", "no",
     ]  # fmt: skip
+
+
+def store_network_policy(s: K8sSettings) -> dict[str, Any]:
+    """Ingress to the store's pod from the Triton pods and from pods labelled ``WRITER_LABEL: "true"`` only,
+    on the store's port; nothing else in the cluster reaches it."""
+    peers = [
+        {"podSelector": {"matchLabels": {"app": labels(s)["app"]}}},
+        {"podSelector": {"matchLabels": {WRITER_LABEL: "true"}}},
+    ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": store_name(s), "namespace": s.namespace, "labels": _labels(s)},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": store_name(s)}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": STORE_PORT}]}],
+        },
+    }
+
+
+def _restricted() -> dict[str, Any]:
+    """A container's security context as the restricted Pod Security Standard asks, and a read-only root."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": VALKEY_UID,
+        "runAsGroup": VALKEY_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def store_statefulset(s: K8sSettings, record: dict) -> dict[str, Any]:
     secret = {"name": "secret", "mountPath": SECRET_DIR, "readOnly": True}
     acl = {"name": "acl", "mountPath": ACL_DIR}
-    security = {"runAsNonRoot": True, "runAsUser": VALKEY_UID, "allowPrivilegeEscalation": False}
+    security = _restricted()
     init = {
         "name": "acl",
         "image": s.store_image,
@@ -132,7 +185,7 @@ def store_statefulset(s: K8sSettings, record: dict) -> dict[str, Any]:
         "name": "valkey",
         "image": s.store_image,
         "command": ["valkey-server"],
-        "args": store_args(),
+        "args": store_args(s),
         "ports": [{"name": "redis", "containerPort": STORE_PORT}],
         "readinessProbe": probe,
         "livenessProbe": probe | {"periodSeconds": 10},
@@ -165,7 +218,12 @@ def store_statefulset(s: K8sSettings, record: dict) -> dict[str, Any]:
                     "initContainers": [init],
                     "containers": [container],
                     "volumes": volumes,
-                    "securityContext": {"runAsNonRoot": True, "fsGroup": VALKEY_UID},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "fsGroup": VALKEY_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "automountServiceAccountToken": False,
                 },
             },
             "volumeClaimTemplates": [claim],
