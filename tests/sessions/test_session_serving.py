@@ -6,6 +6,7 @@ answer, and a store that is down answers from the request's items or refuses wit
 import dataclasses
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -314,3 +315,48 @@ def test_a_store_failure_tells_the_client_nothing_of_the_stores_address_or_keys(
     assert "session store is unavailable" in message
     for secret in (settings.url, str(settings.url.split("//")[1].split("/")[0]), settings.prefix, str(store_dir)):
         assert secret not in message, message
+
+
+def test_a_password_rotated_under_load_fails_no_request(session_stack):
+    """While two threads ask by session, the operator rotates the application's password (ACL SETUSER, the
+    file, then the old connections dropped): both layouts read the new one when they connect again."""
+    import hashlib
+    import threading
+
+    server, store_dir, _, layout = session_stack
+    settings = embedded_store.settings_of(store_dir)
+    with SessionStore(settings) as store:
+        store.append([Event("rotating", 50), Event("rotating", 172)])
+    old = settings.secret()
+    answered, failed, stop = [], [], threading.Event()
+
+    def load():
+        with Session(server.grpc_url, layout) as client:
+            while not stop.is_set():
+                try:
+                    answered.append(client.recommend_session("rotating", k=3).history_length)
+                except Exception as err:  # counted: the test's point
+                    failed.append(repr(err))
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    admin = _raw(embedded_store.admin_settings(store_dir))
+    try:
+        time.sleep(0.5)
+        new = "rotated-" + old[::-1]
+        admin.execute_command("ACL", "SETUSER", "recserve", "resetpass", "#" + hashlib.sha256(new.encode()).hexdigest())
+        (store_dir / "password").write_text(new + "\n")
+        admin.execute_command("CLIENT", "KILL", "USER", "recserve")
+        time.sleep(1.0)
+        before = len(answered)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        admin.execute_command("ACL", "SETUSER", "recserve", "resetpass", "#" + hashlib.sha256(old.encode()).hexdigest())
+        (store_dir / "password").write_text(old + "\n")
+        admin.execute_command("CLIENT", "KILL", "USER", "recserve")
+    assert failed == [], failed[:3]
+    assert len(answered) > before > 10 and set(answered) == {2}
