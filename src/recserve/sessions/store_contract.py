@@ -111,7 +111,8 @@ def item_problem(item: object, id_type: str | None) -> str | None:
         if id_type == "string":
             return f"item: this catalogue's IDs are strings, got the integer {item}"
         if not INT64_MIN <= item <= INT64_MAX or item in RESERVED_INTEGER_IDS:
-            return f"item: an integer ID within int64 other than {NATIVE_PAD_ID}, got {item:.40}"
+            shown = item if item.bit_length() <= 128 else f"an integer of {item.bit_length()} bits"
+            return f"item: an integer ID within int64 other than {NATIVE_PAD_ID}, got {shown}"
         return None
     if not item or len(item) > MAX_ITEM_ID or not _utf8(item):
         return f"item: a non-empty UTF-8 ID of at most {MAX_ITEM_ID} characters, got {item!r:.40}"

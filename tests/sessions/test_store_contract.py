@@ -1,0 +1,74 @@
+"""The store contract (``store_contract.py``), written once: its rules decide each of its cases, and recserve's
+backend restates the same keys, members, limits, commands and client message in C++ (checked here against
+its source; its behaviour on the cases is checked through a real server in test_session_serving.py)."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recserve.constants import NATIVE_PAD_ID, STORE_UNAVAILABLE
+from recserve.sessions import store_contract
+from recserve.sessions.store_settings import MAX_TIMEOUT_S, MAX_TTL_S, MAX_WINDOW, StoreSettings
+
+SOURCE = Path(__file__).resolve().parents[2] / "native" / "triton-backend" / "src"
+CPP = (SOURCE / "session_store.cc").read_text() + (SOURCE / "session_store.h").read_text()
+
+
+@pytest.mark.parametrize(("what", "text", "accepted"), store_contract.CASES, ids=lambda v: repr(v)[:24])
+def test_each_case_of_the_contract_is_decided_by_its_rule(what, text, accepted):
+    if what == "integer":
+        assert store_contract.is_integer_id(text) is accepted
+        assert (store_contract.item_problem(text, "int64") is None) is accepted
+        assert len(store_contract.stored_ids([store_contract.member("e1", text)], string_ids=False)) == int(accepted)
+    else:
+        assert (store_contract.session_problem(text) is None) is accepted
+
+
+def test_stored_members_are_read_in_one_pass_whatever_they_hold():
+    members = ["a 5", "b +5", "c 05", "d \u0663", "e -1", "no-id", "f 9223372036854775808", "g 7", "h -0"]
+    assert store_contract.stored_ids(members, string_ids=False).tolist() == [5, 7]
+    assert store_contract.stored_ids(["a x y", "b", "c z"], string_ids=True).tolist() == ["x y", "z"]
+    assert store_contract.stored_ids([], string_ids=False).dtype == np.int64
+
+
+def test_items_are_checked_against_the_catalogues_type():
+    assert store_contract.item_problem(42, "int64") is None and store_contract.item_problem("42", "int64") is None
+    assert "strings" in store_contract.item_problem(42, "string")
+    assert store_contract.item_problem("sku-1", "string") is None and store_contract.item_problem("sku-1", None) is None
+    assert "integers" in store_contract.item_problem("sku-1", "int64")
+    assert store_contract.item_problem(NATIVE_PAD_ID, "int64") and store_contract.item_problem(2**63, "int64")
+    assert "bits" in store_contract.item_problem(10**5000, "int64")  # past what str() of an int may print
+    assert store_contract.item_problem("\ud800", "string")  # a lone surrogate is no UTF-8
+
+
+def test_recserves_backend_restates_the_contract():
+    prefix, _, rest = store_contract.HISTORY_KEY.partition("{session}")[0].partition("{prefix}")
+    assert f'"{rest}"' in CPP, "the key's part after the prefix"
+    assert "memchr(member->str, ' '" in CPP and store_contract.MEMBER_SEPARATOR == " "
+    assert f"characters > {store_contract.MAX_SESSION_ID}" in CPP
+    assert f'kStoreUnavailable = "{STORE_UNAVAILABLE}"' in CPP
+    sent = set(re.findall(r'\{"([A-Z]+)"', CPP)) | set(re.findall(r'"([A-Z]+)", keys\[i\]', CPP))
+    assert {c.upper() for c in store_contract.COMMANDS} >= sent - {"AUTH", "SELECT"}, sent
+    assert {"ZADD", "ZREMRANGEBYRANK", "ZRANGE", "EXPIRE", "MULTI", "EXEC"} <= sent
+    bounds = re.search(r"window >= 1 && window <= ([0-9e.]+)\).*ttl <= ([0-9e.]+)\).*timeout <= ([0-9e.]+)\)", CPP)
+    assert bounds and [float(b) for b in bounds.groups()] == [MAX_WINDOW, MAX_TTL_S, MAX_TIMEOUT_S]
+    for field in ("url", "username", "password_file", "prefix", "window", "ttl_s", "timeout_s"):
+        assert f'"{field}"' in CPP and field in StoreSettings.__dataclass_fields__
+    assert set(StoreSettings().describe()) == {
+        "url",
+        "username",
+        "password_file",
+        "prefix",
+        "window",
+        "ttl_s",
+        "timeout_s",
+    }
+
+
+def test_the_acl_allows_recserves_commands_only():
+    rules = store_contract.acl_rules("recserve", "0" * 64, "shop:")
+    assert rules.startswith("user default off\n")
+    assert "resetchannels resetkeys ~shop:* -@all +ping +multi +exec +discard +zadd" in rules
+    assert "@all" not in rules.replace("-@all", "")
