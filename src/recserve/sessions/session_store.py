@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.credentials import CredentialProvider
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from recserve.errors import RequestError, StoreError
 from recserve.sessions import store_contract
@@ -93,14 +95,20 @@ class SessionStore:
         self.settings = settings
         self.id_type = id_type
         settings.secret()  # a password file that cannot be used is an error now, not at the first call
-        self._client = redis.Redis.from_url(
-            settings.url,
-            credential_provider=_FileCredentials(settings),
-            socket_timeout=settings.timeout_s,
-            socket_connect_timeout=settings.timeout_s,
-            retry=Retry(NoBackoff(), 1),  # safe: every write is idempotent (module docstring)
-            decode_responses=True,
-        )
+        connection = {
+            "credential_provider": _FileCredentials(settings),
+            "socket_timeout": settings.timeout_s,
+            "socket_connect_timeout": settings.timeout_s,
+            "retry": Retry(NoBackoff(), 1),  # safe: every write is idempotent (module docstring)
+            "decode_responses": True,
+        }
+        if settings.sentinels:  # the primary as the Sentinels name it, found again after a failover
+            timeouts = {"socket_timeout": settings.timeout_s, "socket_connect_timeout": settings.timeout_s}
+            sentinel = Sentinel(settings.sentinel_addresses(), sentinel_kwargs=timeouts)
+            database = int(urllib.parse.urlsplit(settings.url).path.strip("/") or 0)
+            self._client = sentinel.master_for(settings.service, db=database, **connection)
+        else:
+            self._client = redis.Redis.from_url(settings.url, **connection)
 
     def close(self) -> None:
         self._client.close()
@@ -143,10 +151,11 @@ class SessionStore:
         Raises:
             StoreError: the store did not acknowledge them (none of this call's events is then counted).
         """
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self._client.pipeline(transaction=False)
         queued = self._queue_append(pipe, events)
         if queued.sessions:
-            queued.settle(self._call("the append", lambda: _execute(pipe)))
+            replies = self._call("the append", lambda: _execute(pipe))
+            self._call("the append", lambda: queued.settle(replies))
         return queued.result
 
     def append_and_read(
@@ -159,21 +168,20 @@ class SessionStore:
             StoreError: the store did not answer (nothing of this call is then counted as acknowledged).
         """
         count = self._read_count(sessions, count)
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self._client.pipeline(transaction=False)
         queued = self._queue_append(pipe, events)
-        if not queued.sessions:
-            pipe = self._client.pipeline(transaction=False)
         for session in sessions:
             pipe.zrange(self.settings.key(session), -count, -1)
         replies = self._call("the append and read", lambda: _execute(pipe))
-        if queued.sessions:
-            queued.settle(replies)
+        if queued.sessions:  # the read holds the append: the answer stands without a replica's copy
+            queued.settle(replies, strict=False)
         return queued.result, [_members(reply) for reply in replies[len(replies) - len(sessions) :]]
 
     def _queue_append(self, pipe, events: Iterable[Event]) -> _Queued:
-        """Queues the good events on ``pipe``, each session's ZADD NX, ZREMRANGEBYRANK and EXPIRE, and
-        reports the bad ones."""
-        queued = _Queued(AppendResult(), [], 3 if self.settings.ttl_s else 2)
+        """Queues the good events on ``pipe`` in one MULTI/EXEC, each session's ZADD NX, ZREMRANGEBYRANK and
+        EXPIRE (then a WAIT for a replica where ``acknowledge`` says so), and reports the bad ones."""
+        wait_ms = int(self.settings.timeout_s * 1000) if self.settings.acknowledge == "replica" else None
+        queued = _Queued(AppendResult(), [], 3 if self.settings.ttl_s else 2, wait_ms)
         by_session: dict[str, tuple[dict[str, float], list[int]]] = {}
         now, call = time.time(), secrets.token_hex(8)
         for position, event in enumerate(events):
@@ -186,6 +194,8 @@ class SessionStore:
             members, positions = by_session.setdefault(event.session, ({}, []))
             members[store_contract.member(event_id, event.item)] = when
             positions.append(position)
+        if by_session:
+            pipe.execute_command("MULTI")
         for session, (members, positions) in by_session.items():
             key = self.settings.key(session)
             pipe.zadd(key, members, nx=True)  # an event stored already keeps its place
@@ -193,6 +203,10 @@ class SessionStore:
             if self.settings.ttl_s:
                 pipe.expire(key, self.settings.ttl_s)
             queued.sessions.append(positions)
+        if by_session:
+            pipe.execute_command("EXEC")
+            if wait_ms is not None:  # on the same connection, right after the EXEC it waits for
+                pipe.execute_command("WAIT", 1, wait_ms)
         queued.result.accepted = sum(len(positions) for positions in queued.sessions)
         return queued
 
@@ -252,12 +266,22 @@ class _Queued:
     result: AppendResult
     sessions: list[list[int]]
     commands: int
+    wait_ms: int | None  # a WAIT for one replica after EXEC, or None
 
-    def settle(self, replies: list) -> None:
+    def settle(self, replies: list, strict: bool = True) -> None:
         """Counts the events of a session whose ZADD the store refused (a key holding another type: that
-        session's loss alone, as errors), from the transaction's ``replies``."""
+        session's loss alone, as errors), from the pipe's ``replies`` (MULTI's, the QUEUED ones, EXEC's,
+        WAIT's).
+
+        Raises:
+            StoreError: ``strict`` and no replica confirmed the append within the wait (nothing of it is then
+                acknowledged; a read in the same call holds it all the same).
+        """
+        transaction = replies[1 + self.commands * len(self.sessions)]
+        if strict and self.wait_ms is not None and replies[2 + self.commands * len(self.sessions)] < 1:
+            raise StoreError(f"no replica confirmed the append within {self.wait_ms} ms (acknowledge: replica)")
         for n, positions in enumerate(self.sessions):
-            if isinstance(replies[n * self.commands], Exception):
+            if isinstance(transaction[n * self.commands], Exception):
                 self.result.accepted -= len(positions)
                 problem = "the store holds something else at this session's key; nothing was added to it"
                 self.result.errors.extend((position, problem) for position in positions)

@@ -31,8 +31,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 RESERVED_INTEGER_IDS = (NATIVE_PAD_ID,)
 ID_TYPES = ("int64", "string")  # a catalogue's item IDs
 
-# The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping
-COMMANDS = ("ping", "multi", "exec", "discard", "zadd", "zremrangebyrank", "zrange", "expire", "del")
+# The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping, and
+# WAIT for a replica's copy (acknowledge "replica")
+COMMANDS = ("ping", "multi", "exec", "discard", "zadd", "zremrangebyrank", "zrange", "expire", "del", "wait")
 # the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
 # COMMANDS only, touch only its prefix's keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
 ACL_RULES = "user default off\nuser {user} on #{sha256} resetchannels resetkeys ~{prefix}* -@all {commands}\n"

@@ -12,6 +12,9 @@ from recserve.sessions import store_contract
 
 PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}:")  # one tenant's namespace: no ':' inside, one at the end
 MAX_WINDOW, MAX_TTL_S, MAX_TIMEOUT_S = 1_000_000, 10**10, 3600  # the bounds recserve's backend checks too
+SENTINEL_PATTERN = re.compile(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}")
+SERVICE_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+ACKNOWLEDGE = ("primary", "replica")  # an append acknowledged once the primary holds it, or a replica too
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,22 @@ class StoreSettings:
     window: int = 200  # most recent items kept per session (the model reads at most its own window)
     ttl_s: int = 7 * 24 * 3600  # a session expires this long after its last event; 0: never
     timeout_s: float = 0.25  # per store call: a slow or unreachable store is an error, never a hang
+    # high availability: Sentinels ("HOST:PORT") that name the primary of `service`; url's host and port are
+    # then only where it was first, its database the one used
+    sentinels: tuple[str, ...] = ()
+    service: str = "recserve"
+    acknowledge: str = "primary"  # "replica": an append is acknowledged once a replica holds it too (WAIT)
 
     def __post_init__(self):
+        object.__setattr__(self, "sentinels", tuple(self.sentinels))  # a record's JSON list
         problems = []
+        for address in self.sentinels:
+            if not isinstance(address, str) or not SENTINEL_PATTERN.fullmatch(address):
+                problems.append(f"sentinels: {address!r} is not HOST:PORT")
+        if not SERVICE_PATTERN.fullmatch(self.service):
+            problems.append(f"service={self.service!r}: letters, digits, '_', '.' or '-' (at most 64)")
+        if self.acknowledge not in ACKNOWLEDGE:
+            problems.append(f"acknowledge={self.acknowledge!r}: one of {', '.join(ACKNOWLEDGE)}")
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             problems.append(f"url={self.url!r}: expected redis://HOST:PORT/DB, rediss:// or unix://")
         if "@" in self.url:
@@ -83,7 +99,14 @@ class StoreSettings:
             "window": self.window,
             "ttl_s": self.ttl_s,
             "timeout_s": self.timeout_s,
+            "sentinels": list(self.sentinels),
+            "service": self.service,
+            "acknowledge": self.acknowledge,
         }
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The Sentinels as (host, port) pairs."""
+        return [(host, int(port)) for host, _, port in (address.rpartition(":") for address in self.sentinels)]
 
     @classmethod
     def from_record(cls, record: dict, password: str | None = None) -> StoreSettings:

@@ -130,6 +130,7 @@ def store_args(s: K8sSettings) -> list[str]:
         "--maxmemory-policy", "volatile-lru",
         "--enable-debug-command", "no",
         "--enable-module-command", "no",
+        "--proto-max-bulk-len", "1mb",
     ]  # fmt: skip
 
 

@@ -1,0 +1,145 @@
+"""recserve's embedded store with high availability, for the tests and a laptop's rehearsal of a failover: a
+primary, one replica and one Sentinel (Valkey's own), each in a folder of its own under one folder, on
+loopback. The Sentinel promotes the replica when the primary stops answering; recserve's clients ask the
+Sentinel for the primary (``StoreSettings.sentinels``), so they follow.
+
+Both nodes hold the same passwords (the application's and the operator's) and sync as the operator's user,
+so either can be primary. The Sentinel listens on loopback only and takes no password: it names addresses,
+never data. One Sentinel is enough to rehearse a failover; production runs three or more on separate
+machines (docs/sessions.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from recserve.errors import StoreError
+from recserve.processes import free_ports
+from recserve.sessions import embedded_store
+from recserve.sessions.store_settings import StoreSettings
+
+NODES = ("node-0", "node-1")  # the first starts as the primary
+SENTINEL = "sentinel"
+SERVICE = "recserve"  # the primary's name to the Sentinel
+DOWN_AFTER_MS = 1000  # a primary that has not answered this long is down
+FAILOVER_TIMEOUT_MS = 4000
+
+
+def start(folder: Path, prefix: str = "recserve:", acknowledge: str = "primary") -> StoreSettings:
+    """Starts (or finds running) the two nodes and the Sentinel of ``folder``; returns how to reach the
+    store through the Sentinel. ``acknowledge``: "replica" to have each append wait for the replica's copy.
+
+    Raises:
+        StoreError: a node or the Sentinel did not come up (what did is stopped).
+    """
+    folder = embedded_store.own_folder(folder)
+    with embedded_store.locked(folder):
+        primary = embedded_store.start(folder / NODES[0], prefix)
+        replica = folder / NODES[1]
+        embedded_store.own_folder(replica)
+        for name in (embedded_store.PASSWORD_FILE, embedded_store.ADMIN_PASSWORD_FILE):
+            if not (replica / name).exists():
+                shutil.copy2(folder / NODES[0] / name, replica / name)
+        try:
+            embedded_store.start(replica, prefix, replica_of=_port(primary))
+            sentinel_port = _start_sentinel(folder / SENTINEL, _port(primary))
+            _wait_until(lambda: _synced(replica), f"the replica in {replica} did not sync")
+            _wait_until(lambda: _named(sentinel_port), f"the Sentinel in {folder / SENTINEL} did not answer")
+        except StoreError:
+            stop(folder)
+            raise
+        record = primary.describe() | {"sentinels": [f"127.0.0.1:{sentinel_port}"], "service": SERVICE}
+        record |= {"acknowledge": acknowledge}
+        (folder / embedded_store.RECORD_FILE).unlink(missing_ok=True)
+        embedded_store.write_private(folder / embedded_store.RECORD_FILE, json.dumps(record, indent=2))
+        return StoreSettings.from_record(record)
+
+
+def _wait_until(ready, what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise StoreError(f"{what} within {timeout_s} s")
+        time.sleep(0.05)
+
+
+def _admin(node: Path) -> redis.Redis:
+    settings = embedded_store.admin_settings(node)
+    return redis.Redis.from_url(settings.url, username=settings.username, password=settings.secret(), socket_timeout=2)
+
+
+def _synced(node: Path) -> bool:
+    try:
+        return _admin(node).info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
+
+
+def _named(sentinel_port: int) -> bool:
+    try:
+        sentinel = redis.Redis(port=sentinel_port, socket_timeout=2)
+        return sentinel.sentinel_get_master_addr_by_name(SERVICE) is not None
+    except redis.RedisError:
+        return False
+
+
+def _port(settings: StoreSettings) -> int:
+    return int(settings.url.rsplit(":", 1)[1].split("/")[0])
+
+
+def _start_sentinel(folder: Path, primary_port: int) -> int:
+    """Valkey's Sentinel watching the primary on ``primary_port``, as the operator; returns its port."""
+    folder = embedded_store.own_folder(folder)
+    if embedded_store.running(folder):
+        return json.loads((folder / embedded_store.RECORD_FILE).read_text())["port"]
+    record = folder / embedded_store.RECORD_FILE
+    port = json.loads(record.read_text())["port"] if record.exists() else free_ports(1)[0]
+    admin_password = (folder.parent / NODES[0] / embedded_store.ADMIN_PASSWORD_FILE).read_text().strip()
+    config = [
+        "bind 127.0.0.1",
+        f"port {port}",
+        "daemonize yes",
+        f"pidfile {folder / embedded_store.PID_FILE}",
+        f"logfile {folder / 'server.log'}",
+        f"dir {folder}",
+        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1",
+        f"sentinel auth-user {SERVICE} {embedded_store.ADMIN}",
+        f"sentinel auth-pass {SERVICE} {admin_password}",
+        f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {SERVICE} 1",
+    ]
+    conf = folder / "sentinel.conf"
+    if not conf.exists():  # the Sentinel rewrites its file as it learns; a restart keeps what it learnt
+        embedded_store.write_private(conf, "\n".join(config) + "\n")
+    record.unlink(missing_ok=True)
+    embedded_store.write_private(record, json.dumps({"port": port}))
+    done = subprocess.run(
+        [embedded_store.server_binary(), str(conf), "--sentinel"], capture_output=True, text=True, umask=0o077
+    )
+    if done.returncode != 0:
+        raise StoreError(f"the store's Sentinel did not start: {done.stderr.strip() or done.stdout.strip()}")
+    return port
+
+
+def primary_folder(folder: Path) -> Path:
+    """The node folder whose server the Sentinel names primary now."""
+    settings = embedded_store.settings_of(folder)
+    host, port = settings.sentinel_addresses()[0]
+    _, primary_port = redis.Redis(host=host, port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
+    for node in NODES:
+        if json.loads((Path(folder) / node / embedded_store.RECORD_FILE).read_text())["port"] == int(primary_port):
+            return Path(folder) / node
+    raise StoreError(f"{folder}: the Sentinel names a primary on port {primary_port}, which is no node of it")
+
+
+def stop(folder: Path) -> bool:
+    """Stops the Sentinel and both nodes (their data stay); returns whether any was running."""
+    stopped = [embedded_store.stop(Path(folder) / name) for name in (SENTINEL, *NODES)]
+    return any(stopped)
