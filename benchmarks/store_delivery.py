@@ -7,7 +7,9 @@ server on loopback (each phase bounded in count and time):
 2. kill: 8 writers as fast as acknowledged while the server is killed (SIGKILL) and started again;
 3. flood: new session IDs by the million into a server bounded as ``recserve deploy k8s`` bounds it
    (maxmemory at 75% of the container's memory, volatile-lru): its memory, its evictions, and whether every
-   append was acknowledged and the newest sessions read back.
+   append was acknowledged and the newest sessions read back;
+4. acknowledge: on a replicated store (a primary, a replica, a Sentinel), one append at a time, its latency
+   acknowledged by the primary and then by the replica too (WAIT): what the waiting acknowledgement costs.
 
     python benchmarks/store_delivery.py --out benchmarks/results/cpu-2core-sessions/store-delivery.json
 """
@@ -179,6 +181,36 @@ def flood_phase(folder: Path, sessions: int, memory: str, per_call: int = 10_000
     }
 
 
+def acknowledge_phase(folder: Path, appends: int) -> dict:
+    """One event an append, one append at a time, on a replicated store (a primary, a replica, a Sentinel):
+    each append's latency with the primary's acknowledgement, then with the replica's (WAIT 1)."""
+    from recserve.sessions import replicated_store
+
+    replicated_store.start(folder)
+    try:
+        result = {}
+        for acknowledge in ("primary", "replica"):
+            settings = StoreSettings.from_record(
+                embedded_store.settings_of(folder).describe() | {"acknowledge": acknowledge}
+            )
+            latencies = []
+            with SessionStore(settings) as store:
+                for n in range(appends):
+                    started = time.perf_counter()
+                    store.append([Event(f"ack-{n % 100}", n % 1000 + 1, event_id=f"{acknowledge}-{n}")])
+                    latencies.append((time.perf_counter() - started) * 1000)
+            latencies.sort()
+            result[acknowledge] = {
+                "appends": appends,
+                "p50_ms": round(latencies[len(latencies) // 2], 3),
+                "p99_ms": round(latencies[int(len(latencies) * 0.99)], 3),
+            }
+        result["replica_over_primary_p50"] = round(result["replica"]["p50_ms"] / result["primary"]["p50_ms"], 2)
+        return result
+    finally:
+        replicated_store.stop(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -187,20 +219,31 @@ def main() -> None:
     parser.add_argument("--kill-events", type=int, default=16_000)
     parser.add_argument("--flood-sessions", type=int, default=1_000_000)
     parser.add_argument("--flood-memory", default="64Mi", help="the container's memory (Kubernetes quantity)")
+    parser.add_argument("--acknowledge-appends", type=int, default=3000)
+    parser.add_argument("--phases", default="proxy,kill,flood,acknowledge")
     args = parser.parse_args()
     result: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count()}
+    phases = args.phases.split(",")
+    if args.out.exists():  # a run of some phases keeps the others' figures
+        result = json.loads(args.out.read_text()) | result
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "store"
         embedded_store.start(folder)
         try:
-            result["proxy"] = proxy_phase(folder, args.proxy_events, args.proxy_share, 8)
-            print("proxy", result["proxy"], flush=True)
-            result["kill"] = kill_phase(folder, args.kill_events, 8, kill_after_s=2.0)
-            print("kill", result["kill"], flush=True)
+            if "proxy" in phases:
+                result["proxy"] = proxy_phase(folder, args.proxy_events, args.proxy_share, 8)
+                print("proxy", result["proxy"], flush=True)
+            if "kill" in phases:
+                result["kill"] = kill_phase(folder, args.kill_events, 8, kill_after_s=2.0)
+                print("kill", result["kill"], flush=True)
         finally:
             embedded_store.stop(folder)
-        result["flood"] = flood_phase(Path(tmp) / "flood", args.flood_sessions, args.flood_memory)
-        print("flood", result["flood"], flush=True)
+        if "flood" in phases:
+            result["flood"] = flood_phase(Path(tmp) / "flood", args.flood_sessions, args.flood_memory)
+            print("flood", result["flood"], flush=True)
+        if "acknowledge" in phases:
+            result["acknowledge"] = acknowledge_phase(Path(tmp) / "replicated", args.acknowledge_appends)
+            print("acknowledge", result["acknowledge"], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
