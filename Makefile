@@ -26,7 +26,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP)
-	bash scripts/install_prometheus.sh  # promtool and prometheus, which only tests/deploy uses
+	bash scripts/install_test_tools.sh  # promtool, prometheus and redis-cli, which only tests/deploy uses
 	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch and ONNX Runtime backends, once
 	$(PY) -m pytest -q
 

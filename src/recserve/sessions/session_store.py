@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -95,7 +96,7 @@ class SessionStore:
         self.settings = settings
         self.id_type = id_type
         settings.secret()  # a password file that cannot be used is an error now, not at the first call
-        connection = {
+        connection: dict[str, Any] = {
             "credential_provider": _FileCredentials(settings),
             "socket_timeout": settings.timeout_s,
             "socket_connect_timeout": settings.timeout_s,

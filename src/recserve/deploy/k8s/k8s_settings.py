@@ -45,9 +45,11 @@ class K8sSettings(BaseSettings):
     memory_limit: str = "8Gi"
     gpus: int = Field(1, ge=1)  # the gpu overlay: nvidia.com/gpu per pod
     exit_timeout_s: int = Field(30, ge=1)  # Triton's --exit-timeout-secs: in-flight requests get this long
-    # the session layout's store: a StatefulSet written beside the replicas, or the one the repository's
-    # store record names (external); its password in the Secret store_secret (key "password")
-    store: Literal["statefulset", "external"] = "statefulset"
+    # the session layout's store: a StatefulSet written beside the replicas, the same replicated with three
+    # Sentinels that fail it over (sentinel), or the one the repository's store record names (external); its
+    # password in the Secret store_secret (key "password"; with sentinel also "operator")
+    store: Literal["statefulset", "sentinel", "external"] = "statefulset"
+    store_replicas: int = Field(3, ge=2)  # with store sentinel: the Valkey pods, one primary and its replicas
     store_secret: str = Field("recserve-store", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     # a supported, patched Valkey; pin it by digest for production (image@sha256:..., docs/security.md)
     store_image: str = "valkey/valkey:9.1.4"

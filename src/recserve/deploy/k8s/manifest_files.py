@@ -15,14 +15,12 @@ import yaml
 from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
+from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY, store_objects
 from recserve.deploy.k8s.store_objects import (
     MAXMEMORY_SHARE,
     SECRET_KEY,
     WRITER_LABEL,
     check_store_record,
-    store_network_policy,
-    store_service,
-    store_statefulset,
 )
 from recserve.deploy.k8s.triton_objects import (
     adapter_rules,
@@ -55,13 +53,9 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         check_store_record(s, store)
     base = ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]
     store_files: dict[str, Any] = {}
-    if store is not None and s.store == "statefulset":
-        store_files = {
-            "base/store.yaml": store_statefulset(s, store),
-            "base/store-service.yaml": store_service(s),
-            "base/store-networkpolicy.yaml": store_network_policy(s),
-        }
-        base += ["store.yaml", "store-service.yaml", "store-networkpolicy.yaml"]
+    if store is not None and s.store != "external":
+        store_files = {f"base/{name}": obj for name, obj in store_objects(s, store).items()}
+        base += list(store_objects(s, store))
     files: dict[str, Any] = {
         "base/deployment.yaml": deployment(s, store),
         "base/service.yaml": service(s),
@@ -144,7 +138,7 @@ def _readme(s: K8sSettings, info: dict, store: dict | None) -> str:
         where = (
             f"the StatefulSet {s.name}-store (base/store.yaml: Valkey, the append-only file fsynced at every write on "
             f"a {s.store_storage} volume, its ACL built from the Secret at start: the password's SHA-256 only)"
-            if s.store == "statefulset"
+            if s.store != "external"
             else f"the store at {store['url']} (its ACL user {store['username']}, keys {store['prefix']}* only)"
         )
         lines += [
@@ -160,7 +154,20 @@ def _readme(s: K8sSettings, info: dict, store: dict | None) -> str:
             "",
             f"The Triton pods read it at {store['password_file']}; docs/sessions.md.",
         ]
-        if s.store == "statefulset":
+        if s.store == "sentinel":
+            lines += [
+                "",
+                f"With failover: {s.store_replicas} Valkey pods (the first starts as the primary) and three Sentinels",
+                "(base/store-sentinel.yaml) that promote a replica when the primary fails; the Triton pods find the",
+                "primary through them, and an append is acknowledged once a replica holds it too. The Secret also",
+                f"needs the key `{OPERATOR_KEY}` (the password the nodes replicate and the Sentinels work with):",
+                "",
+                "```bash",
+                f"kubectl create secret generic {s.store_secret} -n {s.namespace} \\",
+                f"  --from-file={SECRET_KEY}=PASSWORD_FILE --from-file={OPERATOR_KEY}=OPERATOR_PASSWORD_FILE",
+                "```",
+            ]
+        if s.store != "external":
             lines += [
                 "",
                 "base/store-networkpolicy.yaml admits to the store only the Triton pods and pods labelled",

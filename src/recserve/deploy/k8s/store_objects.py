@@ -50,13 +50,18 @@ def check_store_record(s: K8sSettings, record: dict) -> None:
             StatefulSet) another address than the StatefulSet's Service; the message gives the record to write.
     """
     host = urllib.parse.urlsplit(record.get("url", "")).hostname or ""
-    wanted = store_url(s) if s.store == "statefulset" else "redis://STORE-HOST:6379/0"
+    wanted = store_url(s) if s.store != "external" else "redis://STORE-HOST:6379/0"
     example = (
         f'{{"url": "{wanted}", "username": "recserve", "password_file": "/var/run/recserve-store/password", '
         '"prefix": "recserve:"}'
     )
     problems = []
-    if s.store == "statefulset" and record.get("url") != store_url(s):
+    if s.store == "sentinel":
+        from recserve.deploy.k8s.sentinel_objects import store_record_problems
+
+        problems += store_record_problems(s, record)
+        example = example[:-1] + f', "sentinels": ["{store_name(s)}-sentinel:26379"], "acknowledge": "replica"}}'
+    if s.store in ("statefulset", "sentinel") and record.get("url") != store_url(s):
         problems.append(f"its url is {record.get('url')!r}, not the StatefulSet's {store_url(s)!r}")
     elif host in LOOPBACK:
         problems.append(f"its url {record.get('url')!r} is a loopback address, which in a pod is the pod itself")

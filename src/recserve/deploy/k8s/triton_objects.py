@@ -8,7 +8,8 @@ from typing import Any
 
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.deploy.k8s.k8s_settings import GRACE_MARGIN_S, LIVE_PATH, MODELS_PATH, READY_PATH, K8sSettings, labels
-from recserve.deploy.k8s.store_objects import store_mount, store_service, store_statefulset
+from recserve.deploy.k8s.sentinel_objects import store_objects
+from recserve.deploy.k8s.store_objects import store_mount
 from recserve.serving.triton_server.launcher import serving_flags
 
 
@@ -187,8 +188,8 @@ def gpu_patch(s: K8sSettings) -> dict[str, Any]:
 def render_overlay(s: K8sSettings, overlay: str, store: dict | None = None) -> list[dict[str, Any]]:
     """The objects ``kubectl kustomize overlays/<overlay>`` yields: the base, with the gpu patch applied."""
     objects = [deployment(s, store), service(s), pods_service(s), autoscaler(s), disruption_budget(s)]
-    if store is not None and s.store == "statefulset":
-        objects += [store_statefulset(s, store), store_service(s)]
+    if store is not None and s.store != "external":
+        objects += [obj for name, obj in store_objects(s, store).items() if name != "store-networkpolicy.yaml"]
     if overlay == "gpu":
         pod = objects[0]["spec"]["template"]["spec"]
         patch = gpu_patch(s)["spec"]["template"]["spec"]
