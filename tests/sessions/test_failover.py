@@ -123,6 +123,10 @@ def test_a_failover_under_load_loses_no_acknowledged_event_and_answers_resume(fa
     ids = [m.split(" ")[0] for m in stored]
     assert len(ids) == len(set(ids)), "an event stored twice"
     assert np.mean([kind == "answered" for _, kind in outcomes]) > 0.5
+    counts = {kind: sum(k == kind for _, k in outcomes) for kind in kinds}
+    print(
+        f"{layout}: {len(acknowledged)} acknowledged, 0 lost; answers resumed {resumed:.2f} s after the kill; {counts}"
+    )
 
 
 def _answered_since(outcomes, since: float) -> bool:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from recserve.cli.console import console, handle_errors
+from recserve.cli.console import console, err_console, handle_errors
 
 app = typer.Typer(
     help="Deployment: Kubernetes manifests (kustomize overlays, KServe) and Prometheus/Grafana files.",
@@ -74,3 +74,8 @@ def k8s(
     settings = read_settings(K8sSettings, env_file, **given)
     files = write_manifests(repo, out, settings)
     console.print(f"{len(files)} files in {out}: kubectl apply -k {out}/overlays/gpu (or overlays/cpu)")
+    if any(path.name.startswith("store") for path in files) and "@sha256:" not in settings.store_image:
+        err_console.print(
+            f"[yellow]warning:[/] the store's image {settings.store_image} is a tag, which can move: pin it by digest "
+            "(RECSERVE_K8S_STORE_IMAGE=IMAGE@sha256:DIGEST) before production; the README written says how"
+        )
