@@ -15,34 +15,24 @@ import pytest
 
 from recserve.client.triton import SessionStoreError
 from recserve.errors import StoreError
-from recserve.serving.triton_repository.layouts import write_repository
-from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store, replicated_store
 from recserve.sessions.session_store import Event, SessionStore
 from tests.conftest import require_native, server_settings
+from tests.sessions.conftest import write_session_repository
 from tests.sessions.test_session_serving import BY_SESSION, Session
 
 
 @pytest.fixture(scope="module", params=list(BY_SESSION))
-def failover_stack(request, tiny_run, tiny_export, tmp_path_factory):
-    from recserve.export.exporter import export_run
-
+def failover_stack(request, tiny_export, tiny_torchscript, tmp_path_factory):
     layout = request.param
     root = tmp_path_factory.mktemp(f"failover-{layout}")
-    export, layouts = tiny_export, ("fused", "session")
     if layout == "native_session":
         require_native("recserve")
-        export = root / "torchscript"
-        export_run(tiny_run, "torchscript", "fp32", export)
-        layouts = ("native", "native_session")
     store = root / "store"
     replicated_store.start(store, acknowledge="replica")
-    settings = RepositorySettings(
-        max_queue_delay_microseconds=2000, session_store=str(store), native_runtime="recserve"
-    )
-    write_repository(export, root / "repo", layouts, settings)
     try:
+        write_session_repository(layout, tiny_export, tiny_torchscript, root / "repo", store)
         with TritonServer(root / "repo", server_settings()) as server:
             yield server, store, layout
     finally:

@@ -22,6 +22,7 @@ from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
 from recserve.sessions.store_contract import CASES
 from tests.conftest import require_native, server_settings
+from tests.sessions.conftest import write_session_repository
 
 # the layout by session -> its model; the native one beside the native layout (item IDs) of the same export
 BY_SESSION = {"session": SESSION_MODEL, "native_session": NATIVE_SESSION_MODEL}
@@ -42,26 +43,16 @@ RECOMMENDER_BY_ITEMS = {"session": "recommender", "native_session": "recommender
 
 
 @pytest.fixture(scope="module", params=list(BY_SESSION))
-def session_stack(request, tiny_run, tiny_export, tmp_path_factory):
-    from recserve.export.exporter import export_run
-
+def session_stack(request, tiny_export, tiny_torchscript, tmp_path_factory):
     layout = request.param
     root = tmp_path_factory.mktemp(layout)
-    export = tiny_export
-    layouts: tuple[str, ...] = ("fused", "session")
+    store_dir = root / "store"
     if layout == "native_session":
         require_native("recserve")
-        export = root / "torchscript"
-        export_run(tiny_run, "torchscript", "fp32", export)
-        layouts = ("native", "native_session")
-    store_dir = root / "store"
     embedded_store.start(store_dir)
     repo = root / "repo"
-    settings = RepositorySettings(
-        max_queue_delay_microseconds=2000, session_store=str(store_dir), native_runtime="recserve"
-    )
-    write_repository(export, repo, layouts, settings)
     try:
+        write_session_repository(layout, tiny_export, tiny_torchscript, repo, store_dir)
         with TritonServer(repo, server_settings()) as server:
             yield server, store_dir, repo, layout
     finally:
@@ -201,31 +192,27 @@ def test_a_session_layout_without_a_store_is_refused(tiny_export, tmp_path):
         write_repository(tiny_export, tmp_path / "repo", ("session",), RepositorySettings(session_store=str(leaky)))
 
 
-def test_the_native_session_layout_needs_a_torchscript_export_on_recserves_backend(tiny_run, tiny_export, tmp_path):
-    from recserve.export.exporter import export_run
-
+def test_the_native_session_layout_needs_a_torchscript_export_on_recserves_backend(
+    tiny_export, tiny_torchscript, tmp_path
+):
     record = tmp_path / "store.json"
     record.write_text(json.dumps({"url": "redis://127.0.0.1:6379/0"}))
     settings = RepositorySettings(session_store=str(record))
     with pytest.raises(ServingError, match="eager export holds no native model"):
         write_repository(tiny_export, tmp_path / "repo", ("native_session",), settings)
-    export_run(tiny_run, "torchscript", "fp32", tmp_path / "torchscript")
     on_pytorch = dataclasses.replace(settings, native_runtime="pytorch")
     with pytest.raises(ServingError, match="reads the session store in recserve's own backend"):
-        write_repository(tmp_path / "torchscript", tmp_path / "repo", ("native_session",), on_pytorch)
+        write_repository(tiny_torchscript, tmp_path / "repo", ("native_session",), on_pytorch)
 
 
 @pytest.fixture(scope="module")
-def native_session_repo(tiny_run, tmp_path_factory):
+def native_session_repo(tiny_torchscript, tmp_path_factory):
     """A repository of the native_session layout alone, its store's record pointing at no server."""
-    from recserve.export.exporter import export_run
-
     require_native("recserve")
     root = tmp_path_factory.mktemp("native-session-alone")
-    export_run(tiny_run, "torchscript", "fp32", root / "torchscript")
     (root / "store.json").write_text(json.dumps({"url": "redis://127.0.0.1:9/0"}))
     settings = RepositorySettings(session_store=str(root / "store.json"), native_runtime="recserve")
-    write_repository(root / "torchscript", root / "repo", ("native_session",), settings)
+    write_repository(tiny_torchscript, root / "repo", ("native_session",), settings)
     return root / "repo"
 
 

@@ -20,14 +20,6 @@ from recserve.sessions.session_store import Event, SessionStore, items
 from recserve.sessions.store_settings import StoreSettings, read_store_record
 
 
-@pytest.fixture
-def store_dir(tmp_path):
-    folder = tmp_path / "store"
-    embedded_store.start(folder)
-    yield folder
-    embedded_store.stop(folder)
-
-
 def _store(folder, **changes) -> SessionStore:
     settings = embedded_store.settings_of(folder)
     fields = settings.describe() | changes

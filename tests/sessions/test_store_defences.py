@@ -23,14 +23,6 @@ from recserve.sessions.store_settings import StoreSettings
 from tests.sessions.delaying_proxy import DelayingProxy
 
 
-@pytest.fixture
-def store_dir(tmp_path):
-    folder = tmp_path / "store"
-    embedded_store.start(folder)
-    yield folder
-    embedded_store.stop(folder)
-
-
 def _client(settings: StoreSettings) -> redis.Redis:
     return redis.Redis.from_url(
         settings.url, username=settings.username, password=settings.secret(), decode_responses=True

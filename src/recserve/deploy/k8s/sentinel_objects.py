@@ -23,6 +23,7 @@ from recserve.deploy.k8s.store_objects import (
     STORE_PORT,
     _labels,
     _restricted,
+    headless_service,
     store_name,
     store_network_policy,
     store_service,
@@ -121,18 +122,8 @@ def placement_env(s: K8sSettings, service: str) -> list[dict[str, Any]]:
 
 
 def sentinel_service(s: K8sSettings) -> dict[str, Any]:
-    """A headless Service: each Sentinel by a stable name, and all of them by ``<name>-store-sentinel``."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": sentinel_name(s), "namespace": s.namespace, "labels": _sentinel_labels(s)},
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,  # a Sentinel starting finds its peers before it is ready
-            "selector": {"app": sentinel_name(s)},
-            "ports": [{"name": "sentinel", "port": SENTINEL_PORT, "targetPort": "sentinel"}],
-        },
-    }
+    """Each Sentinel by a stable name, and all of them by ``<name>-store-sentinel``."""
+    return headless_service(s, sentinel_name(s), _sentinel_labels(s), "sentinel", SENTINEL_PORT)
 
 
 def _sentinel_labels(s: K8sSettings) -> dict[str, str]:

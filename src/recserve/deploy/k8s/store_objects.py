@@ -92,18 +92,25 @@ def _labels(s: K8sSettings) -> dict[str, str]:
     return {"app": store_name(s), "app.kubernetes.io/name": s.name, "app.kubernetes.io/component": "session-store"}
 
 
-def store_service(s: K8sSettings) -> dict[str, Any]:
-    """A headless Service: the StatefulSet's pod by a stable name, ``<name>-store``."""
+def headless_service(s: K8sSettings, name: str, labels: dict[str, str], port_name: str, port: int) -> dict[str, Any]:
+    """A headless Service ``name`` over the pods labelled ``app: name``: each pod by a stable name (its
+    not-ready pods too, so that peers starting together find each other)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": store_name(s), "namespace": s.namespace, "labels": _labels(s)},
+        "metadata": {"name": name, "namespace": s.namespace, "labels": labels},
         "spec": {
             "clusterIP": "None",
-            "selector": {"app": store_name(s)},
-            "ports": [{"name": "redis", "port": STORE_PORT, "targetPort": "redis"}],
+            "publishNotReadyAddresses": True,
+            "selector": {"app": name},
+            "ports": [{"name": port_name, "port": port, "targetPort": port_name}],
         },
     }
+
+
+def store_service(s: K8sSettings) -> dict[str, Any]:
+    """The StatefulSet's pods by stable names, ``<name>-store-<n>.<name>-store``."""
+    return headless_service(s, store_name(s), _labels(s), "redis", STORE_PORT)
 
 
 def memory_bytes(quantity: str) -> int:
