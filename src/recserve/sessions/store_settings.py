@@ -29,7 +29,7 @@ class StoreSettings:
     username: str | None = None  # an ACL user; None: the server's default user
     password: str | None = field(default=None, repr=False)
     password_file: str | None = None
-    prefix: str = "recserve:"  # every key is this prefix plus "s:" plus the session ID
+    prefix: str = "recserve:"  # every key is this prefix plus "h:" plus the session ID (store_contract)
     window: int = 200  # most recent items kept per session (the model reads at most its own window)
     ttl_s: int = 7 * 24 * 3600  # a session expires this long after its last event; 0: never
     timeout_s: float = 0.25  # per store call: a slow or unreachable store is an error, never a hang
