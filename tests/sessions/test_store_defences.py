@@ -290,3 +290,18 @@ def test_bad_input_to_the_store_and_events_commands_gets_one_line_and_no_traceba
         assert "Traceback" not in result.output and not isinstance(result.exception, (ValueError, OSError)), args
     assert runner.invoke(app, ["events", "show", "s", *store]).output.startswith("no events")
     assert json.loads((store_dir / "store.json").read_text())["prefix"] == "recserve:"
+
+
+def test_a_password_file_caught_mid_rotation_is_a_store_error_not_a_crash(store_dir):
+    """A reconnection that finds the password file empty (a rotation writing it) fails that call with the
+    typed store error, and the next call after the file is whole goes on."""
+    settings = embedded_store.settings_of(store_dir)
+    password = settings.secret()
+    with SessionStore(settings) as store:
+        store.append([Event("s", 1)])
+        (store_dir / "password").write_text("")
+        _client(embedded_store.admin_settings(store_dir)).execute_command("CLIENT", "KILL", "USER", "recserve")
+        with pytest.raises(StoreError, match="empty"):
+            store.recent(["s"])
+        (store_dir / "password").write_text(password + "\n")
+        assert store.recent(["s"]) == [["1"]]

@@ -25,7 +25,7 @@ from redis.credentials import CredentialProvider
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from recserve.errors import RequestError, StoreError
+from recserve.errors import ConfigError, RequestError, StoreError
 from recserve.sessions import store_contract
 from recserve.sessions.store_settings import StoreSettings
 
@@ -123,6 +123,8 @@ class SessionStore:
     def _call(self, what: str, fn):
         try:
             return fn()
+        except ConfigError as err:  # the password file, read at a new connection, cannot be used right now
+            raise StoreError(f"the session store at {self.settings.url}: {err}") from err
         except redis.AuthenticationError as err:
             raise StoreError(f"the session store at {self.settings.url} refused recserve's credentials") from err
         except redis.TimeoutError as err:
