@@ -283,7 +283,8 @@ def test_the_store_with_sentinels_fails_over_as_its_manifests_run_it(tiny_export
     import hashlib
     import signal
 
-    from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY, sentinel_addresses
+    from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY
+    from recserve.deploy.k8s.store_objects import sentinel_addresses
 
     settings = K8sSettings(_env_file=None, store="sentinel", store_replicas=2)
     record = _cluster_record(

@@ -20,20 +20,22 @@ from recserve.deploy.k8s.store_objects import (
     ACL_DIR,
     ACL_SCRIPT,
     SECRET_DIR,
+    SENTINEL_PORT,
+    SENTINEL_SERVICE,
     STORE_PORT,
     _labels,
     _restricted,
     headless_service,
+    sentinel_name,
     store_name,
     store_network_policy,
     store_service,
     store_statefulset,
 )
 
-SENTINEL_PORT = 26379
 SENTINELS = 3
 QUORUM = 2
-SERVICE = "recserve"  # the primary's name to the Sentinels
+SERVICE = SENTINEL_SERVICE
 OPERATOR_KEY = "operator"  # the Secret's key of the operator's password
 # what the Sentinels need of the operator's user on the nodes (Valkey's Sentinel documentation), and replication
 OPERATOR_ACL = (
@@ -88,15 +90,6 @@ SENTINEL_SCRIPT = (
     "user peer on #$ophash ~* &* +@all\n"
     "EOF\n"
 )
-
-
-def sentinel_name(s: K8sSettings) -> str:
-    return f"{store_name(s)}-sentinel"
-
-
-def sentinel_addresses(s: K8sSettings) -> list[str]:
-    """What a store record names as its Sentinels: their headless Service."""
-    return [f"{sentinel_name(s)}:{SENTINEL_PORT}"]
 
 
 def _fqdn(s: K8sSettings, service: str, pod: str) -> str:
@@ -206,16 +199,6 @@ def sentinel_network_policy(s: K8sSettings) -> dict[str, Any]:
     ingress["from"].append({"podSelector": pods})
     ingress["ports"].append({"protocol": "TCP", "port": SENTINEL_PORT})
     return policy
-
-
-def store_record_problems(s: K8sSettings, record: dict) -> list[str]:
-    """What a record must say to reach the replicated store: its Sentinels and service."""
-    problems = []
-    if list(record.get("sentinels") or []) != sentinel_addresses(s):
-        problems.append(f"its sentinels are {record.get('sentinels')!r}, not {sentinel_addresses(s)!r}")
-    if record.get("service", SERVICE) != SERVICE:
-        problems.append(f"its service is {record.get('service')!r}, not {SERVICE!r}")
-    return problems
 
 
 def store_objects(s: K8sSettings, record: dict) -> dict[str, dict[str, Any]]:

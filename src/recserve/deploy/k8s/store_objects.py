@@ -6,6 +6,7 @@ store's ACL file holds only its SHA-256."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import urllib.parse
@@ -16,6 +17,8 @@ from recserve.errors import ServingError
 from recserve.sessions import store_contract
 
 STORE_PORT = 6379
+SENTINEL_PORT = 26379
+SENTINEL_SERVICE = "recserve"  # the primary's name to the Sentinels
 SECRET_KEY = "password"  # the Secret's key that holds the password
 SECRET_DIR, ACL_DIR, DATA_DIR = "/secret", "/acl", "/data"
 VALKEY_UID = 999  # the valkey image's user
@@ -37,6 +40,16 @@ def store_name(s: K8sSettings) -> str:
     return f"{s.name}-store"
 
 
+def sentinel_name(s: K8sSettings) -> str:
+    """The Sentinels' StatefulSet and headless Service (``store: sentinel``)."""
+    return f"{store_name(s)}-sentinel"
+
+
+def sentinel_addresses(s: K8sSettings) -> list[str]:
+    """What a store record names as its Sentinels: their headless Service."""
+    return [f"{sentinel_name(s)}:{SENTINEL_PORT}"]
+
+
 def store_url(s: K8sSettings) -> str:
     """The address the Triton pods reach the StatefulSet's store at (its Service, in the same namespace)."""
     return f"redis://{store_name(s)}:{STORE_PORT}/0"
@@ -56,11 +69,12 @@ def check_store_record(s: K8sSettings, record: dict) -> None:
         '"prefix": "recserve:"}'
     )
     problems = []
-    if s.store == "sentinel":
-        from recserve.deploy.k8s.sentinel_objects import store_record_problems
-
-        problems += store_record_problems(s, record)
-        example = example[:-1] + f', "sentinels": ["{store_name(s)}-sentinel:26379"], "acknowledge": "replica"}}'
+    if s.store == "sentinel":  # the replicated store: the record names its Sentinels
+        if list(record.get("sentinels") or []) != sentinel_addresses(s):
+            problems.append(f"its sentinels are {record.get('sentinels')!r}, not {sentinel_addresses(s)!r}")
+        if record.get("service", SENTINEL_SERVICE) != SENTINEL_SERVICE:
+            problems.append(f"its service is {record.get('service')!r}, not {SENTINEL_SERVICE!r}")
+        example = example[:-1] + f', "sentinels": {json.dumps(sentinel_addresses(s))}, "acknowledge": "replica"}}'
     if s.store in ("statefulset", "sentinel") and record.get("url") != store_url(s):
         problems.append(f"its url is {record.get('url')!r}, not the StatefulSet's {store_url(s)!r}")
     elif host in LOOPBACK:
