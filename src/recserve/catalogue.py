@@ -7,6 +7,7 @@ read inside the Triton stub).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,11 @@ def read_catalogue(folder: Path) -> np.ndarray:
         raise ConfigError(f"{folder}: no item catalogue ({ITEM_TABLE_FILE}); is it a run or an export?") from err
     except (OSError, ValueError) as err:
         raise ConfigError(f"{path}: not a catalogue recserve can read ({err})") from err
+
+
+def copy_catalogue(source: Path, target: Path) -> None:
+    """The catalogue of ``source`` into the folder ``target`` (a repository's model, say), as it is."""
+    shutil.copyfile(Path(source) / ITEM_TABLE_FILE, Path(target) / ITEM_TABLE_FILE)
 
 
 def has_catalogue(folder: Path) -> bool:

@@ -80,13 +80,10 @@ def repository_from_run(
 
 def _native_backend(run_dir: Path, device: str) -> str:
     """onnx on CPUs where the IDs allow it (the faster of the two there, docs/benchmarks.md), else torchscript."""
-    import numpy as np
-
-    from recserve.constants import ITEM_TABLE_FILE
+    from recserve.catalogue import has_catalogue, read_catalogue
     from recserve.data.vocab import use_lookup_table
 
-    table = Path(run_dir) / ITEM_TABLE_FILE
-    dense = table.is_file() and use_lookup_table(np.load(table, allow_pickle=False))
+    dense = has_catalogue(run_dir) and use_lookup_table(read_catalogue(run_dir))
     return "onnx" if device == "cpu" and dense else "torchscript"
 
 
@@ -122,17 +119,14 @@ def package_from_run(
     """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
     (``RUNTIME_EXPORTS``); a triton package's export is made for ``device`` (cpu or gpu: a GPU package is
     traced on this machine's GPU); string IDs for the triton runtime are refused before anything is exported."""
-    import numpy as np
-
-    from recserve.constants import ITEM_TABLE_FILE
+    from recserve.catalogue import has_catalogue, id_type_of, read_catalogue
     from recserve.errors import ServingError
     from recserve.export.exporter import export_run
     from recserve.serving.sagemaker.package import NO_NATIVE_FOR_TRITON, RUNTIME_EXPORTS, check_runtime, package
 
     check_runtime(runtime, out)
     backend, precision = RUNTIME_EXPORTS[runtime]
-    table = Path(run_dir) / ITEM_TABLE_FILE
-    if runtime == "triton" and table.is_file() and np.load(table, allow_pickle=False).dtype.kind not in "iu":
+    if runtime == "triton" and has_catalogue(run_dir) and id_type_of(read_catalogue(run_dir)) == "string":
         raise ServingError(NO_NATIVE_FOR_TRITON.format(reason="string IDs"))
     # the pytorch runtime's handler chooses the endpoint's device itself: its eager export is made anywhere
     export_device = torch_device(device) if runtime == "triton" else "cpu"

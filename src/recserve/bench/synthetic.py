@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
+from recserve.catalogue import write_catalogue
+from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.model_configs import Bert4RecConfig, SASRecConfig
 from recserve.models.run_loader import MODELS
@@ -45,7 +46,7 @@ def make_random_run(
     cfg = config_class(num_items=num_items, window=window, hidden=hidden, layers=layers, heads=heads, **options)
     cfg.save(out / MODEL_CONFIG_FILE)
     torch.save(model_class(cfg).state_dict(), out / WEIGHTS_FILE)
-    np.save(out / ITEM_TABLE_FILE, np.arange(1, num_items + 1, dtype=np.int64))
+    write_catalogue(out, np.arange(1, num_items + 1, dtype=np.int64))
     counts = (1e6 / np.arange(1, num_items + 1)).astype(np.int64)
     np.save(out / POPULARITY_FILE, np.concatenate([[0], counts, [0]]))
     (out / METRICS_FILE).write_text(json.dumps({"model": model, "random_weights": True}) + "\n")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from recserve.catalogue import id_type_of
 from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
 from recserve.data.io import Columns, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame
@@ -107,7 +108,7 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
         "items": vocab.num_items,
         "interactions": frame.height,
         "raw_interactions": raw_rows,
-        "item_id_type": "string" if vocab.is_string else "int64",
+        "item_id_type": id_type_of(vocab.ids),  # decided here, once; every later stage reads it
         "user_id_type": "string" if users["user_id"].dtype == pl.String else "int64",
         "split": "leave-one-out: train = items[:-2], valid = items[-2], test = items[-1]",
         "options": {k: v for k, v in asdict(options).items() if k != "columns"} | {"columns": asdict(options.columns)},

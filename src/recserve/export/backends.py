@@ -8,7 +8,8 @@ from typing import cast
 
 import numpy as np
 
-from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
+from recserve.catalogue import read_catalogue
+from recserve.constants import POPULARITY_FILE
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Backend, Runner
 from recserve.export.manifest import ExportManifest
@@ -42,7 +43,7 @@ def backend_module(backend: str) -> Backend:
 
 
 def spec_of(export_dir: Path, manifest: ExportManifest) -> GraphSpec:
-    ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
+    ids = read_catalogue(export_dir)
     popularity = np.load(Path(export_dir) / POPULARITY_FILE, allow_pickle=False)
     return GraphSpec(ids, popularity, manifest.window, manifest.model, manifest.id_mapping)
 

@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+from recserve.catalogue import id_type_of
 from recserve.constants import (
     DEFAULT_MAX_K,
     ITEM_TABLE_FILE,
@@ -73,7 +74,7 @@ def export_run(
         max_k=max_k,
         window=spec.window,
         num_items=len(spec.vocab_ids),
-        item_id_type="string" if spec.vocab_ids.dtype.kind in "OUS" else "int64",
+        item_id_type=id_type_of(spec.vocab_ids),
         id_mapping=spec.id_mapping,
         run=str(run_dir),
         portable=module.PORTABLE,

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.constants import ITEM_TABLE_FILE, POPULARITY_FILE
+from recserve.catalogue import has_catalogue, read_catalogue
+from recserve.constants import POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError
 from recserve.export.spec import GraphSpec
@@ -27,10 +28,9 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
     """
     run_dir = Path(run_dir)
     model = model_name(run_dir)  # a folder that is no run at all says so first
-    for name in (ITEM_TABLE_FILE, POPULARITY_FILE):
-        if not (run_dir / name).is_file():
-            raise ExportError(f"{run_dir}: missing {name}; this run predates the catalogue copy, train it again")
-    ids = np.load(run_dir / ITEM_TABLE_FILE, allow_pickle=False)
+    if not has_catalogue(run_dir) or not (run_dir / POPULARITY_FILE).is_file():
+        raise ExportError(f"{run_dir}: missing its catalogue or popularity; this run predates them, train it again")
+    ids = read_catalogue(run_dir)
     window = load_config(run_dir).window
     in_graph = ids.dtype.kind in "iu" and (graph_searches or use_lookup_table(ids))
     mapping = "graph" if in_graph else "predictor"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.constants import DEFAULT_K, ITEM_TABLE_FILE
+from recserve.catalogue import id_type_of, read_catalogue
+from recserve.constants import DEFAULT_K
 from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError
 from recserve.export.backend_protocol import Runner
@@ -89,7 +90,8 @@ class Predictor:
         """
         self.runner = runner
         self.vocab_ids = vocab_ids
-        self.string_ids = vocab_ids.dtype.kind in "OUS"
+        self.id_type = id_type_of(vocab_ids)  # "int64" or "string": the catalogue's, as it was decided
+        self.string_ids = self.id_type == "string"
         self.map_ids = map_ids or self.string_ids
         self.history_limit = window - 1  # the graph appends the mask token
         self.max_k = max_k
@@ -108,7 +110,7 @@ class Predictor:
 
         manifest = ExportManifest.read(export_dir)
         runner = load_runner(Path(export_dir), manifest, device)
-        vocab_ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
+        vocab_ids = read_catalogue(export_dir)
         map_ids = manifest.id_mapping == "predictor"
         return cls(runner, vocab_ids, manifest.window, manifest.max_k, map_ids, manifest)
 

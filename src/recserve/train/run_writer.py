@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.constants import ITEM_TABLE_FILE, ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
+from recserve.catalogue import write_catalogue
+from recserve.constants import ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
 
@@ -128,7 +129,7 @@ def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
 
 def save_catalog(run_dir: Path, data: PreparedData) -> None:
     """Copies what serving needs from the data folder, so that a run folder stands alone."""
-    np.save(run_dir / ITEM_TABLE_FILE, data.vocab.ids, allow_pickle=False)
+    write_catalogue(run_dir, data.vocab.ids)
     np.save(run_dir / POPULARITY_FILE, data.popularity, allow_pickle=False)
     shutil.copyfile(Path(data.info["folder"]) / ITEMS_FILE, run_dir / ITEMS_FILE)
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-
+from recserve.catalogue import TRITON_DTYPES, copy_catalogue
 from recserve.constants import (
     ECHO_MODEL,
     FUSED_MODEL,
@@ -25,7 +24,6 @@ from recserve.constants import (
     INPUT_ITEM_IDS,
     INPUT_K,
     INPUT_SESSION_ID,
-    ITEM_TABLE_FILE,
     NATIVE_MODEL,
     NATIVE_PAD_ID,
     NATIVE_SESSION_MODEL,
@@ -146,9 +144,9 @@ def _write_config(model_dir: Path, config: TritonModelConfig) -> None:
     (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
 
 
-def _id_type(export_dir: Path) -> str:
-    ids = np.load(Path(export_dir) / ITEM_TABLE_FILE, allow_pickle=False)
-    return "BYTES" if ids.dtype.kind in "OUS" else "INT64"
+def _id_type(manifest: ExportManifest) -> str:
+    """The served item_ids' data type: the catalogue's ID type, as the export's manifest records it."""
+    return TRITON_DTYPES[manifest.item_id_type]
 
 
 def write_fused(
@@ -158,7 +156,7 @@ def write_fused(
     model_dir = repo / FUSED_MODEL
     # the version folder appears whole (a polling server must never load a half-written one): built
     # under a hidden name Triton ignores, then renamed
-    config = _batched_config(FUSED_MODEL, _id_type(export_dir), settings, {"export_dir": EXPORT_SUBDIR})
+    config = _batched_config(FUSED_MODEL, _id_type(manifest), settings, {"export_dir": EXPORT_SUBDIR})
     if not (model_dir / "config.pbtxt").exists() or (model_dir / "config.pbtxt").read_text() != to_pbtxt(config):
         _write_config(model_dir, config)
     with replaced_on_success(model_dir / str(version)) as staging:
@@ -188,7 +186,7 @@ def write_session(
     """The ``recommender_session`` model: the export (copied whole) behind a batched python model that reads
     each request's session from the store (``settings.session_store``; its address, user, prefix and
     password file, never the password)."""
-    id_type = _id_type(export_dir)
+    id_type = _id_type(manifest)
     config = _batched_config(
         SESSION_MODEL,
         id_type,
@@ -265,8 +263,8 @@ def write_echo(
     repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int = 1
 ) -> None:
     """The ``echo`` model: the same contract and batching, a fixed answer, no compute."""
-    id_type = _id_type(export_dir)
-    parameters = {"max_k": str(manifest.max_k), "item_id_type": "string" if id_type == "BYTES" else "int64"}
+    id_type = _id_type(manifest)
+    parameters = {"max_k": str(manifest.max_k), "item_id_type": manifest.item_id_type}
     _python_model("echo", repo / ECHO_MODEL / str(version))
     _write_config(repo / ECHO_MODEL, _batched_config(ECHO_MODEL, id_type, settings, parameters))
 
@@ -276,7 +274,7 @@ def write_seed(
 ) -> None:
     """The PoC's layout and names: python pre- and postprocessing around the TorchScript model step on the
     PyTorch backend (``pytorch_libtorch``), at batch size 1."""
-    id_type = _id_type(export_dir)
+    id_type = _id_type(manifest)
     window = manifest.window
     instances = _instances(settings)
     # the history keeps its window - 1 most recent items, then the mask token: at most 40 tokens
@@ -324,7 +322,7 @@ def write_seed(
     for config, source in ((pre, "seed_preprocessing"), (post, "seed_postprocessing")):
         _write_config(repo / config.name, config)
         _python_model(source, repo / config.name / str(version))
-        shutil.copyfile(Path(export_dir) / ITEM_TABLE_FILE, repo / config.name / str(version) / ITEM_TABLE_FILE)
+        copy_catalogue(export_dir, repo / config.name / str(version))
     _write_config(repo / SEED_MODEL, model)
     with replaced_on_success(repo / SEED_MODEL / str(version)) as staging:
         shutil.copyfile(Path(export_dir) / str(manifest.seed_model), staging / "model.pt")

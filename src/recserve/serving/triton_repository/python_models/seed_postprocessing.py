@@ -5,14 +5,15 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import ITEM_TABLE_FILE, SEED_INDICES, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES, SEED_TOP_SCORES
+from recserve.catalogue import read_catalogue
+from recserve.constants import SEED_INDICES, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES, SEED_TOP_SCORES
 from recserve.data.vocab import Vocab, as_bytes_ids
 
 
 class TritonPythonModel:
     def initialize(self, args):
         folder = Path(args["model_repository"]) / args["model_version"]
-        self.vocab = Vocab(np.load(folder / ITEM_TABLE_FILE, allow_pickle=False))
+        self.vocab = Vocab(read_catalogue(folder))
 
     def execute(self, requests):
         responses = []

@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.constants import ITEM_TABLE_FILE, SEED_INPUT, SEED_TOKENS
+from recserve.catalogue import read_catalogue
+from recserve.constants import SEED_INPUT, SEED_TOKENS
 from recserve.data.vocab import Vocab
 
 
 class TritonPythonModel:
     def initialize(self, args):
         folder = Path(args["model_repository"]) / args["model_version"]
-        self.vocab = Vocab(np.load(folder / ITEM_TABLE_FILE, allow_pickle=False))
+        self.vocab = Vocab(read_catalogue(folder))
         self.history_limit = int(json.loads(args["model_config"])["parameters"]["window"]["string_value"]) - 1
 
     def execute(self, requests):

@@ -44,7 +44,7 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"] / parameters["export_dir"]["string_value"]
         self.predictor = Predictor.load(folder, instance_device(args))
         settings = StoreSettings.from_record(json.loads(parameters["session_store"]["string_value"]))
-        self.store = SessionStore(settings, "string" if self.predictor.string_ids else "int64")
+        self.store = SessionStore(settings, self.predictor.id_type)
         self.window = min(settings.window, self.predictor.history_limit)
 
     def finalize(self):
