@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from recserve.catalogue import write_catalogue
 from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.model_configs import Bert4RecConfig, SASRecConfig
-from recserve.models.run_loader import MODELS
+from recserve.models.registry import model_entry
 
 ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
 
@@ -39,10 +40,11 @@ def make_random_run(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    if model not in ("bert4rec", "sasrec"):
+    entry = model_entry(model)
+    if not entry.sequential:
         raise ValueError(f"model={model!r}: a random run is of bert4rec or sasrec")
-    config_class: type[Bert4RecConfig] | type[SASRecConfig] = Bert4RecConfig if model == "bert4rec" else SASRecConfig
-    model_class = MODELS[model][1]
+    model_class = entry.module_class()
+    config_class = cast(type[Bert4RecConfig] | type[SASRecConfig], entry.config)  # a sequential model's
     cfg = config_class(num_items=num_items, window=window, hidden=hidden, layers=layers, heads=heads, **options)
     cfg.save(out / MODEL_CONFIG_FILE)
     torch.save(model_class(cfg).state_dict(), out / WEIGHTS_FILE)

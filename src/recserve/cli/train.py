@@ -9,7 +9,7 @@ import typer
 
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import Settings, takes
-from recserve.models.model_configs import MODEL_CONFIGS
+from recserve.models.registry import MODELS
 from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 
 
@@ -21,10 +21,10 @@ def _per_model(name: str) -> str:
 
 MODEL_OPTIONS = Settings(
     "model_options",
-    tuple(MODEL_CONFIGS.values()),
+    tuple(entry.config for entry in MODELS.values()),
     build=False,
     unset=True,
-    titles={cls: cls.TITLE for cls in MODEL_CONFIGS.values()},
+    titles={entry.config: entry.config.TITLE for entry in MODELS.values()},
 )
 TRAIN_OPTIONS = Settings(
     "training", (TrainConfig,), build=False, unset=frozenset(set().union(*MODEL_DEFAULTS.values())), shown=_per_model

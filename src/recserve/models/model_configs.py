@@ -151,9 +151,3 @@ class MultVAEConfig(ModelConfig):
         if self.window < 2:
             problems.append(f"window={self.window}: must be at least 2")
         refuse(problems, self.TITLE)
-
-
-# Each model's config class by the model's name (its ``MODEL``): what a run's model_config.json names.
-MODEL_CONFIGS: dict[str, type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig]] = {
-    cfg.MODEL: cfg for cfg in (Bert4RecConfig, SASRecConfig, MultVAEConfig)
-}

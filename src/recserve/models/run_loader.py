@@ -10,14 +10,10 @@ import torch
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec
-from recserve.models.model_configs import MODEL_CONFIGS, Bert4RecConfig, MultVAEConfig, SASRecConfig
+from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
+from recserve.models.registry import MODELS, model_entry
 from recserve.models.sasrec import SASRec
-
-_MODEL_CLASSES: dict[str, type] = {"bert4rec": Bert4Rec, "sasrec": SASRec, "multvae": MultVAE}
-MODELS: dict[str, tuple[type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig], type]] = {
-    name: (MODEL_CONFIGS[name], model) for name, model in _MODEL_CLASSES.items()
-}
 
 
 def model_name(run_dir: Path) -> str:
@@ -32,7 +28,7 @@ def model_name(run_dir: Path) -> str:
 
 
 def load_config(run_dir: Path) -> Bert4RecConfig | SASRecConfig | MultVAEConfig:
-    return MODELS[model_name(run_dir)][0].load(Path(run_dir) / MODEL_CONFIG_FILE)
+    return model_entry(model_name(run_dir)).config.load(Path(run_dir) / MODEL_CONFIG_FILE)
 
 
 def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
@@ -41,6 +37,6 @@ def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
     cfg = load_config(run_dir)
     if not (run_dir / WEIGHTS_FILE).is_file():
         raise DataError(f"{run_dir}: not a training run, missing {WEIGHTS_FILE}; run `recserve train` first")
-    model = MODELS[model_name(run_dir)][1](cfg)
+    model = model_entry(model_name(run_dir)).module_class()(cfg)
     model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
     return model.eval()

@@ -8,7 +8,7 @@ so that importing recserve needs no Lightning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -16,10 +16,10 @@ import torch
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
-from recserve.models.bert4rec import Bert4Rec
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
-from recserve.models.sasrec import SASRec, dropout_for
+from recserve.models.registry import model_entry
+from recserve.models.sasrec import dropout_for
 from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
 from recserve.train.leave_one_out import Ranker, history_counts
@@ -28,9 +28,6 @@ from recserve.train.metrics import ranking_metrics
 from recserve.train.objectives import cloze_loss, next_item_loss
 from recserve.train.schedule import cosine_with_warmup
 from recserve.train.train_config import TrainConfig
-
-MODELS = ("bert4rec", "sasrec", "multvae")
-SEQUENCE_MODELS = {"bert4rec": (Bert4RecConfig, Bert4Rec), "sasrec": (SASRecConfig, SASRec)}
 
 
 @dataclass(frozen=True)
@@ -42,36 +39,35 @@ class Task:
 
 
 def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, refit: bool = False) -> Task:
-    """The task of ``model`` (one of ``MODELS``) on a prepared data folder.
+    """The task of ``model`` (an entry of the model registry) on a prepared data folder.
 
     Args:
         cfg: the trainer's ``TrainConfig``.
         refit: BERT4Rec and SASRec (``train`` refuses it for Mult-VAE before it starts): train on every item
             but the test one (the validation item included).
     """
-    if model in SEQUENCE_MODELS:
+    entry = model_entry(model)
+    if entry.sequential:
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:
             raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
-        if model == "sasrec" and "dropout" not in overrides:
+        if entry.dropout_from_data and "dropout" not in overrides:
             overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
-        model_cfg = SEQUENCE_MODELS[model][0](num_items=data.vocab.num_items, **overrides)
-        model_cfg.validate()
-        protocol: dict[str, Any] = {"name": "leave-one-out", "ranking": "full, seen items excluded"}
-        return Task(model_cfg, SequenceModule(model, model_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
-    if model == "multvae":
-        model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)
-        model_cfg.validate()
-        split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
-        protocol = {
-            "name": "held-out users",
-            "heldout_share": cfg.heldout_share,
-            "fed_share": FED_SHARE,
-            "seed": cfg.seed,
-            "ranking": "full, fed items excluded",
-        }
-        return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
-    raise DataError(f"model {model!r}: expected one of {', '.join(MODELS)}")
+        sequence_cfg = cast(Bert4RecConfig | SASRecConfig, entry.config(num_items=data.vocab.num_items, **overrides))
+        sequence_cfg.validate()
+        protocol: dict[str, Any] = {"name": entry.protocol, "ranking": "full, seen items excluded"}
+        return Task(sequence_cfg, SequenceModule(model, sequence_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
+    model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)  # the bag of items
+    model_cfg.validate()
+    split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
+    protocol = {
+        "name": entry.protocol,
+        "heldout_share": cfg.heldout_share,
+        "fed_share": FED_SHARE,
+        "seed": cfg.seed,
+        "ranking": "full, fed items excluded",
+    }
+    return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
 
 
 def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
@@ -143,10 +139,11 @@ class SequenceModule(_DeviceBatchesModule):
         cfg: TrainConfig,
     ):
         super().__init__()
-        self.model = SEQUENCE_MODELS[name][1](model_cfg)
+        entry = model_entry(name)
+        self.model = entry.module_class()(model_cfg)
         self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
         self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
-        objective = cloze_loss if name == "bert4rec" else next_item_loss
+        objective = cloze_loss if entry.task == "cloze" else next_item_loss
         self.step_loss = torch.compile(objective) if cfg.compile else objective
 
     def setup(self, stage: str) -> None:

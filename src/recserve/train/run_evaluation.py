@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from recserve.models.registry import HELD_OUT_USERS as HELD_OUT_USERS_PROTOCOL
+from recserve.models.registry import model_entry
 from recserve.models.run_loader import model_name
 
 
@@ -35,7 +37,7 @@ HELD_OUT_USERS = EvaluationSplit(
 
 def split_of(run_dir: Path) -> EvaluationSplit:
     """The test split of the run's model."""
-    return HELD_OUT_USERS if model_name(run_dir) == "multvae" else LEAVE_ONE_OUT
+    return HELD_OUT_USERS if model_entry(model_name(run_dir)).protocol == HELD_OUT_USERS_PROTOCOL else LEAVE_ONE_OUT
 
 
 def evaluate_test(run_dir: Path, data_dir: Path, seed: int = 0, device: str = "cpu") -> dict:

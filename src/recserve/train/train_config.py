@@ -8,16 +8,12 @@ from typing import Any
 
 from recserve.devices import torch_device
 from recserve.errors import ConfigError
-from recserve.models.model_configs import MODEL_CONFIGS
+from recserve.models.registry import MODELS, model_entry
 from recserve.option_fields import option
 
-# The training settings where a model's usual values differ from TrainConfig's own (which are BERT4Rec's);
-# `recserve train` starts from these, an option given on the command line wins.
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert4rec": {},
-    "sasrec": dict(epochs=100, samples_per_user=2, ema_epochs=1.0),  # the average: docs/quality.md
-    "multvae": dict(batch_size=100, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
-}
+# The training settings where a model's usual values differ from TrainConfig's own (which are BERT4Rec's),
+# as the model registry holds them; `recserve train` starts from these, an option given on the command line wins.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {name: entry.defaults for name, entry in MODELS.items()}
 
 LOSSES = ("auto", "full", "sampled-uniform", "sampled-popularity")
 FULL_SOFTMAX_MAX_ITEMS = 50_000  # auto: the exact softmax up to this catalogue size (docs/benchmarks.md)
@@ -177,7 +173,7 @@ def _cuda_count() -> int:
 def model_settings(model: str, given: dict[str, Any]) -> dict[str, Any]:
     """The options given (None: not given) that ``model``'s config has, to override its defaults; an option
     the model has no field for is a ``ConfigError`` naming both."""
-    known = {f.name for f in fields(MODEL_CONFIGS[model])} - {"num_items"}
+    known = {f.name for f in fields(model_entry(model).config)} - {"num_items"}
     chosen = {name: value for name, value in given.items() if value is not None}
     foreign = sorted(set(chosen) - known)
     if foreign:

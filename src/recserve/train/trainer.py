@@ -12,6 +12,7 @@ import torch
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
+from recserve.models.registry import model_entry
 from recserve.train.curves import plot_curves
 from recserve.train.run_writer import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
 from recserve.train.train_config import TrainConfig
@@ -47,7 +48,7 @@ def train(
 
     cfg = cfg or TrainConfig()
     cfg.validate()
-    if cfg.refit and model == "multvae":
+    if cfg.refit and not model_entry(model).sequential:
         raise ConfigError(
             "refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation"
         )
@@ -96,7 +97,7 @@ def train(
         "train": asdict(cfg)
         | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
     }
-    if model != "multvae":
+    if model_entry(model).sequential:
         summary["loss"] = task.module.loss_settings.describe()  # type: ignore[operator, union-attr]
     if cfg.refit:
         epochs = (best_epoch or 0) + 1
@@ -116,7 +117,7 @@ def _averaging(cfg: TrainConfig, model: str, steps_per_epoch: int) -> list:
     average's horizon ``ema_epochs`` epochs, whatever the batch size and the data's size."""
     if not cfg.ema_epochs:
         return []
-    if model == "multvae":
+    if not model_entry(model).sequential:
         raise ConfigError("--ema-epochs: not a setting of multvae (BERT4Rec and SASRec average their weights)")
     from lightning.pytorch.callbacks import EMAWeightAveraging
 

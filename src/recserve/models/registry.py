@@ -1,0 +1,74 @@
+"""Every model recserve trains and serves, one entry each: its config, its module (imported when asked, so
+that reading the registry needs no torch), its training task, the training settings where its usual values
+differ from ``TrainConfig``'s, and its evaluation protocol. A model's name is looked up here and nowhere
+else compared.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from recserve.errors import DataError
+from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
+
+LEAVE_ONE_OUT = "leave-one-out"  # each user's last item the test, the one before it validation
+HELD_OUT_USERS = "held-out users"  # users kept out of training, part of each one's items fed (Mult-VAE's)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str  # what a run's model_config.json names, and --model takes
+    config: type[Bert4RecConfig] | type[SASRecConfig] | type[MultVAEConfig]
+    module_path: str  # "package.module:Class", imported by ``module_class``
+    task: str  # "cloze" (masked items), "next-item" (each position's next), "reconstruction" (a user's bag)
+    protocol: str  # LEAVE_ONE_OUT or HELD_OUT_USERS
+    # the training settings where the model's usual values differ from TrainConfig's (which are BERT4Rec's)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    dropout_from_data: bool = False  # its dropout, when not given, is chosen from the data's lengths
+
+    @property
+    def sequential(self) -> bool:
+        """Whether it reads a history in order (BERT4Rec, SASRec) rather than a bag of items (Mult-VAE)."""
+        return self.task != "reconstruction"
+
+    def module_class(self) -> type:
+        module, _, name = self.module_path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+MODELS: dict[str, ModelEntry] = {
+    entry.name: entry
+    for entry in (
+        ModelEntry("bert4rec", Bert4RecConfig, "recserve.models.bert4rec:Bert4Rec", "cloze", LEAVE_ONE_OUT),
+        ModelEntry(
+            "sasrec",
+            SASRecConfig,
+            "recserve.models.sasrec:SASRec",
+            "next-item",
+            LEAVE_ONE_OUT,
+            dict(epochs=100, samples_per_user=2, ema_epochs=1.0),  # the average: docs/quality.md
+            dropout_from_data=True,
+        ),
+        ModelEntry(
+            "multvae",
+            MultVAEConfig,
+            "recserve.models.multvae:MultVAE",
+            "reconstruction",
+            HELD_OUT_USERS,
+            dict(batch_size=100, weight_decay=0.0, epochs=200, patience=20, samples_per_user=1),
+        ),
+    )
+}
+
+
+def model_entry(name: str) -> ModelEntry:
+    """The registry's entry of ``name``.
+
+    Raises:
+        DataError: no model of that name (the message lists the known ones).
+    """
+    if name not in MODELS:
+        raise DataError(f"model {name!r}: expected one of {', '.join(MODELS)}")
+    return MODELS[name]
