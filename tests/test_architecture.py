@@ -1,0 +1,75 @@
+"""docs/architecture.md's layers are the imports the code has: every module of src/recserve belongs to one
+layer of its table, and imports (at its top or inside a function) only the layers that its row allows, those
+layers' own, the names layer and its own."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+
+
+def _layers() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """From the table of docs/architecture.md: package -> layer, and layer -> the layers it names as imported."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Layers", 1)[1].split("\n\n", 2)[1]
+    packages: dict[str, str] = {}
+    imports: dict[str, set[str]] = {}
+    rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("|")]
+    for layer, package_cell, imports_cell in (tuple(cell.strip() for cell in row) for row in rows):
+        for package in re.findall(r"`(recserve[\w.]*)`", package_cell):
+            packages[package] = layer
+        named = re.sub(r"\([^)]*\)", "", imports_cell)  # "export (reading only)" names export
+        imports[layer] = {word.strip() for word in named.split(",") if word.strip() and word.strip() != "nothing"}
+    return packages, imports
+
+
+def _layer_of(module: str, packages: dict[str, str]) -> str | None:
+    matches = [p for p in packages if module == p or module.startswith(p + ".")]
+    return packages[max(matches, key=len)] if matches else None
+
+
+def _allowed(layer: str, imports: dict[str, set[str]]) -> set[str] | None:
+    """The layers ``layer`` may import: those its row names and theirs in turn, the names layer, its own."""
+    seen, todo = {layer, "names"}, list(imports.get(layer, ()))
+    while todo:
+        named = todo.pop()
+        if named == "all":
+            return None
+        if named not in seen:
+            seen.add(named)
+            todo.extend(imports.get(named, ()))
+    return seen
+
+
+def _imported(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recserve"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("recserve"))
+    return found
+
+
+def test_every_module_belongs_to_a_layer_of_the_map_and_imports_only_what_its_layer_may():
+    packages, imports = _layers()
+    unmapped, crossing = [], []
+    for path in sorted((SRC / "recserve").rglob("*.py")):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        if module == "recserve":
+            continue
+        layer = _layer_of(module, packages)
+        if layer is None:
+            unmapped.append(module)
+            continue
+        allowed = _allowed(layer, imports)
+        if allowed is None:
+            continue
+        for target in _imported(path):
+            target_layer = _layer_of(target, packages)
+            if target_layer is not None and target_layer not in allowed and target_layer != layer:
+                crossing.append(f"{module} ({layer}) imports {target} ({target_layer})")
+    assert not unmapped, f"modules in no layer of docs/architecture.md: {unmapped}"
+    assert not crossing, "imports that the layers of docs/architecture.md do not allow:\n" + "\n".join(crossing)
