@@ -30,6 +30,23 @@ def test_the_run_records_its_settings_and_data(two_epoch_run):
     assert trained_epochs(two_epoch_run) == 2
 
 
+def test_the_run_names_its_data_folder_and_the_later_stages_find_it_there(two_epoch_run, string_data_dir, tmp_path):
+    """run.json names the data folder (what the exporter's quality check and `recserve bench` read); the
+    same data moved elsewhere is still the same run."""
+    import shutil
+
+    from recserve.run_record import data_folder_of
+
+    assert not (two_epoch_run / "metrics.json").exists()  # train() writes none: the record alone says it
+    assert data_folder_of(two_epoch_run) == string_data_dir.resolve()
+    moved = tmp_path / "moved"
+    shutil.copytree(string_data_dir, moved)
+    run = tmp_path / "run"
+    shutil.copytree(two_epoch_run, run)
+    train(moved, run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))  # the same run, resumed
+    assert data_folder_of(run) == moved.resolve()
+
+
 def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, string_data_dir):
     before = (two_epoch_run / WEIGHTS_FILE).read_bytes()
     with pytest.raises(ConfigError, match=r"model_config.hidden: 16 in the run, 32 now.*--overwrite"):

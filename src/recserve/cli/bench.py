@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from recserve.cli.console import console, handle_errors
-from recserve.constants import METRICS_FILE
 from recserve.errors import ServingError
 
 
@@ -23,13 +21,14 @@ def _numbers(text: str | None, name: str) -> list[float]:
 
 
 def _data_of(repo: Path | None) -> Path | None:
-    """The data folder behind a repository (repository -> run -> metrics.json)."""
+    """The data folder behind a repository (repository -> run -> its run.json)."""
     from recserve.serving.triton_repository.repository_settings import read_repository_info
 
     if repo is None or not repo.is_dir() or "run" not in (info := read_repository_info(repo)):
         return None
-    metrics = Path(info["run"]) / METRICS_FILE
-    return Path(json.loads(metrics.read_text())["data"]) if metrics.exists() else None
+    from recserve.run_record import data_folder_of
+
+    return data_folder_of(Path(info["run"]))
 
 
 @handle_errors

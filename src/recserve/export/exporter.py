@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import time
@@ -14,7 +13,6 @@ from recserve.constants import (
     DEFAULT_MAX_K,
     ITEM_TABLE_FILE,
     ITEMS_FILE,
-    METRICS_FILE,
     MODEL_CONFIG_FILE,
     POPULARITY_FILE,
 )
@@ -26,6 +24,7 @@ from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.export.validate import check_parity, served_ndcg10
 from recserve.files import replaced_on_success
+from recserve.run_record import data_folder_of
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +110,4 @@ def _quality_change(reference, runner, spec, run_dir: Path, data_dir: Path | Non
 
 
 def _data_dir_of(run_dir: Path) -> Path | None:
-    path = run_dir / METRICS_FILE
-    if path.exists():
-        folder = json.loads(path.read_text()).get("data")
-        if folder and Path(folder).is_dir():
-            return Path(folder)
-    return None
+    return data_folder_of(run_dir)

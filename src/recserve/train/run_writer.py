@@ -18,6 +18,7 @@ from recserve.catalogue import write_catalogue
 from recserve.constants import ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
+from recserve.run_record import DATA_FOLDER, read_run_record, write_run_record
 
 # Training settings a rerun may change: it continues the same run.
 RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")
@@ -45,12 +46,15 @@ def trained_on(run_dir: Path, data: PreparedData, data_dir: Path) -> dict | None
     Raises:
         DataError: the data folder is not the run's.
     """
-    path = Path(run_dir) / RUN_FILE
-    if not path.is_file():
+    record = read_run_record(run_dir)
+    if record is None:
         return None
-    record = json.loads(path.read_text())
     recorded, found = record.get("data", {}), data_fingerprint(data)
-    differ = [f"{k} {recorded[k]} there, {found.get(k)} here" for k in recorded if recorded[k] != found.get(k)]
+    differ = [
+        f"{k} {recorded[k]} there, {found.get(k)} here"
+        for k in recorded
+        if k != DATA_FOLDER and recorded[k] != found.get(k)
+    ]
     if differ:
         raise DataError(
             f"{data_dir}: not the data the run {run_dir} was trained on ({'; '.join(differ)}); "
@@ -59,10 +63,12 @@ def trained_on(run_dir: Path, data: PreparedData, data_dir: Path) -> dict | None
     return record
 
 
-def run_identity(model: str, model_cfg, cfg, data: PreparedData) -> dict:
-    """What ``run.json`` records: a later run on the folder must agree on all of it but ``RESUMABLE``."""
+def run_identity(model: str, model_cfg, cfg, data: PreparedData, data_dir: Path | None = None) -> dict:
+    """What ``run.json`` records: a later run on the folder must agree on all of it but ``RESUMABLE`` and
+    the data's folder (the same data moved is the same run)."""
     train = {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE}
-    return {"model": model, "model_config": asdict(model_cfg), "train": train, "data": data_fingerprint(data)}
+    data_record = data_fingerprint(data) | ({DATA_FOLDER: str(Path(data_dir).resolve())} if data_dir else {})
+    return {"model": model, "model_config": asdict(model_cfg), "train": train, "data": data_record}
 
 
 def prepare_run_folder(out_dir: Path, identity: dict, epochs: int, resume: bool, overwrite: bool) -> None:
@@ -84,7 +90,7 @@ def prepare_run_folder(out_dir: Path, identity: dict, epochs: int, resume: bool,
         else:
             _check_same_run(out_dir, identity, epochs, resume)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RUN_FILE).write_text(json.dumps(identity, indent=2, sort_keys=True) + "\n")
+    write_run_record(out_dir, identity)
 
 
 def _check_same_run(out_dir: Path, identity: dict, epochs: int, resume: bool) -> None:
@@ -94,7 +100,10 @@ def _check_same_run(out_dir: Path, identity: dict, epochs: int, resume: bool) ->
             f"--out {out_dir}: holds a run without {RUN_FILE} (from an older recserve), so it cannot "
             f"be checked against these settings; {AFRESH}"
         )
-    differences = _differences(json.loads(path.read_text()), json.loads(json.dumps(identity)))
+    recorded, now = json.loads(path.read_text()), json.loads(json.dumps(identity))
+    for record in (recorded, now):
+        record.get("data", {}).pop(DATA_FOLDER, None)  # the same data, moved, is the same run
+    differences = _differences(recorded, now)
     if differences:
         raise ConfigError(
             f"--out {out_dir}: holds a run with other settings or data ({'; '.join(differences)}); {AFRESH}"

@@ -57,7 +57,8 @@ def train(
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, model_overrides or {}, cfg)
     out_dir = Path(out_dir)
-    prepare_run_folder(out_dir, run_identity(model, task.model_cfg, cfg, data), cfg.epochs, cfg.resume, overwrite)
+    identity = run_identity(model, task.model_cfg, cfg, data, data_dir)
+    prepare_run_folder(out_dir, identity, cfg.epochs, cfg.resume, overwrite)
     task.model_cfg.save(out_dir / MODEL_CONFIG_FILE)
     save_catalog(out_dir, data)
     best = ModelCheckpoint(
