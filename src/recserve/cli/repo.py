@@ -62,7 +62,7 @@ def repo(
 
     Layouts: fused serves any export and string IDs through a python model; native serves the whole graph
     without Python (integer IDs, histories padded to a fixed length by the client); seed is the PoC's
-    ensemble; echo measures the python stack alone. docs/serving.md says which to use when."""
+    ensemble; echo measures the python stack alone. README.md (Serving) and docs/benchmarks.md say which to use when."""
     from recserve.pipeline import repository
 
     export_or_run(export, run)  # exactly one of them
