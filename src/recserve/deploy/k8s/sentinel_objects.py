@@ -27,6 +27,7 @@ from recserve.deploy.k8s.store_objects import (
     _restricted,
     headless_service,
     sentinel_name,
+    statefulset,
     store_name,
     store_network_policy,
     store_service,
@@ -149,30 +150,12 @@ def sentinel_statefulset(s: K8sSettings) -> dict[str, Any]:
         "volumeMounts": [conf],
         "securityContext": _restricted(),
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": sentinel_name(s), "namespace": s.namespace, "labels": _sentinel_labels(s)},
-        "spec": {
-            "serviceName": sentinel_name(s),
-            "replicas": SENTINELS,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": sentinel_name(s)}},
-            "template": {
-                "metadata": {"labels": _sentinel_labels(s)},
-                "spec": {
-                    "initContainers": [init],
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "secret", "secret": {"secretName": s.store_secret, "defaultMode": 0o400}},
-                        {"name": "conf", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-                    ],
-                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "automountServiceAccountToken": False,
-                },
-            },
-        },
-    }
+    volumes = [
+        {"name": "secret", "secret": {"secretName": s.store_secret, "defaultMode": 0o400}},
+        {"name": "conf", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+    pod = {"initContainers": [init], "containers": [container], "volumes": volumes}
+    return statefulset(s, sentinel_name(s), _sentinel_labels(s), SENTINELS, pod, {"podManagementPolicy": "Parallel"})
 
 
 def replicated_nodes(statefulset: dict[str, Any], s: K8sSettings) -> dict[str, Any]:

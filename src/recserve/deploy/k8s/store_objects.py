@@ -231,28 +231,28 @@ def store_statefulset(s: K8sSettings, record: dict) -> dict[str, Any]:
         "metadata": {"name": "data"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": s.store_storage}}},
     }
+    pod = {"initContainers": [init], "containers": [container], "volumes": volumes}
+    return statefulset(s, store_name(s), _labels(s), 1, pod, {"volumeClaimTemplates": [claim]})
+
+
+def statefulset(
+    s: K8sSettings, name: str, labels: dict[str, str], replicas: int, pod: dict[str, Any], more: dict[str, Any]
+) -> dict[str, Any]:
+    """A StatefulSet ``name`` of ``replicas`` pods labelled ``labels`` (``app: name``), its pod ``pod``
+    with the restricted pod security context and no service-account token, and ``more`` in its spec."""
+    security = {"runAsNonRoot": True, "fsGroup": VALKEY_UID, "seccompProfile": {"type": "RuntimeDefault"}}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": store_name(s), "namespace": s.namespace, "labels": _labels(s)},
+        "metadata": {"name": name, "namespace": s.namespace, "labels": labels},
         "spec": {
-            "serviceName": store_name(s),
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": store_name(s)}},
+            "serviceName": name,
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": _labels(s)},
-                "spec": {
-                    "initContainers": [init],
-                    "containers": [container],
-                    "volumes": volumes,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "fsGroup": VALKEY_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "automountServiceAccountToken": False,
-                },
+                "metadata": {"labels": labels},
+                "spec": pod | {"securityContext": security, "automountServiceAccountToken": False},
             },
-            "volumeClaimTemplates": [claim],
-        },
+        }
+        | more,
     }
