@@ -121,3 +121,24 @@ def test_a_failover_under_load_loses_no_acknowledged_event_and_answers_resume(fa
 
 def _answered_since(outcomes, since: float) -> bool:
     return any(at > since and kind == "answered" for at, kind in outcomes)
+
+
+def test_the_replicated_store_started_again_after_a_failover_follows_the_new_primary(tmp_path):
+    """`replicated_store.start` on a folder whose Sentinel has promoted the replica starts the old primary as
+    the new one's replica (it does not come back as a second primary)."""
+    folder = tmp_path / "store"
+    replicated_store.start(folder)
+    try:
+        primary = replicated_store.primary_folder(folder)
+        os.kill(int((primary / embedded_store.PID_FILE).read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while replicated_store.primary_folder(folder) == primary:
+            assert time.monotonic() < deadline, "the Sentinel promoted no replica"
+            time.sleep(0.2)
+        replicated_store.start(folder)
+        assert replicated_store.primary_folder(folder) != primary
+        assert "replicaof 127.0.0.1" in (primary / "server.conf").read_text()
+        with SessionStore(embedded_store.settings_of(folder)) as store:
+            assert store.append([Event("s", 1, event_id="after")]).accepted == 1
+    finally:
+        replicated_store.stop(folder)

@@ -41,16 +41,21 @@ def start(folder: Path, prefix: str = "recserve:", acknowledge: str = "primary")
     """
     folder = embedded_store.own_folder(folder)
     with embedded_store.locked(folder):
-        primary = embedded_store.start(folder / NODES[0], prefix)
+        named = _named_primary_port(folder)  # after a failover, the node the running Sentinel names primary
+        first = folder / NODES[0]
+        follows = named if named is not None and named != _node_port(first) else None
+        primary = embedded_store.start(first, prefix, replica_of=follows)
         replica = folder / NODES[1]
         embedded_store.own_folder(replica)
         for name in (embedded_store.PASSWORD_FILE, embedded_store.ADMIN_PASSWORD_FILE):
             if not (replica / name).exists():
-                shutil.copy2(folder / NODES[0] / name, replica / name)
+                shutil.copy2(first / name, replica / name)
+        primary_port = named if named is not None else _port(primary)
         try:
-            embedded_store.start(replica, prefix, replica_of=_port(primary))
-            sentinel_port = _start_sentinel(folder / SENTINEL, _port(primary))
-            _wait_until(lambda: _synced(replica), f"the replica in {replica} did not sync")
+            second_follows = primary_port if primary_port != _node_port(replica) else None
+            embedded_store.start(replica, prefix, replica_of=second_follows)
+            sentinel_port = _start_sentinel(folder / SENTINEL, primary_port)
+            _wait_until(lambda: any(_synced(folder / node) for node in NODES), f"no node of {folder} synced")
             _wait_until(lambda: _named(sentinel_port), f"the Sentinel in {folder / SENTINEL} did not answer")
         except StoreError:
             stop(folder)
@@ -76,6 +81,7 @@ def _admin(node: Path) -> redis.Redis:
 
 
 def _synced(node: Path) -> bool:
+    """Whether ``node`` is a replica in sync with its primary (either node may be, after a failover)."""
     try:
         return _admin(node).info("replication").get("master_link_status") == "up"
     except redis.RedisError:
@@ -88,6 +94,25 @@ def _named(sentinel_port: int) -> bool:
         return sentinel.sentinel_get_master_addr_by_name(SERVICE) is not None
     except redis.RedisError:
         return False
+
+
+def _node_port(node: Path) -> int | None:
+    """The port a node's record names (None before its first start)."""
+    record = Path(node) / embedded_store.RECORD_FILE
+    return json.loads(record.read_text()).get("port") if record.is_file() else None
+
+
+def _named_primary_port(folder: Path) -> int | None:
+    """The primary's port as the folder's Sentinel names it, where one runs and answers; else None."""
+    sentinel = Path(folder) / SENTINEL
+    port = _node_port(sentinel)
+    if port is None or not embedded_store.running(sentinel):
+        return None
+    try:
+        named: Any = redis.Redis(port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
+    except redis.RedisError:
+        return None
+    return int(named[1]) if named else None
 
 
 def _port(settings: StoreSettings) -> int:
