@@ -255,3 +255,13 @@ def test_torchscript_graphs_name_no_device_so_one_file_serves_every_gpu(run, req
     for name in ("model.pt", "native.pt", "seed.pt"):
         graph = str(torch.jit.load(tmp_path / "ts" / name).inlined_graph)
         assert "Device = prim::Constant" not in graph, name
+
+
+def test_max_k_is_bounded_by_the_catalogue_with_an_error_naming_it(tiny_run, tmp_path):
+    items = len(load_spec(tiny_run).vocab_ids)
+    with pytest.raises(ExportError, match="at least 1"):
+        exporter.export_run(tiny_run, "eager", "fp32", tmp_path / "a", max_k=-3)
+    with pytest.raises(ExportError, match=f"holds {items:,} items, so k can be at most {items:,}"):
+        exporter.export_run(tiny_run, "eager", "fp32", tmp_path / "b", max_k=items + 1)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert exporter.export_run(tiny_run, "eager", "fp32", tmp_path / "c", max_k=items).max_k == items

@@ -64,6 +64,7 @@ def export_run(
     _check_request(backend, precision, device)
     run_dir, out = Path(run_dir), Path(out)
     spec = load_spec(run_dir, graph_searches=backend != "onnx")
+    max_k = _bounded_max_k(max_k, len(spec.vocab_ids))
     module = backend_module(backend)
     manifest = ExportManifest(
         model=spec.model,
@@ -98,6 +99,22 @@ def export_run(
         manifest = dataclasses.replace(manifest, validation=validation)
         manifest.write(tmp)
     return manifest
+
+
+def _bounded_max_k(max_k: int, items: int) -> int:
+    """The largest k an export answers: 1 to the catalogue's size (the default, 100, lowered to a smaller
+    catalogue's size; any other value past it refused).
+
+    Raises:
+        ExportError: ``max_k`` below 1, or above the catalogue's size when asked for.
+    """
+    if max_k < 1:
+        raise ExportError(f"--max-k {max_k}: the largest k a request may ask for is at least 1")
+    if max_k > items:
+        if max_k == DEFAULT_MAX_K:
+            return items
+        raise ExportError(f"--max-k {max_k}: the catalogue holds {items:,} items, so k can be at most {items:,}")
+    return max_k
 
 
 def _quality_change(reference, runner, spec, run_dir: Path, data_dir: Path | None) -> dict:
