@@ -54,6 +54,22 @@ def test_serve_on_a_missing_repository_exits_with_the_path(tmp_path):
     assert result.exit_code == 1 and "no such model repository" in result.output
 
 
+def test_serve_refuses_a_folder_that_is_no_repository_naming_what_it_holds(tiny_export, tmp_path):
+    """An export folder, a run folder and an empty folder: one line each, naming the command that makes a
+    repository of it, and no server started ("ready" never printed)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    for folder, message in [
+        (tiny_export, "an export folder: write a repository from it with `recserve repo --export"),
+        (tmp_path / "run", "a training run: write a repository from it with `recserve repo --run"),
+        (tmp_path / "empty", "not a model repository, an empty folder"),
+    ]:
+        result = runner.invoke(app, ["serve", "--repo", str(folder)])
+        assert result.exit_code == 1 and message in result.output.replace("\n", " "), result.output
+        assert "ready" not in result.output and "Traceback" not in result.output
+
+
 def test_repo_with_gpu_ids_that_are_not_numbers_names_the_option(tmp_path):
     result = runner.invoke(
         app, ["repo", "--run", str(tmp_path), "--out", str(tmp_path / "r"), "--device", "gpu", "--gpus", "0,one"]

@@ -111,6 +111,24 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     return [*args, *s.extra_args]
 
 
+def check_repository(repo: Path) -> None:
+    """Refuses a folder that holds no model to serve, naming what it holds instead and the command to run.
+
+    Raises:
+        ServingError: no model folder with a config.pbtxt in it.
+    """
+    if any(repo.glob("*/config.pbtxt")):
+        return
+    found = {
+        "export.json": f"an export folder: write a repository from it with `recserve repo --export {repo} --out REPO`",
+        "run.json": f"a training run: write a repository from it with `recserve repo --run {repo} --out REPO`",
+        "dataset.json": "a prepared data folder: train on it first (`recserve train`)",
+    }
+    what = next((why for name, why in found.items() if (repo / name).is_file()), None)
+    what = what or ("an empty folder" if not any(repo.iterdir()) else "no model folder with a config.pbtxt")
+    raise ServingError(f"{repo}: not a model repository, {what}")
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver; a context manager that waits for readiness and stops on exit."""
@@ -133,6 +151,7 @@ class TritonServer:
         self.settings.validate()
         if not Path(self.repo).is_dir():
             raise ServingError(f"{self.repo}: no such model repository; write one with `recserve repo`")
+        check_repository(Path(self.repo))
         bundle = find_bundle()
         check_backends(Path(self.repo), bundle.backend_dir)
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
