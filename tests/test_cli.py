@@ -98,6 +98,11 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
             "no export.json; pass a folder written by `recserve export`",
         ),
         (["bench", "--repo", "{tmp}/nope", "--out", "{tmp}/b"], "no such model repository"),
+        (
+            ["data", "ml100k", "--out", "{tmp}/d"],
+            "no source recserve ships by that name (built in: ml-100k); did you mean 'ml-100k'?",
+        ),
+        (["data", "ml-1m", "--out", "{tmp}/d"], "(built in: ml-100k)"),
         (["data", "{tmp}", "--out", "{tmp}/d"], "a folder; give the log file itself"),
         (["data", "{tmp}/empty.csv", "--out", "{tmp}/d"], "empty"),
         (

@@ -172,6 +172,18 @@ def _integers_where_possible(frame: pl.DataFrame, names: list[str]) -> pl.DataFr
     return frame.with_columns(out)
 
 
+BUILT_IN = (ML100K,)  # the sources recserve reads by name
+
+
+def _not_a_source(source: str) -> str:
+    """What to say of a bare name that is neither a file here nor a source recserve ships."""
+    import difflib
+
+    close = difflib.get_close_matches(source.lower(), BUILT_IN, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; or give a file (CSV, Parquet, ratings.dat, u.data, .txt)"
+    return f"{source}: no such file, and no source recserve ships by that name (built in: {', '.join(BUILT_IN)}){hint}"
+
+
 def read_source(source: str, columns: Columns = Columns()) -> tuple[pl.DataFrame, pl.DataFrame | None, str]:
     """Reads SOURCE: ``ml-100k``, a MovieLens file, a CSV/Parquet table or a text file of ``user item`` lines.
 
@@ -183,6 +195,8 @@ def read_source(source: str, columns: Columns = Columns()) -> tuple[pl.DataFrame
         return frame, titles, ML100K
     path = Path(source)
     name = path.name.lower()
+    if not path.exists() and path.parent == Path(".") and not path.suffix:
+        raise DataError(_not_a_source(source))
     if name in {"ratings.dat", "u.data"}:
         return read_movielens(path), None, "movielens"
     if path.suffix.lower() in {".csv", ".parquet", ".pq"}:
