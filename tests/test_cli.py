@@ -93,6 +93,7 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
         (["recommend", "1", "--url", "127.0.0.1:1", "--protocol", "http"], "no server answers at 127.0.0.1:1 (http)"),
         (["sagemaker", "invoke", "1", "--url", "http://127.0.0.1:1"], "no endpoint answers at http://127.0.0.1:1"),
         (["export", "--run", "{tmp}", "--out", "{tmp}/e"], "not a training run, missing model_config.json"),
+        (["export", "--run", "{tmp}/an-export", "--out", "{tmp}/e"], "an export, not a training run; serve it with"),
         (
             ["repo", "--export", "{tmp}", "--out", "{tmp}/r"],
             "no export.json; pass a folder written by `recserve export`",
@@ -103,6 +104,7 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
             "no source recserve ships by that name (built in: ml-100k); did you mean 'ml-100k'?",
         ),
         (["data", "ml-1m", "--out", "{tmp}/d"], "(built in: ml-100k)"),
+        (["data", "{tmp}/log.csv", "--out", "{tmp}/d"], "name yours with --user-col, --item-col, --time-col"),
         (["data", "{tmp}", "--out", "{tmp}/d"], "a folder; give the log file itself"),
         (["data", "{tmp}/empty.csv", "--out", "{tmp}/d"], "empty"),
         (
@@ -115,6 +117,9 @@ def test_serving_commands_take_exactly_one_source(command, tmp_path):
 def test_bad_input_gets_one_line_that_says_what_to_do(args, message, tmp_path):
     """Each of these once printed a raw traceback or a library's words (gRPC's, polars', urllib's)."""
     (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "log.csv").write_text("visitor,sku,ts\n1,2,3\n")
+    (tmp_path / "an-export").mkdir()
+    (tmp_path / "an-export" / "export.json").write_text("{}")
     result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
     assert result.exit_code == 1, result.output
     assert message in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -54,7 +54,11 @@ def _require_file(path: Path) -> Path:
 def _check_columns(frame: pl.DataFrame, path: Path, wanted: dict[str, str | None]) -> None:
     missing = [f"{role} column '{name}'" for role, name in wanted.items() if name and name not in frame.columns]
     if missing:
-        raise DataError(f"{path}: missing {', '.join(missing)}; the file has columns {frame.columns}")
+        flag = {"user": "--user-col", "item": "--item-col", "timestamp": "--time-col", "rating": "--rating-col"}
+        flags = ", ".join(flag[role] for role, name in wanted.items() if name and name not in frame.columns)
+        raise DataError(
+            f"{path}: missing {', '.join(missing)}; the file has columns {frame.columns}: name yours with {flags}"
+        )
 
 
 def _numeric_timestamps(frame: pl.DataFrame, path: Path, column: str = "timestamp") -> pl.DataFrame:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.constants import EXPORT_MANIFEST, MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
@@ -20,6 +20,10 @@ def model_name(run_dir: Path) -> str:
     """The model of a run folder (``bert4rec``, ``sasrec`` or ``multvae``)."""
     path = Path(run_dir) / MODEL_CONFIG_FILE
     if not path.is_file():
+        if (Path(run_dir) / EXPORT_MANIFEST).is_file():
+            raise DataError(
+                f"{run_dir}: an export, not a training run; serve it with `recserve repo --export {run_dir}`"
+            )
         raise DataError(f"{run_dir}: not a training run, missing {MODEL_CONFIG_FILE}; run `recserve train` first")
     name = json.loads(path.read_text()).get("model", "bert4rec")
     if name not in MODELS:
