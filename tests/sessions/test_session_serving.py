@@ -347,3 +347,19 @@ def test_a_password_rotated_under_load_fails_no_request(session_stack):
         admin.execute_command("CLIENT", "KILL", "USER", "recserve")
     assert failed == [], failed[:3]
     assert len(answered) > before > 10 and set(answered) == {2}
+
+
+def test_recommend_by_session_says_what_it_appended_and_shows_no_empty_title_column(session_stack):
+    from typer.testing import CliRunner
+
+    from recserve.cli.main import app
+
+    server, _, _, layout = session_stack
+    args = ["recommend", "50", "172", "--session", "cli-shopper", "--url", server.grpc_url, "--k", "3"]
+    args += ["--model", BY_SESSION[layout]]
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "2 item(s) appended to session 'cli-shopper' first" in table.output
+    assert "title" not in table.output  # no items.parquet given: no column of blanks
+    answer = json.loads(CliRunner().invoke(app, [*args[:1], *args[3:], "--json"]).output)
+    assert answer["history_length"] == 2 and "appended" not in answer  # nothing appended the second time

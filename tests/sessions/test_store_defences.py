@@ -305,3 +305,18 @@ def test_a_password_file_caught_mid_rotation_is_a_store_error_not_a_crash(store_
             store.recent(["s"])
         (store_dir / "password").write_text(password + "\n")
         assert store.recent(["s"]) == [["1"]]
+
+
+def test_events_show_prints_json_and_a_store_that_is_down_is_named_with_what_to_run(store_dir):
+    runner = CliRunner()
+    store = ["--store", str(store_dir)]
+    assert runner.invoke(app, ["events", "send", "s", "10", "20", *store]).exit_code == 0
+    shown = runner.invoke(app, ["events", "show", "s", "--json", *store])
+    assert json.loads(shown.output) == {"session": "s", "items": ["10", "20"]}
+    embedded_store.stop(store_dir)
+    try:
+        down = runner.invoke(app, ["events", "show", "s", *store])
+        assert down.exit_code == 1 and "`recserve store start`" in " ".join(down.output.split())
+        assert "Traceback" not in down.output
+    finally:
+        embedded_store.start(store_dir)

@@ -137,8 +137,12 @@ def show(
     session: Annotated[str, typer.Argument(help="The session ID.")],
     store: StoreOption = None,
     password_env: PasswordEnvOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"session", "items"} as JSON.')] = False,
 ) -> None:
     """Print the items the store holds of a session, oldest first."""
     with open_store(store, password_env) as sessions:
         (items,) = sessions.recent([session])
+    if as_json:
+        print(json.dumps({"session": session, "items": items}))
+        return
     console.print(" ".join(items) if items else f"no events of session {session!r} (new, or expired)")

@@ -12,6 +12,7 @@ from recserve.cli.console import console, handle_errors, history_ids
 from recserve.constants import (
     FUSED_MODEL,
     GRPC_PORT,
+    HISTORY_FROM_REQUEST,
     HTTP_PORT,
     NATIVE_MODEL,
     NATIVE_SESSION_MODEL,
@@ -73,6 +74,10 @@ def recommend(
             answer: Recommendations = by_session
         else:
             answer = client.recommend(history, k=k, exclude_seen=not include_seen)
+    if session is not None and history:  # the request's items went into the session: say so
+        extra["appended"] = len(history)
+    if extra.get("history_source") == HISTORY_FROM_REQUEST:
+        extra["note"] = "the session store is down: answered from the request's items alone"
     if as_json:
         print(
             json.dumps(
@@ -85,6 +90,8 @@ def recommend(
             )
         )
         return
+    if extra.get("appended"):
+        console.print(f"{extra['appended']} item(s) appended to session {session!r} first", highlight=False)
     titles = _titles(items)
     length = extra.get("history_length", len(history))
     source = {0: "", 1: ", the store down: the request's items alone"}.get(extra.get("history_source", 0), "")
@@ -93,8 +100,8 @@ def recommend(
         + (f" of session {session}{source}" if session is not None else "")
         + (f" ({answer.unknown_ids} unknown dropped)" if answer.unknown_ids else "")
     )
-    for column in ("rank", "item_id", "score", "title"):
+    for column in ("rank", "item_id", "score", *(("title",) if titles else ())):
         table.add_column(column)
     for rank, (item, score) in enumerate(zip(answer.item_ids.tolist(), answer.scores.tolist()), 1):
-        table.add_row(str(rank), str(item), f"{score:.3f}", str(titles.get(item, "")))
+        table.add_row(str(rank), str(item), f"{score:.3f}", *((str(titles.get(item, "")),) if titles else ()))
     console.print(table)

@@ -132,7 +132,10 @@ class SessionStore:
                 f"the session store at {self.settings.url} did not answer {what} within {self.settings.timeout_s} s"
             ) from err
         except redis.ConnectionError as err:
-            raise StoreError(f"the session store at {self.settings.url} cannot be reached ({what}): {err}") from err
+            raise StoreError(
+                f"the session store at {self.settings.url} cannot be reached ({what}): {err}; is it running? "
+                "(`recserve store status`; `recserve store start` starts recserve's own)"
+            ) from err
         except redis.ResponseError as err:
             if isinstance(err, redis.exceptions.NoPermissionError) or "no permissions" in str(err):
                 raise StoreError(
