@@ -123,3 +123,25 @@ def test_bad_input_gets_one_line_that_says_what_to_do(args, message, tmp_path):
     result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
     assert result.exit_code == 1, result.output
     assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_serve_refuses_a_taken_port_before_loading_anything_naming_the_option(int_repo):
+    import socket
+    import time
+
+    from recserve.processes import free_ports
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        grpc, metrics = free_ports(2)
+        started = time.monotonic()
+        result = runner.invoke(
+            app,
+            ["serve", "--repo", str(int_repo), "--http-port", str(taken), "--grpc-port", str(grpc)]
+            + ["--metrics-port", str(metrics)],
+        )
+    assert result.exit_code == 1, result.output
+    assert f"127.0.0.1:{taken}" in result.output and "choose another with --http-port" in result.output
+    assert time.monotonic() - started < 5, "it loaded models before finding the port taken"

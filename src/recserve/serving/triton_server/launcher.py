@@ -111,6 +111,26 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     return [*args, *s.extra_args]
 
 
+def check_ports(s: ServerSettings) -> None:
+    """Refuses ports that something else holds, before any model is loaded, naming the option to change.
+
+    Raises:
+        ServingError: a port is taken (or cannot be bound on the host).
+    """
+    import socket
+
+    taken = []
+    for flag, port in (("--http-port", s.http_port), ("--grpc-port", s.grpc_port), ("--metrics-port", s.metrics_port)):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((s.host, port))
+            except OSError as err:
+                taken.append(f"{s.host}:{port} ({err.strerror}; choose another with {flag})")
+    if taken:
+        raise ServingError("cannot serve on " + ", ".join(taken))
+
+
 def check_repository(repo: Path) -> None:
     """Refuses a folder that holds no model to serve, naming what it holds instead and the command to run.
 
@@ -152,6 +172,7 @@ class TritonServer:
         if not Path(self.repo).is_dir():
             raise ServingError(f"{self.repo}: no such model repository; write one with `recserve repo`")
         check_repository(Path(self.repo))
+        check_ports(self.settings)
         bundle = find_bundle()
         check_backends(Path(self.repo), bundle.backend_dir)
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
