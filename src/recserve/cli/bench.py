@@ -40,8 +40,8 @@ def bench(
         str | None,
         typer.Option(
             help="Comma-separated layouts to load: fused, native, seed, echo, session, native_session (by "
-            "session: their sessions loaded into the repository's store first) [every layout the repository holds; "
-            "fused,seed,echo with --url]."
+            "session: their sessions loaded into the repository's store first) (default: every layout the "
+            "repository holds; fused,seed,echo with --url)."
         ),
     ] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",

@@ -28,13 +28,13 @@ def k8s(
     image: Annotated[str | None, typer.Option(help="Serving image (deploy/docker/Dockerfile.serve).")] = None,
     name: Annotated[str | None, typer.Option(help="Name of the Deployment, Service and the rest.")] = None,
     namespace: Annotated[str | None, typer.Option(help="Kubernetes namespace.")] = None,
-    replicas: Annotated[int | None, typer.Option(help="The autoscaler's minimum replicas [2].")] = None,
-    max_replicas: Annotated[int | None, typer.Option(help="The autoscaler's maximum [8].")] = None,
+    replicas: Annotated[int | None, typer.Option(help="The autoscaler's minimum replicas (default: 2).")] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="The autoscaler's maximum (default: 8).")] = None,
     scale_on: Annotated[
         str | None,
         typer.Option(
             help="queue_time (each pod's mean queue time a request, through prometheus-adapter: its rule is in "
-            "monitoring/) or cpu (CPU utilisation, no adapter) [queue_time]."
+            "monitoring/) or cpu (CPU utilisation, no adapter) (default: queue_time)."
         ),
     ] = None,
     repository: Annotated[
@@ -46,8 +46,8 @@ def k8s(
         typer.Option(
             help="For a repository with the session layout: statefulset (a Valkey StatefulSet with persistence, "
             "written beside the replicas), sentinel (the same replicated, with three Sentinels that fail it over) "
-            "or external (the store the repository's record names) [statefulset]. "
-            "Its password is the Secret RECSERVE_K8S_STORE_SECRET [recserve-store]."
+            "or external (the store the repository's record names) (default: statefulset). "
+            "Its password is the Secret RECSERVE_K8S_STORE_SECRET (default: recserve-store)."
         ),
     ] = None,
     env_file: Annotated[Path, typer.Option(help="Settings file (RECSERVE_K8S_<NAME>=value lines).")] = Path(".env.k8s"),

@@ -22,7 +22,7 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         help="The store: a folder of `recserve store start`, or a JSON file of its settings (url, username, "
-        "password_file, prefix, ...) [recserve's embedded store].",
+        "password_file, prefix, ...) (default: recserve's embedded store).",
     ),
 ]
 PasswordEnvOption = Annotated[
@@ -106,10 +106,10 @@ def send(
 @handle_errors
 def load(
     data: Annotated[Path, typer.Argument(help="A folder written by `recserve data`.")],
-    users: Annotated[int | None, typer.Option(help="The first N users only [all].")] = None,
+    users: Annotated[int | None, typer.Option(help="The first N users only (default: all).")] = None,
     session_prefix: Annotated[str, typer.Option(help="Each user's session ID is this plus the user ID.")] = "user-",
     holdout: Annotated[
-        int, typer.Option(help="Leave each user's last N items out (to ask for them after) [0].", min=0)
+        int, typer.Option(help="Leave each user's last N items out (to ask for them after) (default: 0).", min=0)
     ] = 0,
     store: StoreOption = None,
     password_env: PasswordEnvOption = None,

@@ -18,7 +18,8 @@ def export(
     backend: Annotated[
         str | None,
         typer.Option(
-            help="eager, torchscript, onnx, aoti, compile, cudagraph or torch_tensorrt [onnx on cpu, eager on cuda]."
+            help="eager, torchscript, onnx, aoti, compile, cudagraph or torch_tensorrt "
+            "(default: onnx on cpu, eager on cuda)."
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",

@@ -16,7 +16,7 @@ app = typer.Typer(
 )
 
 FolderOption = Annotated[
-    Path | None, typer.Option("--dir", help="The store's folder [recserve's cache folder, store/].")
+    Path | None, typer.Option("--dir", help="The store's folder (default: store/ in recserve's cache folder).")
 ]
 
 

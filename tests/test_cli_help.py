@@ -1,0 +1,29 @@
+"""Every verb's --help, as a user on an 80-column terminal reads it: no text that the help's markup ate (a
+default written in brackets, left as "folder .")."""
+
+import re
+
+import typer.main
+from typer.testing import CliRunner
+
+from recserve.cli.main import app
+
+runner = CliRunner()
+
+
+def _commands(command, path=()):
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+    else:
+        yield path
+
+
+def test_every_help_keeps_its_text_whole():
+    eaten = []
+    for path in _commands(typer.main.get_command(app)):
+        output = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        for line in output.splitlines():
+            if re.search(r"\w \.(\s|$)", line):
+                eaten.append(f"{' '.join(path)}: {line.strip()}")
+    assert not eaten, "help text eaten by markup:\n" + "\n".join(eaten)
