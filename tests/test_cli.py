@@ -145,3 +145,19 @@ def test_serve_refuses_a_taken_port_before_loading_anything_naming_the_option(in
     assert result.exit_code == 1, result.output
     assert f"127.0.0.1:{taken}" in result.output and "choose another with --http-port" in result.output
     assert time.monotonic() - started < 5, "it loaded models before finding the port taken"
+
+
+def test_version_and_env_say_what_this_installation_is():
+    from importlib import metadata
+
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.strip() == f"recserve {metadata.version('recserve')}"
+    found = runner.invoke(app, ["env", "--json"])
+    assert found.exit_code == 0, found.output
+    import json
+
+    env = json.loads(found.output)
+    assert env["versions"]["torch"] == metadata.version("torch") and env["versions"]["recserve"]
+    assert set(env) == {"python", "versions", "native_backends", "store_server", "gpus"}
+    assert env["store_server"] and env["store_server"].endswith("valkey-server")
+    assert "native Triton backends:" in runner.invoke(app, ["env"]).output

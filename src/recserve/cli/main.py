@@ -10,6 +10,7 @@ from recserve.cli.bench import bench
 from recserve.cli.console import setup_logging
 from recserve.cli.data import data
 from recserve.cli.deploy import app as deploy_app
+from recserve.cli.env import env
 from recserve.cli.evaluate import evaluate
 from recserve.cli.events import app as events_app
 from recserve.cli.export import export
@@ -28,12 +29,25 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from recserve.cli.env import versions
+
+        print(f"recserve {versions()['recserve']}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print recserve's version.")
+    ] = False,
+) -> None:
     setup_logging(verbose)
 
 
-for command in (data, train, evaluate, export, repo, serve, recommend, bench):
+for command in (data, train, evaluate, export, repo, serve, recommend, bench, env):
     app.command()(command)
 app.add_typer(sagemaker_app, name="sagemaker")
 app.add_typer(deploy_app, name="deploy")
