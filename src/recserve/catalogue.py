@@ -15,7 +15,6 @@ import numpy as np
 from recserve.constants import ITEM_TABLE_FILE
 from recserve.errors import ConfigError
 
-ID_TYPES = ("int64", "string")
 TRITON_DTYPES = {"int64": "INT64", "string": "BYTES"}  # the served item_ids' data type, by ID type
 
 

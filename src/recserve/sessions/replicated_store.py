@@ -23,11 +23,11 @@ import redis
 from recserve.errors import StoreError
 from recserve.processes import free_ports
 from recserve.sessions import embedded_store
-from recserve.sessions.store_settings import StoreSettings
+from recserve.sessions.store_contract import SENTINEL_SERVICE
+from recserve.sessions.store_settings import StoreSettings, read_password
 
 NODES = ("node-0", "node-1")  # the first starts as the primary
 SENTINEL = "sentinel"
-SERVICE = "recserve"  # the primary's name to the Sentinel
 DOWN_AFTER_MS = 1000  # a primary that has not answered this long is down
 FAILOVER_TIMEOUT_MS = 4000
 
@@ -56,13 +56,14 @@ def start(folder: Path, prefix: str = "recserve:", acknowledge: str = "primary")
             embedded_store.start(replica, prefix, replica_of=second_follows)
             sentinel_port = _start_sentinel(folder / SENTINEL, primary_port)
             _wait_until(lambda: any(_synced(folder / node) for node in NODES), f"no node of {folder} synced")
-            _wait_until(lambda: _named(sentinel_port), f"the Sentinel in {folder / SENTINEL} did not answer")
+            _wait_until(
+                lambda: _asked(sentinel_port) is not None, f"the Sentinel in {folder / SENTINEL} did not answer"
+            )
         except StoreError:
             stop(folder)
             raise
-        record = primary.describe() | {"sentinels": [f"127.0.0.1:{sentinel_port}"], "service": SERVICE}
+        record = primary.describe() | {"sentinels": [f"127.0.0.1:{sentinel_port}"], "service": SENTINEL_SERVICE}
         record |= {"acknowledge": acknowledge}
-        (folder / embedded_store.RECORD_FILE).unlink(missing_ok=True)
         embedded_store.write_private(folder / embedded_store.RECORD_FILE, json.dumps(record, indent=2))
         return StoreSettings.from_record(record)
 
@@ -88,12 +89,16 @@ def _synced(node: Path) -> bool:
         return False
 
 
-def _named(sentinel_port: int) -> bool:
+def _asked(sentinel_port: int, host: str = "127.0.0.1") -> int | None:
+    """The primary's port as the Sentinel at ``host:sentinel_port`` names it; None where it names none or
+    does not answer."""
     try:
-        sentinel = redis.Redis(port=sentinel_port, socket_timeout=2)
-        return sentinel.sentinel_get_master_addr_by_name(SERVICE) is not None
+        named: Any = redis.Redis(host=host, port=sentinel_port, socket_timeout=2).sentinel_get_master_addr_by_name(
+            SENTINEL_SERVICE
+        )
     except redis.RedisError:
-        return False
+        return None
+    return int(named[1]) if named else None
 
 
 def _node_port(node: Path) -> int | None:
@@ -106,13 +111,7 @@ def _named_primary_port(folder: Path) -> int | None:
     """The primary's port as the folder's Sentinel names it, where one runs and answers; else None."""
     sentinel = Path(folder) / SENTINEL
     port = _node_port(sentinel)
-    if port is None or not embedded_store.running(sentinel):
-        return None
-    try:
-        named: Any = redis.Redis(port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
-    except redis.RedisError:
-        return None
-    return int(named[1]) if named else None
+    return _asked(port) if port is not None and embedded_store.running(sentinel) else None
 
 
 def _port(settings: StoreSettings) -> int:
@@ -122,11 +121,12 @@ def _port(settings: StoreSettings) -> int:
 def _start_sentinel(folder: Path, primary_port: int) -> int:
     """Valkey's Sentinel watching the primary on ``primary_port``, as the operator; returns its port."""
     folder = embedded_store.own_folder(folder)
-    if embedded_store.running(folder):
-        return json.loads((folder / embedded_store.RECORD_FILE).read_text())["port"]
+    known = _node_port(folder)
+    if known is not None and embedded_store.running(folder):
+        return known
     record = folder / embedded_store.RECORD_FILE
-    port = json.loads(record.read_text())["port"] if record.exists() else free_ports(1)[0]
-    admin_password = (folder.parent / NODES[0] / embedded_store.ADMIN_PASSWORD_FILE).read_text().strip()
+    port = known or free_ports(1)[0]
+    admin_password = read_password(folder.parent / NODES[0] / embedded_store.ADMIN_PASSWORD_FILE)
     config = [
         "bind 127.0.0.1",
         f"port {port}",
@@ -134,18 +134,17 @@ def _start_sentinel(folder: Path, primary_port: int) -> int:
         f"pidfile {folder / embedded_store.PID_FILE}",
         f"logfile {folder / 'server.log'}",
         f"dir {folder}",
-        f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1",
-        f"sentinel auth-user {SERVICE} {embedded_store.ADMIN}",
-        f"sentinel auth-pass {SERVICE} {admin_password}",
-        f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
-        f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
-        f"sentinel parallel-syncs {SERVICE} 1",
+        f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} 1",
+        f"sentinel auth-user {SENTINEL_SERVICE} {embedded_store.ADMIN}",
+        f"sentinel auth-pass {SENTINEL_SERVICE} {admin_password}",
+        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {SENTINEL_SERVICE} {FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {SENTINEL_SERVICE} 1",
     ]
     conf = folder / "sentinel.conf"
     if not conf.exists():  # the Sentinel rewrites its file as it learns; a restart keeps what it learnt
         embedded_store.write_private(conf, "\n".join(config) + "\n")
-    record.unlink(missing_ok=True)
-    embedded_store.write_private(record, json.dumps({"port": port}))
+    embedded_store.write_private(record, json.dumps({"port": port}))  # made anew, its owner's alone
     done = subprocess.run(
         [embedded_store.server_binary(), str(conf), "--sentinel"], capture_output=True, text=True, umask=0o077
     )
@@ -156,14 +155,12 @@ def _start_sentinel(folder: Path, primary_port: int) -> int:
 
 def primary_folder(folder: Path) -> Path:
     """The node folder whose server the Sentinel names primary now."""
-    settings = embedded_store.settings_of(folder)
-    host, port = settings.sentinel_addresses()[0]
-    named: Any = redis.Redis(host=host, port=port, socket_timeout=2).sentinel_get_master_addr_by_name(SERVICE)
-    if not named:
-        raise StoreError(f"{folder}: the Sentinel names no primary of {SERVICE}")
-    primary_port = named[1]
+    host, port = embedded_store.settings_of(folder).sentinel_addresses()[0]
+    primary_port = _asked(port, host)
+    if primary_port is None:
+        raise StoreError(f"{folder}: the Sentinel names no primary of {SENTINEL_SERVICE}")
     for node in NODES:
-        if json.loads((Path(folder) / node / embedded_store.RECORD_FILE).read_text())["port"] == int(primary_port):
+        if _node_port(Path(folder) / node) == primary_port:
             return Path(folder) / node
     raise StoreError(f"{folder}: the Sentinel names a primary on port {primary_port}, which is no node of it")
 

@@ -29,7 +29,7 @@ EVENT_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a sender's event ID, 
 INTEGER_ID_PATTERN = re.compile(r"0|-?[1-9][0-9]{0,18}")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 RESERVED_INTEGER_IDS = (NATIVE_PAD_ID,)
-ID_TYPES = ("int64", "string")  # a catalogue's item IDs
+SENTINEL_SERVICE = "recserve"  # the primary's name to the Sentinels of a replicated store
 
 # The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping, and
 # WAIT for a replica's copy (acknowledge "replica")

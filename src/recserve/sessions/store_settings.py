@@ -36,7 +36,7 @@ class StoreSettings:
     # high availability: Sentinels ("HOST:PORT") that name the primary of `service`; url's host and port are
     # then only where it was first, its database the one used
     sentinels: tuple[str, ...] = ()
-    service: str = "recserve"
+    service: str = store_contract.SENTINEL_SERVICE
     acknowledge: str = "primary"  # "replica": an append is acknowledged once a replica holds it too (WAIT)
 
     def __post_init__(self):

@@ -21,7 +21,6 @@ from recserve.deploy.k8s.store_objects import (
     ACL_SCRIPT,
     SECRET_DIR,
     SENTINEL_PORT,
-    SENTINEL_SERVICE,
     STORE_PORT,
     _labels,
     _restricted,
@@ -33,10 +32,10 @@ from recserve.deploy.k8s.store_objects import (
     store_service,
     store_statefulset,
 )
+from recserve.sessions.store_contract import SENTINEL_SERVICE
 
 SENTINELS = 3
 QUORUM = 2
-SERVICE = SENTINEL_SERVICE
 OPERATOR_KEY = "operator"  # the Secret's key of the operator's password
 # what the Sentinels need of the operator's user on the nodes (Valkey's Sentinel documentation), and replication
 OPERATOR_ACL = (
@@ -57,7 +56,7 @@ _READ_SECRETS = (
 # Who is primary, by a Sentinel's word; none answering (the first start): the first pod.
 _FIND_PRIMARY = (
     'answer=$("$CLI" -h "$SENTINEL_HOST" -p "$SENTINEL_HOST_PORT" --raw SENTINEL get-master-addr-by-name '
-    f"{SERVICE} 2>/dev/null || true)\n"
+    f"{SENTINEL_SERVICE} 2>/dev/null || true)\n"
     "host=$(printf '%s\\n' \"$answer\" | sed -n 1p); port=$(printf '%s\\n' \"$answer\" | sed -n 2p)\n"
     'if [ -z "$host" ] || [ -z "$port" ]; then host=$FIRST_HOST; port=$FIRST_PORT; fi\n'
 )
@@ -79,12 +78,12 @@ SENTINEL_SCRIPT = (
     "sentinel resolve-hostnames yes\n"
     "sentinel announce-hostnames yes\n"
     "sentinel announce-ip $ME_HOST\n"
-    f"sentinel monitor {SERVICE} $host $port {QUORUM}\n"
-    f"sentinel auth-user {SERVICE} operator\n"
-    f"sentinel auth-pass {SERVICE} $op\n"
-    f"sentinel down-after-milliseconds {SERVICE} $DOWN_AFTER_MS\n"
-    f"sentinel failover-timeout {SERVICE} $FAILOVER_TIMEOUT_MS\n"
-    f"sentinel parallel-syncs {SERVICE} 1\n"
+    f"sentinel monitor {SENTINEL_SERVICE} $host $port {QUORUM}\n"
+    f"sentinel auth-user {SENTINEL_SERVICE} operator\n"
+    f"sentinel auth-pass {SENTINEL_SERVICE} $op\n"
+    f"sentinel down-after-milliseconds {SENTINEL_SERVICE} $DOWN_AFTER_MS\n"
+    f"sentinel failover-timeout {SENTINEL_SERVICE} $FAILOVER_TIMEOUT_MS\n"
+    f"sentinel parallel-syncs {SENTINEL_SERVICE} 1\n"
     "sentinel sentinel-user peer\n"
     "sentinel sentinel-pass $op\n"
     f"user default on nopass {SENTINEL_DEFAULT_ACL}\n"

@@ -15,10 +15,10 @@ from typing import Any
 from recserve.deploy.k8s.k8s_settings import K8sSettings, labels
 from recserve.errors import ServingError
 from recserve.sessions import store_contract
+from recserve.sessions.store_contract import SENTINEL_SERVICE
 
 STORE_PORT = 6379
 SENTINEL_PORT = 26379
-SENTINEL_SERVICE = "recserve"  # the primary's name to the Sentinels
 SECRET_KEY = "password"  # the Secret's key that holds the password
 SECRET_DIR, ACL_DIR, DATA_DIR = "/secret", "/acl", "/data"
 VALKEY_UID = 999  # the valkey image's user
