@@ -5,6 +5,16 @@ import pytest
 from recserve.sessions import embedded_store
 
 
+def store_client(settings):
+    """A plain redis-py client of ``settings``' user, replies decoded: what a test uses to act as that user
+    (the application's, or the operator's from ``embedded_store.admin_settings``) behind recserve's back."""
+    import redis
+
+    return redis.Redis.from_url(
+        settings.url, username=settings.username, password=settings.secret(), decode_responses=True
+    )
+
+
 @pytest.fixture
 def store_dir(tmp_path):
     folder = tmp_path / "store"

@@ -19,7 +19,7 @@ from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store, replicated_store
 from recserve.sessions.session_store import Event, SessionStore
 from tests.conftest import require_native, server_settings
-from tests.sessions.conftest import write_session_repository
+from tests.sessions.conftest import store_client, write_session_repository
 from tests.sessions.test_session_serving import BY_SESSION, Session
 
 
@@ -103,10 +103,7 @@ def test_a_failover_under_load_loses_no_acknowledged_event_and_answers_resume(fa
     assert after and resumed < 10, f"by-session answers resumed {resumed:.1f} s after the kill"
     new_primary = replicated_store.primary_folder(folder)
     assert new_primary != primary
-    admin = embedded_store.admin_settings(new_primary)
-    import redis
-
-    reader = redis.Redis.from_url(admin.url, username=admin.username, password=admin.secret(), decode_responses=True)
+    reader = store_client(embedded_store.admin_settings(new_primary))
     stored = [m for w in range(2) for m in reader.zrange(settings.key(f"events-{w}"), 0, -1)]
     assert len(acknowledged) > 20
     assert not set(acknowledged) - set(stored), "an acknowledged event was lost in the failover"

@@ -22,7 +22,7 @@ from recserve.sessions import embedded_store
 from recserve.sessions.session_store import Event, SessionStore
 from recserve.sessions.store_contract import CASES
 from tests.conftest import require_native, server_settings
-from tests.sessions.conftest import write_session_repository
+from tests.sessions.conftest import store_client, write_session_repository
 
 # the layout by session -> its model; the native one beside the native layout (item IDs) of the same export
 BY_SESSION = {"session": SESSION_MODEL, "native_session": NATIVE_SESSION_MODEL}
@@ -251,12 +251,6 @@ JUNK = [text for what, text, accepted in CASES if what == "integer" and not acce
 VALID = [int(text) for what, text, accepted in CASES if what == "integer" and accepted]
 
 
-def _raw(settings):
-    import redis
-
-    return redis.Redis.from_url(settings.url, username=settings.username, password=settings.secret())
-
-
 def test_whatever_one_session_holds_every_other_request_gets_its_own_answer(session_stack):
     """A writer with the application's password stores every junk item of the store contract's cases (and
     members without an event ID) in one session; an operator puts another type of value at a second
@@ -268,8 +262,8 @@ def test_whatever_one_session_holds_every_other_request_gets_its_own_answer(sess
     settings = embedded_store.settings_of(store_dir)
     members = {f"junk-{n} {text}": n for n, text in enumerate(JUNK)} | {"no-event-id": 50}
     members |= {f"ok-{n} {item}": 100 + n for n, item in enumerate([*VALID, 50, 172])}
-    _raw(settings).zadd(settings.key("poisoned"), members)
-    _raw(embedded_store.admin_settings(store_dir)).set(settings.key("wrong-type"), "not a session")
+    store_client(settings).zadd(settings.key("poisoned"), members)
+    store_client(embedded_store.admin_settings(store_dir)).set(settings.key("wrong-type"), "not a session")
     with SessionStore(settings) as store:
         store.append([Event(f"healthy-{n}", item) for n in range(8) for item in (50, 172, 133)])
     sessions = ["poisoned" if n % 8 == 0 else "wrong-type" if n % 4 == 0 else f"healthy-{n % 8}" for n in range(200)]
@@ -328,7 +322,7 @@ def test_a_password_rotated_under_load_fails_no_request(session_stack):
     threads = [threading.Thread(target=load) for _ in range(2)]
     for t in threads:
         t.start()
-    admin = _raw(embedded_store.admin_settings(store_dir))
+    admin = store_client(embedded_store.admin_settings(store_dir))
     try:
         time.sleep(0.5)
         new = "rotated-" + old[::-1]

@@ -18,6 +18,7 @@ from recserve.sessions import embedded_store
 from recserve.sessions.session_histories import session_histories
 from recserve.sessions.session_store import Event, SessionStore, items
 from recserve.sessions.store_settings import StoreSettings, read_store_record
+from tests.sessions.conftest import store_client
 
 
 def _store(folder, **changes) -> SessionStore:
@@ -34,7 +35,7 @@ def test_events_append_in_time_order_capped_at_the_window_with_a_time_to_live(st
         store.append([Event("s", 4), Event("s", 5)])
         assert store.recent(["s"]) == [["3", "4", "5"]]  # the newest three
         assert store.recent(["s"], 2) == [["4", "5"]]
-        ttl = admin(store_dir).ttl(store.settings.key("s"))
+        ttl = store_client(embedded_store.admin_settings(store_dir)).ttl(store.settings.key("s"))
         assert 0 < ttl <= 60
         assert store.forget(["s", "nothing"]) == 1 and store.recent(["s"]) == [[]]
 
@@ -75,12 +76,6 @@ def test_a_store_that_is_down_or_refuses_the_password_is_a_store_error_within_it
         with pytest.raises(StoreError):
             store.recent(["a"])
         assert time.monotonic() - started < 3
-
-
-def admin(folder) -> redis.Redis:
-    """The store's operator (every command): what tests use to look behind recserve's back."""
-    settings = embedded_store.admin_settings(folder)
-    return redis.Redis.from_url(settings.url, username=settings.username, password=settings.secret())
 
 
 def replace_password(folder, password) -> StoreSettings:

@@ -17,17 +17,12 @@ from typer.testing import CliRunner
 
 from recserve.cli.main import app
 from recserve.errors import ConfigError, StoreError
+from recserve.processes import cmdline
 from recserve.sessions import embedded_store, store_contract
 from recserve.sessions.session_store import Event, SessionStore
 from recserve.sessions.store_settings import StoreSettings
+from tests.sessions.conftest import store_client
 from tests.sessions.delaying_proxy import DelayingProxy
-
-
-def _client(settings: StoreSettings) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.url, username=settings.username, password=settings.secret(), decode_responses=True
-    )
-
 
 # every command that the application's password opened before the allow-list (and a few more)
 REFUSED = [
@@ -64,7 +59,7 @@ REFUSED = [
 @pytest.mark.parametrize("command", REFUSED, ids=[" ".join(map(str, c[:2])) for c in REFUSED])
 def test_the_applications_password_is_refused_every_command_but_recserves(store_dir, command):
     with pytest.raises(redis.ResponseError) as err:
-        _client(embedded_store.settings_of(store_dir)).execute_command(*command)
+        store_client(embedded_store.settings_of(store_dir)).execute_command(*command)
     assert "no permissions" in str(err.value).lower() or "not allowed" in str(err.value).lower()
 
 
@@ -85,7 +80,7 @@ def test_no_prefix_can_list_or_reach_anothers_keys(store_dir):
     settings = embedded_store.settings_of(store_dir)
     with SessionStore(settings) as ours:
         ours.append([Event("alice@example.com", 1)])
-    other = _client(settings)
+    other = store_client(settings)
     for command in (
         ("SCAN", 0, "MATCH", "*"),
         ("KEYS", "*"),
@@ -121,7 +116,7 @@ def _send_until_acknowledged(store: SessionStore, event: Event, tries: int = 20)
 
 def _stored(folder, sessions) -> dict[str, list[str]]:
     """Each session's members, by the operator's reading of the store."""
-    admin = _client(embedded_store.admin_settings(folder))
+    admin = store_client(embedded_store.admin_settings(folder))
     settings = embedded_store.settings_of(folder)
     return {s: admin.zrange(settings.key(s), 0, -1) for s in sessions}
 
@@ -237,19 +232,12 @@ def test_concurrent_starts_of_one_folder_start_one_server(tmp_path):
     try:
         assert len(results) == 4 and len({r.url for r in results}) == 1
         port = results[0].url.rsplit(":", 1)[1].split("/")[0]
-        servers = [p for p in os.listdir("/proc") if p.isdigit() and f":{port}".encode() in _cmdline(int(p))]
+        servers = [p for p in os.listdir("/proc") if p.isdigit() and f":{port}".encode() in cmdline(int(p))]
         assert len(servers) == 1, servers
         with SessionStore(results[0]) as store:
             store.ping()
     finally:
         embedded_store.stop(folder)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_a_rotated_password_is_taken_up_by_the_next_connection_without_a_restart(store_dir):
@@ -258,7 +246,7 @@ def test_a_rotated_password_is_taken_up_by_the_next_connection_without_a_restart
     settings = embedded_store.settings_of(store_dir)
     with SessionStore(settings) as store:
         store.append([Event("s", 1)])
-        admin = _client(embedded_store.admin_settings(store_dir))
+        admin = store_client(embedded_store.admin_settings(store_dir))
         new = "rotated-password-0123456789"
         import hashlib
 
@@ -300,7 +288,7 @@ def test_a_password_file_caught_mid_rotation_is_a_store_error_not_a_crash(store_
     with SessionStore(settings) as store:
         store.append([Event("s", 1)])
         (store_dir / "password").write_text("")
-        _client(embedded_store.admin_settings(store_dir)).execute_command("CLIENT", "KILL", "USER", "recserve")
+        store_client(embedded_store.admin_settings(store_dir)).execute_command("CLIENT", "KILL", "USER", "recserve")
         with pytest.raises(StoreError, match="empty"):
             store.recent(["s"])
         (store_dir / "password").write_text(password + "\n")
