@@ -28,7 +28,7 @@ from recserve.constants import (
     OUTPUT_UNKNOWN_IDS,
     STORE_UNAVAILABLE,
 )
-from recserve.errors import RequestError, StoreError
+from recserve.errors import RequestError
 from recserve.serving.predictor import Predictor
 from recserve.serving.requests import parse_each, parse_session_request
 from recserve.serving.triton_repository.placement import instance_device
@@ -77,6 +77,9 @@ class TritonPythonModel:
         exclude = np.concatenate(
             [np.ones(len(p.sessions), dtype=bool) if p.exclude_seen is None else p.exclude_seen for p in good]
         )
+        problem = next((err for err in found.failed if err is not None), None)
+        if problem is not None:  # once a batch, as recserve's backend logs it, not once a request
+            pb_utils.Logger.log_warn(f"recommender_session: {problem}")
         answerable = [i for i, err in enumerate(found.failed) if err is None]
         answers = None
         if answerable:
@@ -90,9 +93,8 @@ class TritonPythonModel:
                 continue
             rows = range(row, row + len(p.sessions))
             row = rows.stop
-            failed = next((found.failed[r] for r in rows if found.failed[r] is not None), None)
-            if failed is not None:
-                responses.append(self._unavailable(failed))
+            if any(found.failed[r] is not None for r in rows):
+                responses.append(self._unavailable())
                 continue
             first, stop = position[rows.start], position[rows.stop - 1] + 1
             ids, scores = answers.rows(first, stop, p.k)
@@ -112,9 +114,8 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG))
 
     @staticmethod
-    def _unavailable(err: StoreError):
+    def _unavailable():
         # the client learns that the store failed, never its address or keys; the server's log says why
-        pb_utils.Logger.log_warn(f"recommender_session: {err}")
         return pb_utils.InferenceResponse(
             error=pb_utils.TritonError(STORE_UNAVAILABLE, pb_utils.TritonError.UNAVAILABLE)
         )
