@@ -39,6 +39,27 @@ timeval Timeval(double seconds)
   return tv;
 }
 
+// A command's words as hiredis takes them (pointers and lengths; the words must outlive it).
+struct Argv {
+  explicit Argv(const std::vector<std::string>& words)
+  {
+    for (const std::string& word : words) {
+      argv.push_back(word.data());
+      lengths.push_back(word.size());
+    }
+  }
+  int argc() const { return static_cast<int>(argv.size()); }
+  std::vector<const char*> argv;
+  std::vector<size_t> lengths;
+};
+
+// One command sent and its reply read (null where the connection failed: its errstr says why).
+Reply Command(redisContext* c, const std::vector<std::string>& words)
+{
+  Argv command(words);
+  return Reply(static_cast<redisReply*>(redisCommandArgv(c, command.argc(), command.argv.data(), command.lengths.data())));
+}
+
 double Now()
 {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -359,9 +380,7 @@ SessionStore::AskSentinels(std::string* host, int* port)
     redisContext* c = address.empty() ? nullptr : redisConnectWithTimeout(address.c_str(), sentinel.second, Timeval(s_.timeout_s));
     if (c != nullptr && c->err == 0) {
       redisSetTimeout(c, Timeval(s_.timeout_s));
-      const char* argv[] = {"SENTINEL", "get-master-addr-by-name", s_.service.c_str()};
-      const size_t lengths[] = {8, 23, s_.service.size()};
-      Reply reply(static_cast<redisReply*>(redisCommandArgv(c, 3, argv, lengths)));
+      Reply reply = Command(c, {"SENTINEL", "get-master-addr-by-name", s_.service});
       if (reply != nullptr && reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
           reply->element[0]->type == REDIS_REPLY_STRING && reply->element[1]->type == REDIS_REPLY_STRING) {
         *host = std::string(reply->element[0]->str, reply->element[0]->len);
@@ -423,13 +442,7 @@ SessionStore::Dial()
     if (command.empty()) {
       continue;
     }
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const std::string& word : command) {
-      argv.push_back(word.data());
-      lengths.push_back(word.size());
-    }
-    Reply reply(static_cast<redisReply*>(redisCommandArgv(c_, argv.size(), argv.data(), lengths.data())));
+    Reply reply = Command(c_, command);
     if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
       const std::string why = reply != nullptr ? reply->str : c_->errstr;
       Drop();
@@ -455,13 +468,8 @@ SessionStore::RoundTrip(
   size_t expected = 0;
   bool sent = true;
   auto send = [&](const std::vector<std::string>& words) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lengths;
-    for (const std::string& word : words) {
-      argv.push_back(word.data());
-      lengths.push_back(word.size());
-    }
-    sent = sent && redisAppendCommandArgv(c_, argv.size(), argv.data(), lengths.data()) == REDIS_OK;
+    Argv command(words);
+    sent = sent && redisAppendCommandArgv(c_, command.argc(), command.argv.data(), command.lengths.data()) == REDIS_OK;
     ++expected;
   };
   // each event one member, "EVENT_ID ITEM" scored by now (a microsecond apart in row order), its ID made of
