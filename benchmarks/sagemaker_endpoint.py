@@ -34,10 +34,10 @@ import numpy as np
 
 from recserve.bench.http_load import measure
 from recserve.bench.synthetic import synthetic_histories
-from recserve.client.triton import NativeShape
 from recserve.constants import ITEM_TABLE_FILE, NATIVE_MODEL
 from recserve.pipeline import package_from_run, repository_from_run
 from recserve.processes import free_ports
+from recserve.served import NativeShape
 from recserve.serving.sagemaker.endpoint import LocalEndpoint
 from recserve.serving.sagemaker.invocations import pytorch_request, triton_request
 from recserve.serving.triton_repository.repository_settings import RepositorySettings

@@ -61,7 +61,6 @@ HISTORY_FROM_REQUEST = 1
 STORE_UNAVAILABLE = "the session store is unavailable; the server's log says why"
 # the same by session on recserve's own backend: the store read in C++ (hiredis), the native graph scored
 NATIVE_SESSION_MODEL = "recommender_native_session"
-SESSION_LAYOUTS = ("session", "native_session")  # the layouts whose record names a session store
 
 # Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
 NATIVE_MODEL = "recommender_native"

@@ -41,6 +41,30 @@ def _infer(url, model, **arrays):
     return client.infer(model, inputs)
 
 
+def test_each_layout_is_one_module_whose_configs_declare_the_served_contract(int_repo):
+    """A layout is a row of recserve.served.LAYOUTS and a module of the layouts package of the same name; every
+    config the writer wrote declares the contract the clients build their requests from."""
+    import pkgutil
+
+    from recserve import served
+    from recserve.serving.triton_repository import layouts
+
+    modules = {m.name for m in pkgutil.iter_modules(layouts.__path__)} - {"common"}
+    assert modules == set(served.LAYOUTS) == set(layouts.LAYOUTS)
+    assert all(layouts.LAYOUTS[name].served is served.LAYOUTS[name] for name in served.LAYOUTS)
+    declared = {
+        "recommender": served.recommender("INT64"),
+        "echo": served.recommender("INT64"),
+        "bert4rec_ensemble": served.seed("INT64"),
+    }
+    for model, contract in declared.items():
+        config = parse_pbtxt((int_repo / model / "config.pbtxt").read_text())
+        assert [(t.name, list(t.dims), t.optional) for t in config.input] == [
+            (t.name, list(t.dims), t.optional) for t in contract.inputs
+        ], model
+        assert [t.name for t in config.output] == contract.output_names, model
+
+
 def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     fused = parse_pbtxt((int_repo / "recommender" / "config.pbtxt").read_text())
     assert fused.max_batch_size == 256 and fused.backend == "python"

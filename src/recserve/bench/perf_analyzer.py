@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.client.triton import NativeShape
 from recserve.constants import (
     DEFAULT_K,
     INPUT_EXCLUDE_SEEN,
@@ -22,15 +21,12 @@ from recserve.constants import (
     INPUT_K,
     INPUT_SESSION_ID,
     SEED_HISTORY_LENGTH,
-    SEED_INPUT,
-    SESSION_LAYOUTS,
 )
 from recserve.errors import ServingError
-from recserve.serving.triton_repository.layouts import LAYOUTS
+from recserve.served import LAYOUTS, NativeShape
 
 log = logging.getLogger(__name__)
 
-LAYOUT_MODELS = {name: layout.entry for name, layout in LAYOUTS.items()}  # the model a layout's clients call
 TOOLS_DIR = Path("tools/perf_analyzer")
 
 
@@ -63,9 +59,10 @@ def write_input_data(
     ``events_every`` N, every Nth request also carries an event (its history's last item again), which the
     model appends to the session before answering: a load of events and requests mixed."""
     rows = []
-    if layout in SESSION_LAYOUTS:
+    served_layout = LAYOUTS[layout]
+    if served_layout.by_session:
         count = min(limit, len(histories))
-        every_input = layout == "native_session"  # native models take every input
+        every_input = served_layout.native  # native models take every input
         for n in range(count):
             rows.append(session_input(n, every_input))
             if events_every and n % events_every == 0 and len(histories[n]):
@@ -74,15 +71,14 @@ def write_input_data(
         path.write_text(json.dumps({"data": rows}))
         return count
     for history in histories:
-        if layout == "seed":
+        if served_layout.request == "seed":
             if len(history) < SEED_HISTORY_LENGTH:
                 continue
             history = history[-SEED_HISTORY_LENGTH:]
         if native is not None:
             history = native.history(np.asarray(history))[0]
         values = [str(x) for x in history] if string_ids else [int(x) for x in history]
-        name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
-        row: dict = {name: {"content": values, "shape": [len(values)]}}
+        row: dict = {served_layout.ids_input: {"content": values, "shape": [len(values)]}}
         if native is not None:  # native models take every input
             row[INPUT_K] = {"content": [DEFAULT_K], "shape": [1]}
             row[INPUT_EXCLUDE_SEEN] = {"content": [True], "shape": [1]}

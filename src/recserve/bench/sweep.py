@@ -15,17 +15,10 @@ import numpy as np
 
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.cpu import CpuMeter
-from recserve.bench.perf_analyzer import LAYOUT_MODELS, LoadLevel
-from recserve.constants import (
-    INPUT_ITEM_IDS,
-    OUTPUT_ITEM_IDS,
-    SEED_HISTORY_LENGTH,
-    SEED_INPUT,
-    SEED_OUTPUT_IDS,
-    SESSION_LAYOUTS,
-)
+from recserve.bench.perf_analyzer import LoadLevel
+from recserve.constants import SEED_HISTORY_LENGTH
 from recserve.errors import ServingError
-from recserve.serving.triton_repository.layouts import LAYOUTS
+from recserve.served import LAYOUTS
 from recserve.serving.triton_repository.repository_settings import read_repository_info
 
 TOP = 10  # what check_answers and compare_native ask for
@@ -52,24 +45,26 @@ def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray
 
     An empty answer means a broken stub environment (numpy 2), which perf_analyzer alone would not notice.
     """
-    if layout in ("fused", "native"):
+    served = LAYOUTS[layout]
+    if served.request in ("items", "native"):
         with _client(grpc_url, layout) as client:
             ids = client.recommend(history, k=TOP).item_ids.tolist()
-    elif layout in SESSION_LAYOUTS:
+    elif served.by_session:
         with _client(grpc_url, layout) as client:
-            answer = client.recommend_session(pa.BENCH_SESSION.format(0), k=TOP, model=LAYOUT_MODELS[layout])
+            answer = client.recommend_session(pa.BENCH_SESSION.format(0), k=TOP, model=served.entry)
             if answer.history_length == 0:
                 raise ServingError(f"layout {layout}: the store holds no history of the bench's first session")
             ids = answer.item_ids.tolist()
-    else:
-        values = [str(x) for x in history] if string_ids else [int(x) for x in history]
-        if layout == "seed":
-            values = values[-SEED_HISTORY_LENGTH:]
-        name = SEED_INPUT if layout == "seed" else INPUT_ITEM_IDS
-        shape = [len(values)] if layout == "seed" else [1, len(values)]
-        data = {"name": name, "shape": shape, "datatype": "BYTES" if string_ids else "INT64", "data": values}
+    else:  # the seed ensemble: exactly SEED_HISTORY_LENGTH IDs, no batch dimension
+        values = [str(x) if string_ids else int(x) for x in history[-SEED_HISTORY_LENGTH:]]
+        data = {
+            "name": served.ids_input,
+            "shape": [len(values)],
+            "datatype": "BYTES" if string_ids else "INT64",
+            "data": values,
+        }
         request = urllib.request.Request(
-            f"http://{http_url}/v2/models/{LAYOUT_MODELS[layout]}/infer",
+            f"http://{http_url}/v2/models/{served.entry}/infer",
             data=json.dumps({"inputs": [data]}).encode(),
             headers={"Content-Type": "application/json"},
         )
@@ -78,7 +73,7 @@ def check_answers(layout: str, http_url: str, grpc_url: str, history: np.ndarray
                 outputs = {o["name"]: o for o in json.load(reply)["outputs"]}
         except urllib.error.HTTPError as err:
             raise ServingError(f"layout {layout}: HTTP {err.code}: {err.read().decode(errors='replace')}") from err
-        ids = outputs.get(SEED_OUTPUT_IDS if layout == "seed" else OUTPUT_ITEM_IDS, {}).get("data", [])
+        ids = outputs.get(served.ids_output, {}).get("data", [])
     if len(ids) != TOP:
         raise ServingError(f"layout {layout}: the server answered {ids!r} instead of {TOP} items; see the server log")
 
@@ -87,7 +82,7 @@ def _client(grpc_url: str, layout: str):
     """gRPC: its client needs no gevent, which the HTTP one does (absent where only the server's image is)."""
     from recserve.client.triton import RecommenderClient
 
-    return RecommenderClient(grpc_url, "grpc", model=LAYOUT_MODELS[layout], timeout_s=60)
+    return RecommenderClient(grpc_url, "grpc", model=LAYOUTS[layout].entry, timeout_s=60)
 
 
 def compare_native(grpc_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
@@ -150,9 +145,9 @@ def sweep(
     """
     from recserve.bench.load_report import ratios, write_report
 
-    unknown = [x for x in layouts if x not in LAYOUT_MODELS]
+    unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:
-        raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUT_MODELS)}")
+        raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUTS)}")
     if (repo is None) == (url is None):
         raise ServingError("pass either a repository to serve or the url of a running server")
     out = Path(out)
@@ -164,7 +159,7 @@ def sweep(
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
             inputs = {}
-            by_session = [x for x in layouts if x in SESSION_LAYOUTS]
+            by_session = [x for x in layouts if LAYOUTS[x].by_session]
             if by_session:  # the store (the repository's record names it) holds the same histories
                 if repo is None:
                     raise ServingError("a sweep by session needs --repo (its record names the store)")
@@ -182,7 +177,7 @@ def sweep(
                 check_answers(layout, http_url, grpc_url, history, string_ids)
                 inputs[layout] = Path(tmp) / f"{layout}.json"
                 native = None
-                if layout == "native":
+                if LAYOUTS[layout].request == "native":
                     with _client(grpc_url, layout) as client:
                         native = client.native_shape()
                 pa.write_input_data(
@@ -197,7 +192,7 @@ def sweep(
                     progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
                     before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
                     result = pa.run(
-                        LAYOUT_MODELS[layout],
+                        LAYOUTS[layout].entry,
                         target,
                         protocol,
                         level,
@@ -209,7 +204,7 @@ def sweep(
                         client_cpus=client_cpus,
                     )
                     steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
-                    cpu = meter.per_request(cpu_before, steps.get(LAYOUT_MODELS[layout], {}).get("requests", 0))
+                    cpu = meter.per_request(cpu_before, steps.get(LAYOUTS[layout].entry, {}).get("requests", 0))
                     failures = sum(s["failures"] for s in steps.values())
                     rows.append(
                         {
@@ -234,7 +229,7 @@ def sweep(
             "requests_from": f"{len(histories)} histories",
             "events_every": events_every,
         },
-        "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUT_MODELS[layout]) for layout in layouts},
+        "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUTS[layout].entry) for layout in layouts},
     }
     if agreement is not None:
         summary["native_vs_fused"] = agreement

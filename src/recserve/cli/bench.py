@@ -84,11 +84,11 @@ def bench(
         raise ServingError(f"{repo}: no such model repository; write one with `recserve repo`")
     data = data or _data_of(repo)
     if layouts is None:
-        from recserve.bench.perf_analyzer import LAYOUT_MODELS
+        from recserve.served import LAYOUTS
         from recserve.serving.triton_repository.repository_settings import read_repository_info
 
         held = read_repository_info(repo)["layouts"] if repo is not None else {}
-        layouts = ",".join(x for x in LAYOUT_MODELS if x in held) or "fused,seed,echo"
+        layouts = ",".join(x for x in LAYOUTS if x in held) or "fused,seed,echo"
     if data is None:
         raise typer.BadParameter("no data folder known for the load's histories; pass --data", param_hint="--data")
     with Progress(

@@ -1,6 +1,10 @@
-"""A command's options drawn from settings dataclasses: every field made with ``recserve.option_fields.option``
+"""A command's options drawn from settings classes: every field made with ``recserve.option_fields.option``
 becomes one option, its help and default taken from the field, and the command receives the settings as
-one keyword (the dataclass built, or what was given). A new setting is written once, in its dataclass."""
+one keyword (the dataclass built, or what was given). A new setting is written once, in its class.
+
+The deployment settings (Kubernetes, SageMaker) are pydantic-settings classes, also read from their
+environment variables and settings file: the fields a group names become options the same way, their help
+the field's description, and the command receives what was given, to lay over the rest (``read_settings``)."""
 
 from __future__ import annotations
 
@@ -8,13 +12,13 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, fields
-from typing import Annotated, Any
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
 
-from recserve.option_fields import has_option
+from recserve.option_fields import has_option, option
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,13 @@ class Settings:
     unset: frozenset[str] | bool = False
     titles: Mapping[type, str] | None = None
     shown: Callable[[str], str] | None = None
+    names: tuple[str, ...] = ()  # a pydantic-settings class: the fields that are options
 
     def fields(self) -> dict[str, list[tuple[type, Field]]]:
         """Each option's name and the classes (with their field) that have it, in the classes' order."""
         by_name: dict[str, list[tuple[type, Field]]] = {}
         for cls in self.classes:
-            for item in fields(cls):
+            for item in fields(cls) if is_dataclass(cls) else _settings_fields(cls, self.names):
                 if has_option(item):
                     by_name.setdefault(item.name, []).append((cls, item))
         return by_name
@@ -120,6 +125,29 @@ def takes(*groups: Settings) -> Callable[[Callable], Callable]:
         return run
 
     return decorate
+
+
+def _settings_fields(cls: Any, names: tuple[str, ...]) -> list[Field]:
+    """The fields ``names`` of a pydantic-settings class as options: the help its description and the variable
+    that also sets it, the default shown (the command receives only what was given)."""
+    prefix = cls.model_config.get("env_prefix", "")
+    drawn = []
+    for name in names:
+        info = cls.model_fields[name]
+        if not info.description:
+            raise TypeError(f"{cls.__name__}.{name}: an option needs the field's description")
+        literal = typing.get_origin(info.annotation) is Literal
+        default = info.default
+        shown = "not set" if default is None else ("on" if default else "off") if isinstance(default, bool) else default
+        item = option(
+            default,
+            f"{info.description} (or {prefix}{name.upper()})",
+            cli_type=str if literal else None,
+            shown=str(shown),
+        )
+        item.name = name
+        drawn.append(item)
+    return drawn
 
 
 def _parse(meta: Mapping[str, Any], name: str, value: Any) -> Any:

@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from recserve.cli.console import console, handle_errors
+from recserve.cli.options import Settings, takes
+from recserve.deploy.sagemaker.cloud import DEPLOY_OPTIONS, DeploySettings
 
 
 @handle_errors
+@takes(Settings("given", (DeploySettings,), build=False, unset=True, names=DEPLOY_OPTIONS))
 def deploy(
     package_file: Annotated[
         Path | None, typer.Option("--package", help="Upload this model.tar.gz to model_data first.")
     ] = None,
     env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
-    endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
-    wait: Annotated[bool | None, typer.Option(help="Wait for InService (default: the settings' wait).")] = None,
-    replace_failed: Annotated[
-        bool,
-        typer.Option(
-            "--replace-failed", help="Delete an endpoint in Failed (it cannot be updated) and create it anew."
-        ),
-    ] = False,
+    given: dict[str, Any] | None = None,
 ) -> None:
     """Create the SageMaker model, endpoint configuration and endpoint.
 
@@ -33,7 +29,7 @@ def deploy(
     from recserve.deploy.sagemaker.cloud import deploy as run_deploy
     from recserve.deploy.sagemaker.cloud import load_settings, upload
 
-    settings = load_settings(env_file, endpoint_name=endpoint_name, wait=wait, replace_failed=replace_failed or None)
+    settings = load_settings(env_file, **(given or {}))
     if package_file is not None and settings.runtime == "triton":  # the model the package holds, not a guess
         from recserve.deploy.sagemaker.cloud import instance_mismatch
         from recserve.errors import ServingError

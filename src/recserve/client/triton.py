@@ -23,6 +23,7 @@ from typing import cast
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from recserve import served
 from recserve.constants import (
     DEFAULT_K,
     FUSED_MODEL,
@@ -40,7 +41,8 @@ from recserve.constants import (
     SESSION_MODEL,
 )
 from recserve.data.vocab import as_str_ids
-from recserve.errors import ServingError
+from recserve.errors import RequestError, ServingError
+from recserve.served import NativeShape
 
 BUSY_STATUSES = {"503", "StatusCode.UNAVAILABLE", "UNAVAILABLE"}
 
@@ -114,36 +116,6 @@ def default_url(protocol: str) -> str:
     return f"127.0.0.1:{GRPC_PORT}" if protocol == "grpc" else f"127.0.0.1:{HTTP_PORT}"
 
 
-@dataclass(frozen=True)
-class NativeShape:
-    """What a native-layout model takes (read from its config): the fixed history length, the padding ID,
-    the largest k and the name of its item-ID output."""
-
-    length: int
-    padding_id: int
-    max_k: int
-    ids_output: str
-
-    @classmethod
-    def from_config(cls, config: dict) -> NativeShape | None:
-        """From the model config as JSON (HTTP) or a dict of it (gRPC ``as_json``); None for python models."""
-        config = config.get("config", config)
-        parameters = {key: value.get("string_value") for key, value in (config.get("parameters") or {}).items()}
-        if "padding_id" not in parameters:
-            return None
-        dims = next(i["dims"] for i in config["input"] if i["name"] == INPUT_ITEM_IDS)
-        return cls(int(dims[0]), int(parameters["padding_id"]), int(parameters["max_k"]), config["output"][0]["name"])
-
-    def history(self, ids: np.ndarray) -> np.ndarray:
-        """The most recent ``length`` IDs, left-padded with the padding ID to ``length``: (1, length) int64."""
-        if ids.dtype.kind not in "iu":
-            raise RecommendError(f"{INPUT_ITEM_IDS}: the native layout takes integer IDs, got {ids.dtype}")
-        out = np.full((1, self.length), self.padding_id, dtype=np.int64)
-        recent = ids[-self.length :] if self.length else ids[:0]
-        out[0, self.length - len(recent) :] = recent
-        return out
-
-
 def _id_array(item_ids) -> np.ndarray:
     """Item IDs as Triton takes them: INT64, or BYTES for string IDs."""
     ids = np.asarray(item_ids)
@@ -161,9 +133,11 @@ def _tensor(module, name: str, value: np.ndarray):
 def _inputs(module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None):
     ids = _id_array(item_ids)
     if native is not None:
-        if not 1 <= k <= native.max_k:
-            raise RecommendError(f"{INPUT_K}: {k} is out of range; allowed 1..{native.max_k}")
-        ids = native.history(ids.reshape(-1))
+        try:
+            native.check_k(k)
+            ids = native.history(ids.reshape(-1))
+        except RequestError as err:  # refused here, before sending: the native model cannot fail one request
+            raise RecommendError(str(err)) from err
     ids = ids.reshape(1, -1)
     return [
         _tensor(module, name, value)
@@ -186,7 +160,7 @@ def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendE
     return cls(message, status)
 
 
-def _result(reply, has_unknown: bool, native: NativeShape | None = None, k: int = 0) -> Recommendations:
+def _result(reply, native: NativeShape | None = None, k: int = 0) -> Recommendations:
     ids = reply.as_numpy(native.ids_output if native else OUTPUT_ITEM_IDS)[0]
     scores = reply.as_numpy(OUTPUT_SCORES)[0]
     if native is not None:  # the batch's widest k; padding where fewer items remain
@@ -194,15 +168,16 @@ def _result(reply, has_unknown: bool, native: NativeShape | None = None, k: int 
         ids, scores = ids[ids != native.padding_id], scores[ids != native.padding_id]
     if ids.dtype == object:
         ids = as_str_ids(ids)
-    unknown = int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]) if has_unknown else 0
-    return Recommendations(ids, scores, unknown)
+    return Recommendations(ids, scores, int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]))
 
 
-def _outputs(module, model: str, native: NativeShape | None = None):
+def _outputs(module, native: NativeShape | None = None):
+    """The answer's tensors: the ``recommender`` contract's, or a native model's (its IDs output named in its
+    config)."""
     if native is not None:
-        names = [native.ids_output, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS]
+        names = [native.ids_output, *served.native(native.length).output_names[1:]]
     else:
-        names = [OUTPUT_ITEM_IDS, OUTPUT_SCORES] + ([OUTPUT_UNKNOWN_IDS] if model == FUSED_MODEL else [])
+        names = served.recommender("INT64").output_names
     return [module.InferRequestedOutput(n) for n in names]
 
 
@@ -225,11 +200,11 @@ class _ModelClient:
         """The ``infer`` arguments after the model's name."""
         return {
             "inputs": _inputs(self.module, item_ids, k, exclude_seen, native),
-            "outputs": _outputs(self.module, self.model, native),
+            "outputs": _outputs(self.module, native),
         }
 
     def _answer(self, reply, native: NativeShape | None, k: int) -> Recommendations:
-        return _result(reply, self.model == FUSED_MODEL or native is not None, native, k)
+        return _result(reply, native, k)
 
     @contextmanager
     def _errors(self):
@@ -285,7 +260,7 @@ class RecommenderClient(_ModelClient):
             (INPUT_K, np.array([[k]], dtype=np.int32)),
             (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
         ]
-        outputs = [OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS, OUTPUT_HISTORY_SOURCE, OUTPUT_HISTORY_LENGTH]
+        outputs = served.by_session("BYTES").output_names
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         with self._errors():
             reply = self.client.infer(
@@ -294,7 +269,7 @@ class RecommenderClient(_ModelClient):
                 outputs=[self.module.InferRequestedOutput(n) for n in outputs],
                 **kwargs,
             )
-        base = _result(reply, True)
+        base = _result(reply)
         return SessionRecommendations(
             base.item_ids,
             base.scores,

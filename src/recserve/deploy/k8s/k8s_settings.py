@@ -20,20 +20,32 @@ GRACE_MARGIN_S = 15
 
 
 class K8sSettings(BaseSettings):
-    """What the manifests need; each field is also read from RECSERVE_K8S_<NAME> or ``.env.k8s``."""
+    """What the manifests need; each field is also read from RECSERVE_K8S_<NAME> or ``.env.k8s``, and those
+    with a description are options of ``recserve deploy k8s`` (``K8S_OPTIONS``)."""
 
     model_config = SettingsConfigDict(env_prefix="RECSERVE_K8S_", env_file=".env.k8s", extra="ignore")
 
-    name: str = Field("recserve", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    image: str = "recserve-serve:1"  # deploy/docker/Dockerfile.serve with the repository baked in
-    repository: Literal["image", "volume"] = "image"  # the repository from the image, or from a volume
-    repository_claim: str | None = None  # with repository=volume: a PersistentVolumeClaim holding it
-    replicas: int = Field(2, ge=1)  # the autoscaler's minimum (the Deployment leaves the count to it)
-    max_replicas: int = Field(8, ge=1)
-    # what the HorizontalPodAutoscaler scales on: each pod's mean queue time a request (Triton's chart does
-    # so, through prometheus-adapter's rule in monitoring/), or CPU utilization (no adapter needed)
-    scale_on: Literal["queue_time", "cpu"] = "queue_time"
+    name: str = Field(
+        "recserve",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Name of the Deployment, Service and the rest.",
+    )
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Kubernetes namespace.")
+    image: str = Field(
+        "recserve-serve:1", description="Serving image (deploy/docker/Dockerfile.serve, the repository baked in)."
+    )
+    repository: Literal["image", "volume"] = Field(
+        "image", description="image (baked in) or volume (a PersistentVolumeClaim)."
+    )
+    repository_claim: str | None = Field(None, description="With --repository volume: the claim's name.")
+    # the Deployment leaves the count to the autoscaler
+    replicas: int = Field(2, ge=1, description="The autoscaler's minimum replicas.")
+    max_replicas: int = Field(8, ge=1, description="The autoscaler's maximum replicas.")
+    scale_on: Literal["queue_time", "cpu"] = Field(
+        "queue_time",
+        description="queue_time (each pod's mean queue time a request, as Triton's chart does, through "
+        "prometheus-adapter: its rule is in monitoring/) or cpu (CPU utilisation, no adapter).",
+    )
     target_queue_time_us: int = Field(2000, ge=1)  # a fifth of a 10 ms p99 budget spent waiting
     target_cpu_utilization: int = Field(70, ge=1, le=100)
     shm_size: str = "1Gi"  # memory-backed /dev/shm: python models pass tensors through it (64 MiB by default)
@@ -45,10 +57,14 @@ class K8sSettings(BaseSettings):
     memory_limit: str = "8Gi"
     gpus: int = Field(1, ge=1)  # the gpu overlay: nvidia.com/gpu per pod
     exit_timeout_s: int = Field(30, ge=1)  # Triton's --exit-timeout-secs: in-flight requests get this long
-    # the session layout's store: a StatefulSet written beside the replicas, the same replicated with three
-    # Sentinels that fail it over (sentinel), or the one the repository's store record names (external); its
-    # password in the Secret store_secret (key "password"; with sentinel also "operator")
-    store: Literal["statefulset", "sentinel", "external"] = "statefulset"
+    # its password in the Secret store_secret (key "password"; with sentinel also "operator")
+    store: Literal["statefulset", "sentinel", "external"] = Field(
+        "statefulset",
+        description="For a repository with a session layout: statefulset (a Valkey StatefulSet with persistence, "
+        "written beside the replicas), sentinel (the same replicated, with three Sentinels that fail it over) "
+        "or external (the store the repository's record names). Its password is the Secret "
+        "RECSERVE_K8S_STORE_SECRET.",
+    )
     store_replicas: int = Field(3, ge=2)  # with store sentinel: the Valkey pods, one primary and its replicas
     store_secret: str = Field("recserve-store", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     # a supported, patched Valkey; pin it by digest for production (image@sha256:..., docs/security.md)
@@ -64,6 +80,19 @@ class K8sSettings(BaseSettings):
             )
         if self.max_replicas < self.replicas:
             raise ServingError(f"max_replicas {self.max_replicas} is below replicas {self.replicas}")
+
+
+K8S_OPTIONS = (
+    "image",
+    "name",
+    "namespace",
+    "replicas",
+    "max_replicas",
+    "scale_on",
+    "repository",
+    "repository_claim",
+    "store",
+)
 
 
 def labels(s: K8sSettings) -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
+from recserve.constants import REPOSITORY_FILE
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
 from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY, store_objects
@@ -35,6 +35,7 @@ from recserve.deploy.k8s.triton_objects import (
 )
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
+from recserve.served import LAYOUTS
 from recserve.serving.triton_server.bundle import model_backends
 
 
@@ -48,7 +49,9 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
     info = read_repository_info(repo)
     _check_image_backends(Path(repo))
-    store = next((info["layouts"][n]["session_store"] for n in SESSION_LAYOUTS if n in info["layouts"]), None)
+    store = next(
+        (info["layouts"][n]["session_store"] for n in info["layouts"] if n in LAYOUTS and LAYOUTS[n].by_session), None
+    )
     if store is not None:
         check_store_record(s, store)
     base = ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]

@@ -59,10 +59,12 @@ class DeploySettings(BaseSettings):
     workers: int = Field(
         1, ge=1, description="pytorch runtime: TorchServe workers (model processes) per instance, one thread each"
     )
-    endpoint_name: str = "recserve"
-    wait: bool = True
+    endpoint_name: str = Field("recserve", description="The endpoint to create or update.")
+    wait: bool = Field(True, description="Wait until the endpoint is InService.")
     wait_timeout_s: int = Field(1800, ge=1)
-    replace_failed: bool = False  # delete an endpoint in Failed (it cannot be updated) and create it anew
+    replace_failed: bool = Field(
+        False, description="Delete an endpoint in Failed (it cannot be updated) and create it anew."
+    )
     endpoint_url: str | None = None
 
     @field_validator("model_data")
@@ -86,6 +88,9 @@ class DeploySettings(BaseSettings):
             raise ServingError(
                 f"missing deployment settings: {', '.join(missing)}; set {env} or put them in {ENV_FILE}"
             )
+
+
+DEPLOY_OPTIONS = ("endpoint_name", "wait", "replace_failed")  # the fields `recserve sagemaker deploy` takes as options
 
 
 def load_settings(env_file: Path | None = None, **overrides) -> DeploySettings:

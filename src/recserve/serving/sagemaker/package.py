@@ -30,7 +30,7 @@ from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
 
 if TYPE_CHECKING:
-    from recserve.client.triton import NativeShape
+    from recserve.served import NativeShape
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class PackageInfo:
         """
         from google.protobuf.json_format import MessageToDict
 
-        from recserve.client.triton import NativeShape
+        from recserve.served import NativeShape
         from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
         config = parse_pbtxt(self.config or "") if self.runtime == "triton" else None

@@ -1,28 +1,14 @@
-"""What Triton's native backends run from an export: the native layout's model (``recommender_native``) and
-the seed layout's TorchScript model step; their tensor contract, which backend runs them, its settings and
-the checks that an export can provide them on the device asked for."""
+"""What Triton's native backends run from an export: the native layouts' models and the seed layout's
+TorchScript model step; which backend runs them, its settings and the checks that an export can provide them
+on the device asked for. Their tensor contracts are ``recserve.served``'s."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from recserve.constants import (
-    INPUT_EXCLUDE_SEEN,
-    INPUT_ITEM_IDS,
-    INPUT_K,
-    INPUT_SESSION_ID,
-    NATIVE_ONNX_FILE,
-    NATIVE_ONNX_OUTPUT_IDS,
-    NATIVE_TORCHSCRIPT_FILE,
-    OUTPUT_HISTORY_LENGTH,
-    OUTPUT_HISTORY_SOURCE,
-    OUTPUT_ITEM_IDS,
-    OUTPUT_SCORES,
-    OUTPUT_UNKNOWN_IDS,
-)
+from recserve.constants import NATIVE_ONNX_FILE, NATIVE_TORCHSCRIPT_FILE
 from recserve.errors import ServingError
 from recserve.export.manifest import ExportManifest
-from recserve.serving.triton_repository.pbtxt import TensorSpec
 
 # the native model's file in an export -> (Triton platform, the file name that platform loads)
 NATIVE_PLATFORMS = {
@@ -61,38 +47,6 @@ def native_backend(manifest: ExportManifest, runtime: str | None, device: str) -
     if chosen == RECSERVE_BACKEND:
         return RECSERVE_BACKEND, ""
     return "", NATIVE_PLATFORMS[str(manifest.native_model)][0]
-
-
-def native_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """The ``recommender`` contract as native batching allows it: histories padded to one length (with
-    ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or ``max_k``),
-    padded with ``NATIVE_PAD_ID`` past each request's k."""
-    ids_out = NATIVE_ONNX_OUTPUT_IDS if manifest.native_model == NATIVE_ONNX_FILE else OUTPUT_ITEM_IDS
-    inputs = (
-        TensorSpec(INPUT_ITEM_IDS, "INT64", (manifest.window - 1,)),
-        TensorSpec(INPUT_K, "INT32", (1,)),
-        TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
-    )
-    outputs = (
-        TensorSpec(ids_out, "INT64", (-1,)),
-        TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
-        TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
-    )
-    return inputs, outputs
-
-
-def native_session_contract(manifest: ExportManifest) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """The native contract by session (recserve's backend, ``native/triton-backend``): a session ID a row, the
-    items to append to it first optional and as wide as a request's; the native answers (as wide as the
-    request's largest k), and where the history came from and how long it was."""
-    inputs, outputs = native_contract(manifest)
-    inputs = (
-        TensorSpec(INPUT_SESSION_ID, "BYTES", (1,)),
-        TensorSpec(INPUT_ITEM_IDS, "INT64", (-1,), optional=True),
-        *inputs[1:],
-    )
-    outputs += (TensorSpec(OUTPUT_HISTORY_SOURCE, "INT32", (1,)), TensorSpec(OUTPUT_HISTORY_LENGTH, "INT32", (1,)))
-    return inputs, outputs
 
 
 def check_native_session(export_dir: Path, manifest: ExportManifest, runtime: str | None, device: str) -> None:

@@ -7,14 +7,7 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    data_type: str  # Triton's type name without the prefix: INT64, INT32, BOOL, FP32, BYTES
-    dims: tuple[int, ...]
-    optional: bool = False
-    allow_ragged_batch: bool = False
+from recserve.served import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.constants import REPOSITORY_FILE, SESSION_LAYOUTS
+from recserve.constants import REPOSITORY_FILE
 from recserve.devices import serving_device
 from recserve.option_fields import option
+from recserve.served import LAYOUTS
 
 GPU_QUEUE_DELAY_US = 300
 NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
@@ -114,7 +115,9 @@ def record_layouts(
     its store's record (``session_store``: never a password)."""
     info = read_repository_info(repo)
     for layout in layouts:
-        info["layouts"][layout] = dict(export) | ({"session_store": session_store} if layout in SESSION_LAYOUTS else {})
+        info["layouts"][layout] = dict(export) | (
+            {"session_store": session_store} if LAYOUTS[layout].by_session else {}
+        )
     info["run"] = run
     (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 

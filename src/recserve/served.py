@@ -1,0 +1,211 @@
+"""The served models' contracts, written once for the repository's writer and for every client: each layout's
+models (the one clients call first), the request it takes, and each model's tensors.
+
+``recserve.serving.triton_repository.layouts`` writes config.pbtxt from these contracts; the client, the
+benchmarks and the SageMaker container build their requests from them and read a native model's shape back
+from its config (``NativeShape``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from recserve.constants import (
+    ECHO_MODEL,
+    FUSED_MODEL,
+    INPUT_EXCLUDE_SEEN,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    INPUT_SESSION_ID,
+    NATIVE_MODEL,
+    NATIVE_ONNX_OUTPUT_IDS,
+    NATIVE_SESSION_MODEL,
+    OUTPUT_HISTORY_LENGTH,
+    OUTPUT_HISTORY_SOURCE,
+    OUTPUT_ITEM_IDS,
+    OUTPUT_SCORES,
+    OUTPUT_UNKNOWN_IDS,
+    SEED_ENSEMBLE,
+    SEED_HISTORY_LENGTH,
+    SEED_INPUT,
+    SEED_K,
+    SEED_MODEL,
+    SEED_OUTPUT_IDS,
+    SEED_OUTPUT_SCORES,
+    SEED_POSTPROCESSING,
+    SEED_PREPROCESSING,
+    SESSION_MODEL,
+)
+from recserve.errors import RequestError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str  # Triton's type name without the prefix: INT64, INT32, BOOL, FP32, BYTES
+    dims: tuple[int, ...]
+    optional: bool = False
+    allow_ragged_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Contract:
+    """One served model's tensors, as its config.pbtxt declares them and its clients send and read them."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [spec.name for spec in self.outputs]
+
+
+def recommender(id_type: str, counts_unknown: bool = True) -> Contract:
+    """The ``recommender`` contract: ragged item IDs (``id_type``: INT64 or BYTES), optional k and
+    exclude_seen; IDs and scores out, and the count of unknown IDs dropped where the model counts them."""
+    outputs = (TensorSpec(OUTPUT_ITEM_IDS, id_type, (-1,)), TensorSpec(OUTPUT_SCORES, "FP32", (-1,)))
+    return Contract(
+        (
+            TensorSpec(INPUT_ITEM_IDS, id_type, (-1,), allow_ragged_batch=True),
+            TensorSpec(INPUT_K, "INT32", (1,), optional=True),
+            TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,), optional=True),
+        ),
+        outputs + ((TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),) if counts_unknown else ()),
+    )
+
+
+def _by_session(contract: Contract) -> Contract:
+    """A contract by session: a session ID a row, the items to append to it first optional; where the history
+    came from and how long it was added to the answer."""
+    item_ids = dataclasses.replace(contract.inputs[0], optional=True)
+    return Contract(
+        (TensorSpec(INPUT_SESSION_ID, "BYTES", (1,)), item_ids, *contract.inputs[1:]),
+        contract.outputs
+        + (TensorSpec(OUTPUT_HISTORY_SOURCE, "INT32", (1,)), TensorSpec(OUTPUT_HISTORY_LENGTH, "INT32", (1,))),
+    )
+
+
+def by_session(id_type: str) -> Contract:
+    """The ``recommender`` contract by session (the session layout)."""
+    return _by_session(recommender(id_type))
+
+
+def native(history_length: int, onnx: bool = False) -> Contract:
+    """The ``recommender`` contract as native batching allows it: integer histories padded on the left to one
+    length (with ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or
+    ``max_k``), padded with ``NATIVE_PAD_ID`` past each request's k. An ONNX graph cannot name an output like
+    its input, so its IDs come out as ``NATIVE_ONNX_OUTPUT_IDS``."""
+    return Contract(
+        (
+            TensorSpec(INPUT_ITEM_IDS, "INT64", (history_length,)),
+            TensorSpec(INPUT_K, "INT32", (1,)),
+            TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
+        ),
+        (
+            TensorSpec(NATIVE_ONNX_OUTPUT_IDS if onnx else OUTPUT_ITEM_IDS, "INT64", (-1,)),
+            TensorSpec(OUTPUT_SCORES, "FP32", (-1,)),
+            TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),
+        ),
+    )
+
+
+def native_by_session(history_length: int) -> Contract:
+    """The native contract by session (recserve's backend): the items to append as wide as a request's."""
+    contract = _by_session(native(history_length))
+    item_ids = dataclasses.replace(contract.inputs[1], dims=(-1,))
+    return dataclasses.replace(contract, inputs=(contract.inputs[0], item_ids, *contract.inputs[2:]))
+
+
+def seed(id_type: str) -> Contract:
+    """The PoC's ensemble: exactly ``SEED_HISTORY_LENGTH`` IDs in, the top ``SEED_K`` IDs and scores out."""
+    return Contract(
+        (TensorSpec(SEED_INPUT, id_type, (SEED_HISTORY_LENGTH,)),),
+        (TensorSpec(SEED_OUTPUT_IDS, id_type, (SEED_K,)), TensorSpec(SEED_OUTPUT_SCORES, "FP32", (SEED_K,))),
+    )
+
+
+@dataclass(frozen=True)
+class ServedLayout:
+    """A layout as its clients see it: the models it serves (the one they call first) and how they ask it.
+
+    ``request``: ``items`` (a history of any length), ``seed`` (exactly ``SEED_HISTORY_LENGTH`` IDs),
+    ``native`` (a history padded to the model's length, every input sent) or ``session`` (a session ID, items
+    optional)."""
+
+    models: tuple[str, ...]
+    request: str = "items"
+    native: bool = False  # a native model: fixed shapes read from its config, every input sent
+
+    @property
+    def entry(self) -> str:
+        return self.models[0]
+
+    @property
+    def by_session(self) -> bool:
+        return self.request == "session"
+
+    @property
+    def ids_input(self) -> str:
+        return SEED_INPUT if self.request == "seed" else INPUT_ITEM_IDS
+
+    @property
+    def ids_output(self) -> str:
+        return SEED_OUTPUT_IDS if self.request == "seed" else OUTPUT_ITEM_IDS
+
+
+# every layout, in the order a repository writes them; each has a module of its name in
+# recserve.serving.triton_repository.layouts with its writer, checks and description
+LAYOUTS: dict[str, ServedLayout] = {
+    "fused": ServedLayout((FUSED_MODEL,)),
+    "native": ServedLayout((NATIVE_MODEL,), "native", native=True),
+    "seed": ServedLayout((SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING), "seed"),
+    "session": ServedLayout((SESSION_MODEL,), "session"),
+    "native_session": ServedLayout((NATIVE_SESSION_MODEL,), "session", native=True),
+    "echo": ServedLayout((ECHO_MODEL,)),
+}
+
+
+@dataclass(frozen=True)
+class NativeShape:
+    """What a native-layout model takes (read from its config): the fixed history length, the padding ID,
+    the largest k and the name of its item-ID output."""
+
+    length: int
+    padding_id: int
+    max_k: int
+    ids_output: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> NativeShape | None:
+        """From the model config as JSON (HTTP) or a dict of it (gRPC ``as_json``); None for python models."""
+        config = config.get("config", config)
+        parameters = {key: value.get("string_value") for key, value in (config.get("parameters") or {}).items()}
+        if "padding_id" not in parameters:
+            return None
+        dims = next(i["dims"] for i in config["input"] if i["name"] == INPUT_ITEM_IDS)
+        return cls(int(dims[0]), int(parameters["padding_id"]), int(parameters["max_k"]), config["output"][0]["name"])
+
+    def history(self, ids: np.ndarray) -> np.ndarray:
+        """The most recent ``length`` IDs, left-padded with the padding ID to ``length``: (1, length) int64.
+
+        Raises:
+            RequestError: IDs that are not integers (the native layout serves integer catalogues only).
+        """
+        import numpy as np  # here: the CLI reads the contracts without numpy
+
+        if ids.dtype.kind not in "iu":
+            raise RequestError(f"{INPUT_ITEM_IDS}: the native layout takes integer IDs, got {ids.dtype}")
+        out = np.full((1, self.length), self.padding_id, dtype=np.int64)
+        recent = ids[-self.length :] if self.length else ids[:0]
+        out[0, self.length - len(recent) :] = recent
+        return out
+
+    def check_k(self, k: int) -> None:
+        """Raises RequestError for a k the model cannot answer (it cannot fail one request of a batch)."""
+        if not 1 <= k <= self.max_k:
+            raise RequestError(f"{INPUT_K}: {k} is out of range; allowed 1..{self.max_k}")

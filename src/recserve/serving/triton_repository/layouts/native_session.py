@@ -1,0 +1,36 @@
+"""The native session layout: ``recommender_native_session``, the native TorchScript graph on recserve's own
+backend, which reads each request's session from the store (``settings.session_store``) and scores it in the
+same call (``native/triton-backend``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from recserve import served
+from recserve.constants import NATIVE_SESSION_MODEL
+from recserve.export.manifest import ExportManifest
+from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record
+from recserve.serving.triton_repository.layouts.native import history_length, write_native_model
+from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND, check_native_session
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+
+
+def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
+    check_native_session(export_dir, manifest, settings.native_runtime, settings.device)
+    store_record(settings)
+
+
+def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
+    on_recserve = dataclasses.replace(settings, native_runtime=RECSERVE_BACKEND)
+    width = history_length(manifest)
+    parameters = store_parameter(settings) | {"history_length": str(width)}
+    contract = served.native_by_session(width)
+    write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, on_recserve, version, contract, parameters)
+
+
+def describe(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
+    return [{"name": NATIVE_SESSION_MODEL, "backend": RECSERVE_BACKEND, "store": store_record(settings)["url"]}]
+
+
+LAYOUT = Layout(served.LAYOUTS["native_session"], ("torchscript", None), check, write, describe)

@@ -1,0 +1,41 @@
+"""The session layout: ``recommender_session``, the export (copied whole) behind a batched python model that
+reads each request's session from the store (``settings.session_store``: its address, user, prefix and
+password file, never the password)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recserve import served
+from recserve.constants import SESSION_MODEL
+from recserve.export.manifest import ExportManifest
+from recserve.serving.triton_repository.layouts.common import (
+    EXPORT_SUBDIR,
+    Layout,
+    batched_config,
+    id_type,
+    store_parameter,
+    store_record,
+    write_config,
+    write_python_version,
+)
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+
+
+def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
+    store_record(settings)
+
+
+def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
+    parameters = {"export_dir": EXPORT_SUBDIR} | store_parameter(settings)
+    write_config(
+        repo / SESSION_MODEL, batched_config(SESSION_MODEL, served.by_session(id_type(manifest)), settings, parameters)
+    )
+    write_python_version(repo / SESSION_MODEL, version, export_dir, "session")
+
+
+def describe(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
+    return [{"name": SESSION_MODEL, "store": store_record(settings)["url"]}]
+
+
+LAYOUT = Layout(served.LAYOUTS["session"], (None, None), check, write, describe)
