@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.artifacts.served import NativeShape
 from recserve.bench.http_load import measure
 from recserve.bench.synthetic import synthetic_histories
 from recserve.constants import ITEM_TABLE_FILE, NATIVE_MODEL
 from recserve.pipeline import package_from_run, repository_from_run
 from recserve.processes import free_ports
-from recserve.served import NativeShape
 from recserve.serving.sagemaker.endpoint import LocalEndpoint
 from recserve.serving.sagemaker.invocations import pytorch_request, triton_request
 from recserve.serving.triton_repository.repository_settings import RepositorySettings

@@ -1,6 +1,6 @@
 """docs/architecture.md's layers are the imports the code has: every module of src/recserve belongs to one
 layer of its table, and imports (at its top or inside a function) only the layers that its row allows, those
-layers' own, the names layer and its own."""
+layers' own, the floor (the names and artifacts layers) and its own; the floor imports nothing above it."""
 
 import ast
 import re
@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+FLOOR = ("names", "artifacts")  # every layer may import these (artifacts only the names below it)
 
 
 def _layers() -> tuple[dict[str, str], dict[str, set[str]]]:
@@ -31,8 +32,9 @@ def _layer_of(module: str, packages: dict[str, str]) -> str | None:
 
 
 def _allowed(layer: str, imports: dict[str, set[str]]) -> set[str] | None:
-    """The layers ``layer`` may import: those its row names and theirs in turn, the names layer, its own."""
-    seen, todo = {layer, "names"}, list(imports.get(layer, ()))
+    """The layers ``layer`` may import: those its row names and theirs in turn, the floor, its own."""
+    floor = FLOOR[: FLOOR.index(layer)] if layer in FLOOR else FLOOR
+    seen, todo = {layer, *floor}, list(imports.get(layer, ()))
     while todo:
         named = todo.pop()
         if named == "all":

@@ -80,7 +80,7 @@ def repository_from_run(
 
 def _native_backend(run_dir: Path, device: str) -> str:
     """onnx on CPUs where the IDs allow it (the faster of the two there, docs/benchmarks.md), else torchscript."""
-    from recserve.catalogue import has_catalogue, read_catalogue
+    from recserve.artifacts.catalogue import has_catalogue, read_catalogue
     from recserve.data.vocab import use_lookup_table
 
     dense = has_catalogue(run_dir) and use_lookup_table(read_catalogue(run_dir))
@@ -119,7 +119,7 @@ def package_from_run(
     """``recserve.serving.sagemaker.package.package`` from a run, through the export each runtime serves
     (``RUNTIME_EXPORTS``); a triton package's export is made for ``device`` (cpu or gpu: a GPU package is
     traced on this machine's GPU); string IDs for the triton runtime are refused before anything is exported."""
-    from recserve.catalogue import has_catalogue, id_type_of, read_catalogue
+    from recserve.artifacts.catalogue import has_catalogue, id_type_of, read_catalogue
     from recserve.errors import ServingError
     from recserve.export.exporter import export_run
     from recserve.serving.sagemaker.package import NO_NATIVE_FOR_TRITON, RUNTIME_EXPORTS, check_runtime, package

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.errors import ExportError
 from recserve.export import exporter
 from recserve.export.backends import load_runner
 from recserve.export.graph import build_graph, example_inputs, load_spec
-from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.export.validate import FP32_SCORE_TOL
 
@@ -224,7 +224,7 @@ def test_the_manifest_reads_back_what_was_written_and_refuses_other_files(tiny_e
     import dataclasses
     import shutil
 
-    from recserve.export.manifest import ExportManifest
+    from recserve.artifacts.export_manifest import ExportManifest
 
     manifest = ExportManifest.read(tiny_export)
     assert manifest.backend == "eager" and manifest.window == 20 and manifest.validation["top10_overlap"] == 1.0

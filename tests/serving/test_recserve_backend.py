@@ -174,7 +174,7 @@ def test_the_repository_writer_picks_the_runtime_and_refuses_what_cannot_run(tin
     ONNX graph runs on onnxruntime only; an unknown runtime is refused before any export."""
     import dataclasses
 
-    from recserve.export.manifest import ExportManifest
+    from recserve.artifacts.export_manifest import ExportManifest
     from recserve.pipeline import repository_from_run
     from recserve.serving.triton_repository.native_configs import native_backend
     from recserve.serving.triton_repository.repository_settings import RepositorySettings

@@ -42,11 +42,11 @@ def _infer(url, model, **arrays):
 
 
 def test_each_layout_is_one_module_whose_configs_declare_the_served_contract(int_repo):
-    """A layout is a row of recserve.served.LAYOUTS and a module of the layouts package of the same name; every
-    config the writer wrote declares the contract the clients build their requests from."""
+    """A layout is a row of recserve.artifacts.served.LAYOUTS and a module of the layouts package of the same
+    name; every config the writer wrote declares the contract the clients build their requests from."""
     import pkgutil
 
-    from recserve import served
+    from recserve.artifacts import served
     from recserve.serving.triton_repository import layouts
 
     modules = {m.name for m in pkgutil.iter_modules(layouts.__path__)} - {"common"}

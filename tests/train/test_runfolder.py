@@ -35,7 +35,7 @@ def test_the_run_names_its_data_folder_and_the_later_stages_find_it_there(two_ep
     same data moved elsewhere is still the same run."""
     import shutil
 
-    from recserve.run_record import data_folder_of
+    from recserve.artifacts.run_record import data_folder_of
 
     assert not (two_epoch_run / "metrics.json").exists()  # train() writes none: the record alone says it
     assert data_folder_of(two_epoch_run) == string_data_dir.resolve()

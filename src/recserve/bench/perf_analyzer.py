@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.artifacts.served import LAYOUTS, NativeShape
 from recserve.constants import (
     DEFAULT_K,
     INPUT_EXCLUDE_SEEN,
@@ -23,7 +24,6 @@ from recserve.constants import (
     SEED_HISTORY_LENGTH,
 )
 from recserve.errors import ServingError
-from recserve.served import LAYOUTS, NativeShape
 
 log = logging.getLogger(__name__)
 

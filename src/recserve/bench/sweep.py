@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.artifacts.repository_record import read_repository_info
+from recserve.artifacts.served import LAYOUTS
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.cpu import CpuMeter
 from recserve.bench.perf_analyzer import LoadLevel
 from recserve.constants import SEED_HISTORY_LENGTH
 from recserve.errors import ServingError
-from recserve.served import LAYOUTS
-from recserve.serving.triton_repository.repository_settings import read_repository_info
 
 TOP = 10  # what check_answers and compare_native ask for
 

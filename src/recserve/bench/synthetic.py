@@ -15,7 +15,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from recserve.catalogue import write_catalogue
+from recserve.artifacts.catalogue import write_catalogue
 from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.model_configs import Bert4RecConfig, SASRecConfig

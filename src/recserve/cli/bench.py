@@ -22,11 +22,11 @@ def _numbers(text: str | None, name: str) -> list[float]:
 
 def _data_of(repo: Path | None) -> Path | None:
     """The data folder behind a repository (repository -> run -> its run.json)."""
-    from recserve.serving.triton_repository.repository_settings import read_repository_info
+    from recserve.artifacts.repository_record import read_repository_info
 
     if repo is None or not repo.is_dir() or "run" not in (info := read_repository_info(repo)):
         return None
-    from recserve.run_record import data_folder_of
+    from recserve.artifacts.run_record import data_folder_of
 
     return data_folder_of(Path(info["run"]))
 
@@ -84,8 +84,8 @@ def bench(
         raise ServingError(f"{repo}: no such model repository; write one with `recserve repo`")
     data = data or _data_of(repo)
     if layouts is None:
-        from recserve.served import LAYOUTS
-        from recserve.serving.triton_repository.repository_settings import read_repository_info
+        from recserve.artifacts.repository_record import read_repository_info
+        from recserve.artifacts.served import LAYOUTS
 
         held = read_repository_info(repo)["layouts"] if repo is not None else {}
         layouts = ",".join(x for x in LAYOUTS if x in held) or "fused,seed,echo"

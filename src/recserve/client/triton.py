@@ -23,7 +23,8 @@ from typing import cast
 import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.served import NativeShape
 from recserve.constants import (
     DEFAULT_K,
     FUSED_MODEL,
@@ -42,7 +43,6 @@ from recserve.constants import (
 )
 from recserve.data.vocab import as_str_ids
 from recserve.errors import RequestError, ServingError
-from recserve.served import NativeShape
 
 BUSY_STATUSES = {"503", "StatusCode.UNAVAILABLE", "UNAVAILABLE"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recserve.catalogue import id_type_of
+from recserve.artifacts.catalogue import id_type_of
 from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
 from recserve.data.io import Columns, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame

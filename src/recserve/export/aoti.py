@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
-from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 
 FILE = "model.pt2"

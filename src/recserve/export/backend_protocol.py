@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from recserve.export.manifest import ExportManifest
+    from recserve.artifacts.export_manifest import ExportManifest
     from recserve.export.spec import GraphSpec
 
 Runner = Callable[..., tuple[np.ndarray, np.ndarray]]

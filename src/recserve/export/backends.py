@@ -8,11 +8,11 @@ from typing import cast
 
 import numpy as np
 
-from recserve.catalogue import read_catalogue
+from recserve.artifacts.catalogue import read_catalogue
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import POPULARITY_FILE
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Backend, Runner
-from recserve.export.manifest import ExportManifest
 from recserve.export.spec import GraphSpec
 
 # backend -> module under recserve.export that has PORTABLE, save() and load()

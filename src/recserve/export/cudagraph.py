@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph
-from recserve.export.manifest import ExportManifest
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph
-from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 
 FILES = (WEIGHTS_FILE, MODEL_CONFIG_FILE)

@@ -8,7 +8,9 @@ import shutil
 import time
 from pathlib import Path
 
-from recserve.catalogue import id_type_of
+from recserve.artifacts.catalogue import id_type_of
+from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.run_record import data_folder_of
 from recserve.constants import (
     DEFAULT_MAX_K,
     ITEM_TABLE_FILE,
@@ -20,11 +22,9 @@ from recserve.errors import ExportError
 from recserve.export import native_export
 from recserve.export.backends import backend_module
 from recserve.export.graph import PRECISIONS, build_graph, load_spec
-from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.export.validate import check_parity, served_ndcg10
 from recserve.files import replaced_on_success
-from recserve.run_record import data_folder_of
 
 log = logging.getLogger(__name__)
 

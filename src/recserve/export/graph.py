@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.catalogue import has_catalogue, read_catalogue
+from recserve.artifacts.catalogue import has_catalogue, read_catalogue
 from recserve.constants import POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
@@ -23,7 +24,6 @@ from recserve.constants import (
 )
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Runner
-from recserve.export.manifest import ExportManifest
 from recserve.export.spec import GraphSpec
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_TORCHSCRIPT_FILE, SEED_K, SEED_TORCHSCRIPT_FILE
 from recserve.export import native_export
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
-from recserve.export.manifest import ExportManifest
 from recserve.export.runner import torch_runner
 from recserve.models.serving_graph import NativeGraph, SeedStep
 

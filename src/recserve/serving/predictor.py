@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.catalogue import id_type_of, read_catalogue
+from recserve.artifacts.catalogue import id_type_of, read_catalogue
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import DEFAULT_K
 from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError
 from recserve.export.backend_protocol import Runner
-from recserve.export.manifest import ExportManifest
 from recserve.serving.requests import check_k
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.catalogue import write_catalogue
+from recserve.artifacts.catalogue import write_catalogue
+from recserve.artifacts.run_record import DATA_FOLDER, read_run_record, write_run_record
 from recserve.constants import ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
-from recserve.run_record import DATA_FOLDER, read_run_record, write_run_record
 
 # Training settings a rerun may change: it continues the same run.
 RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")

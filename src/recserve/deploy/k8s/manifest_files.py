@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from recserve.constants import REPOSITORY_FILE
+from recserve.artifacts.repository_record import has_record, read_repository_info, store_of
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.kserve_objects import inference_service, serving_runtime
 from recserve.deploy.k8s.sentinel_objects import OPERATOR_KEY, store_objects
@@ -35,23 +35,19 @@ from recserve.deploy.k8s.triton_objects import (
 )
 from recserve.deploy.monitoring import alert_rules, grafana_dashboard, scrape_config
 from recserve.errors import ServingError
-from recserve.served import LAYOUTS
 from recserve.serving.triton_server.bundle import model_backends
 
 
 def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
     """Writes every manifest under ``out``; returns the files written. ``repo`` is checked to be a
     recserve repository (its record names the layouts the image must hold)."""
-    from recserve.serving.triton_repository.repository_settings import read_repository_info
 
     s.check()
-    if not (Path(repo) / REPOSITORY_FILE).is_file():
+    if not has_record(repo):
         raise ServingError(f"{repo}: not a recserve model repository; write one with `recserve repo`")
     info = read_repository_info(repo)
     _check_image_backends(Path(repo))
-    store = next(
-        (info["layouts"][n]["session_store"] for n in info["layouts"] if n in LAYOUTS and LAYOUTS[n].by_session), None
-    )
+    store = store_of(info)
     if store is not None:
         check_store_record(s, store)
     base = ["deployment.yaml", "service.yaml", "pods.yaml", "hpa.yaml", "pdb.yaml"]

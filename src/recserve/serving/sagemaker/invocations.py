@@ -16,9 +16,9 @@ import json
 
 import numpy as np
 
+from recserve.artifacts.served import NativeShape
 from recserve.constants import INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
 from recserve.errors import ServingError
-from recserve.served import NativeShape
 
 JSON = "application/json"
 TRITON_BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, PACKAGE_INSTANCES, REPOSITORY_FILE
 from recserve.errors import ServingError
-from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
 
 if TYPE_CHECKING:
-    from recserve.served import NativeShape
+    from recserve.artifacts.served import NativeShape
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class PackageInfo:
         """
         from google.protobuf.json_format import MessageToDict
 
-        from recserve.served import NativeShape
+        from recserve.artifacts.served import NativeShape
         from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 
         config = parse_pbtxt(self.config or "") if self.runtime == "triton" else None

@@ -1,14 +1,14 @@
 """What Triton's native backends run from an export: the native layouts' models and the seed layout's
 TorchScript model step; which backend runs them, its settings and the checks that an export can provide them
-on the device asked for. Their tensor contracts are ``recserve.served``'s."""
+on the device asked for. Their tensor contracts are ``recserve.artifacts.served``'s."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_ONNX_FILE, NATIVE_TORCHSCRIPT_FILE
 from recserve.errors import ServingError
-from recserve.export.manifest import ExportManifest
 
 # the native model's file in an export -> (Triton platform, the file name that platform loads)
 NATIVE_PLATFORMS = {

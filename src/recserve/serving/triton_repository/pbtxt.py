@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from recserve.served import TensorSpec
+from recserve.artifacts.served import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,15 @@
-"""How a repository's models batch, queue and place their instances (``RepositorySettings``), and the
-repository's record (``recserve.json``: the run it serves, each layout's export). Nothing of the export
-stage, no protobuf and no torch: the Kubernetes manifests and the benchmarks read these without the
-repository writer."""
+"""How a repository's models batch, queue and place their instances (``RepositorySettings``). Nothing of the
+export stage, no protobuf and no torch: the Kubernetes manifests and the benchmarks read these without the
+repository writer. The repository's record is ``recserve.artifacts.repository_record``'s."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recserve.constants import REPOSITORY_FILE
 from recserve.devices import serving_device
 from recserve.option_fields import option
-from recserve.served import LAYOUTS
 
 GPU_QUEUE_DELAY_US = 300
 NATIVE_CPU_INSTANCES_MAX = 8  # the default's cap: each instance is a copy of the model in memory
@@ -105,28 +101,3 @@ class RepositorySettings:
         if self.max_queue_delay_microseconds is not None:
             return self.max_queue_delay_microseconds
         return GPU_QUEUE_DELAY_US if self.device == "gpu" else 0
-
-
-def record_layouts(
-    repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str, session_store: dict | None = None
-) -> None:
-    """Adds the layouts just written to the repository's record, with the export each was built from
-    (``export``: its backend, precision and device) and the run it came from; the session layout's with
-    its store's record (``session_store``: never a password)."""
-    info = read_repository_info(repo)
-    for layout in layouts:
-        info["layouts"][layout] = dict(export) | (
-            {"session_store": session_store} if LAYOUTS[layout].by_session else {}
-        )
-    info["run"] = run
-    (repo / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
-
-
-def read_repository_info(repo: Path) -> dict:
-    """The repository's record (``recserve.json``): the run it serves and each layout's export (backend,
-    precision, device); empty if none."""
-    path = Path(repo) / REPOSITORY_FILE
-    info = json.loads(path.read_text()) if path.is_file() else {}
-    if not isinstance(info.get("layouts"), dict):  # written by an older recserve: a list of names
-        info["layouts"] = {}
-    return info

@@ -6,7 +6,7 @@ a copy of it; the native layouts and the seed layout's model step serve the Torc
 export wrote and checked. ``recserve.pipeline.repository_from_run`` is the shortcut that exports a run first.
 
 Each layout is the ``LAYOUT`` of the module of its name in this package (its writer, checks and description);
-what its clients see of it, its models and their contracts, is ``recserve.served.LAYOUTS``, whose order is the
+what its clients see of it, its models and their contracts, is ``recserve.artifacts.served.LAYOUTS``, whose order is the
 order a repository writes them in.
 """
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.repository_record import record_layouts
 from recserve.errors import ServingError
-from recserve.export.manifest import ExportManifest
 from recserve.serving.triton_repository.layouts.common import EXPORT_SUBDIR, Layout, store_record
 from recserve.serving.triton_repository.native_configs import NATIVE_RUNTIMES
-from recserve.serving.triton_repository.repository_settings import RepositorySettings, record_layouts
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 __all__ = ["EXPORT_SUBDIR", "LAYOUTS", "Layout", "check_request", "write_repository"]
 

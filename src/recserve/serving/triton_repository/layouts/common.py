@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from recserve.catalogue import TRITON_DTYPES
+from recserve.artifacts.catalogue import TRITON_DTYPES
+from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Contract, ServedLayout
 from recserve.errors import ConfigError, ServingError
-from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
-from recserve.served import Contract, ServedLayout
 from recserve.serving.triton_repository.pbtxt import (
     DynamicBatching,
     InstanceGroup,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import ECHO_MODEL
-from recserve.export.manifest import ExportManifest
 from recserve.serving.triton_repository.layouts.common import (
     Layout,
     batched_config,

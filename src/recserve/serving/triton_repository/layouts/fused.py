@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import FUSED_MODEL
-from recserve.export.manifest import ExportManifest
 from recserve.serving.triton_repository.layouts.common import (
     EXPORT_SUBDIR,
     Layout,

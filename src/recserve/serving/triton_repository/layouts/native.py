@@ -7,9 +7,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, NATIVE_PAD_ID
-from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.layouts.common import Layout, batched_config, write_config
 from recserve.serving.triton_repository.native_configs import (

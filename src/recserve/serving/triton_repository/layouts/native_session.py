@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from recserve import served
+from recserve.artifacts import served
+from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_SESSION_MODEL
-from recserve.export.manifest import ExportManifest
 from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record
 from recserve.serving.triton_repository.layouts.native import history_length, write_native_model
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND, check_native_session

@@ -6,8 +6,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from recserve import served
-from recserve.catalogue import copy_catalogue
+from recserve.artifacts import served
+from recserve.artifacts.catalogue import copy_catalogue
+from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import TensorSpec
 from recserve.constants import (
     SEED_ENSEMBLE,
     SEED_INDICES,
@@ -22,9 +24,7 @@ from recserve.constants import (
     SEED_TOKENS,
     SEED_TOP_SCORES,
 )
-from recserve.export.manifest import ExportManifest
 from recserve.files import replaced_on_success
-from recserve.served import TensorSpec
 from recserve.serving.triton_repository.layouts.common import Layout, id_type, instances, python_model, write_config
 from recserve.serving.triton_repository.native_configs import backend_parameters, check_seed
 from recserve.serving.triton_repository.pbtxt import EnsembleStep, TritonModelConfig

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.catalogue import read_catalogue
+from recserve.artifacts.catalogue import read_catalogue
 from recserve.constants import SEED_INDICES, SEED_OUTPUT_IDS, SEED_OUTPUT_SCORES, SEED_TOP_SCORES
 from recserve.data.vocab import Vocab, as_bytes_ids
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from recserve.catalogue import read_catalogue
+from recserve.artifacts.catalogue import read_catalogue
 from recserve.constants import SEED_INPUT, SEED_TOKENS
 from recserve.data.vocab import Vocab
 

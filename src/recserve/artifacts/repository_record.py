@@ -1,0 +1,51 @@
+"""A model repository's record (``recserve.json``): the run it serves and, for each layout written, the export it
+was built from (backend, precision, device) and, by session, its store's record (never a password). Written
+by ``recserve repo`` and read by ``recserve bench`` and ``recserve deploy``, only through this module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recserve.artifacts.served import LAYOUTS
+from recserve.constants import REPOSITORY_FILE
+
+
+def record_layouts(
+    repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str, session_store: dict | None = None
+) -> None:
+    """Adds the layouts just written to the repository's record, with the export each was built from
+    (``export``: its backend, precision and device) and the run it came from; a layout by session's with
+    its store's record (``session_store``)."""
+    info = read_repository_info(repo)
+    for layout in layouts:
+        by_session = {"session_store": session_store} if LAYOUTS[layout].by_session else {}
+        info["layouts"][layout] = dict(export) | by_session
+    info["run"] = run
+    (Path(repo) / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def read_repository_info(repo: Path) -> dict:
+    """The repository's record: the run it serves and each layout's export; empty if none."""
+    path = Path(repo) / REPOSITORY_FILE
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(info.get("layouts"), dict):  # written by an older recserve: a list of names
+        info["layouts"] = {}
+    return info
+
+
+def has_record(repo: Path) -> bool:
+    """Whether ``repo`` is a repository that ``recserve repo`` wrote."""
+    return (Path(repo) / REPOSITORY_FILE).is_file()
+
+
+def store_of(info: dict) -> dict | None:
+    """The store record of the first layout by session in a repository's record, if any."""
+    return next(
+        (
+            record["session_store"]
+            for name, record in info["layouts"].items()
+            if name in LAYOUTS and LAYOUTS[name].by_session
+        ),
+        None,
+    )
