@@ -130,14 +130,16 @@ def start_serve(repo: Path, *options: str) -> tuple[subprocess.Popen, int, int, 
         str(grpc),
         "--metrics-port",
         str(metrics),
-        *options,
+        *(() if "--exit-timeout-secs" in options else ("--exit-timeout-secs", "5")),  # an idle client's
+        *options,  # keep-alive connection holds a stop for the whole timeout
     ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), http, grpc, metrics
 
 
 def server_settings(**overrides) -> ServerSettings:
     http, grpc, metrics = free_ports(3)
-    return ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=5, **overrides)
+    # a test's idle keep-alive connections would hold each stop for the whole exit timeout
+    return ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, exit_timeout_secs=3, **overrides)
 
 
 BUILT_BACKENDS = {p.name for p in native_backends()}

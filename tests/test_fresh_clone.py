@@ -207,6 +207,7 @@ def test_the_clone_serves_native_and_seed_with_the_fused_answers(clone, tiny_run
                 got = seed.infer("bert4rec_ensemble", [request]).as_numpy("output__0")
                 want = fused.recommend(history, k=10, exclude_seen=False).item_ids
                 np.testing.assert_array_equal(got, want)
+            seed.close()  # an idle keep-alive connection holds Triton's stop for its whole exit timeout
     finally:
         server.terminate()
         server.wait(60)

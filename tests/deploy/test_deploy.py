@@ -334,6 +334,7 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
         assert counted == sent
         assert _query(url, 'up{job="recserve-triton"}') == 1
         assert _query(url, 'sum(nv_inference_request_summary_us_count{model="echo"})') == sent  # the p99 alert's input
+        client.close()  # an idle keep-alive connection holds Triton's stop for its whole exit timeout
     finally:
         for process in (scraper, serve):
             process.terminate()
