@@ -80,10 +80,13 @@ def string_data_dir(tmp_path_factory) -> Path:
     return folder / "data"
 
 
-def model_top_ids(run: Path, histories: list, exclude_seen: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def model_top_ids(
+    run: Path, histories: list, exclude_seen: bool = True, allowed: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The trained model's own top 10 per history of IDs (each at most window - 1 long), computed here from its
     scores and the run's ID table, independently of the serving code; and which histories have no near-tie
-    (under 1e-4) between the 10th and 11th scores."""
+    (under 1e-4) between the 10th and 11th scores. ``allowed``: (N,) bool over the ID table, the only items a
+    business rule lets through (-1 fills a row past the items allowed)."""
     import torch
 
     from recserve.constants import ITEM_TABLE_FILE, PAD_INDEX
@@ -100,12 +103,15 @@ def model_top_ids(run: Path, histories: list, exclude_seen: bool = True) -> tupl
     with torch.no_grad():
         scores = model(torch.as_tensor(tokens)).float().numpy()
     scores[:, [PAD_INDEX, len(table) + 1]] = -np.inf
+    if allowed is not None:
+        scores[:, 1:-1][:, ~allowed] = -np.inf
     if exclude_seen:
         np.put_along_axis(scores, tokens[:, :-1], -np.inf, axis=1)
         scores[:, PAD_INDEX] = -np.inf
     top = np.argsort(-scores, axis=1, kind="stable")[:, :11]
     ranked = np.take_along_axis(scores, top, axis=1)
-    return table[top[:, :10] - 1], ranked[:, 9] - ranked[:, 10] > 1e-4
+    ids = np.where(np.isfinite(ranked[:, :10]), table[np.clip(top[:, :10] - 1, 0, len(table) - 1)], -1)
+    return ids, (ranked[:, 9] - ranked[:, 10] > 1e-4) | ~np.isfinite(ranked[:, 9])
 
 
 @pytest.fixture(scope="session")

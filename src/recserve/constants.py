@@ -50,6 +50,14 @@ SEED_TOP_SCORES = "top_scores"  # model -> postprocessing: their scores
 
 ECHO_MODEL = "echo"
 
+# Business rules (recserve.rules): what a request may keep out of its answer
+INPUT_RULE = "rule"  # BYTES [1], optional: a rule stored with the repository, by name
+INPUT_WHERE = "where"  # BYTES [1], optional: a rule written out (docs/rules.md)
+INPUT_EXCLUDE_ITEMS = "exclude_item_ids"  # the item_ids' type [-1], optional: items never to recommend
+INPUT_INCLUDE_ITEMS = "include_item_ids"  # the item_ids' type [-1], optional: the only items to recommend
+MAX_RULE_ITEMS = 1024  # excluded or included items of one request
+MAX_RULE_MASKS = 64  # the catalogue-wide masks one model keeps at once (compiled rules, LRU)
+
 # Session layout: the `recommender` contract by session ID, the history kept in a session store
 SESSION_MODEL = "recommender_session"
 INPUT_SESSION_ID = "session_id"  # BYTES [1] a row: the session to answer (item_ids, optional: appended first)

@@ -10,6 +10,7 @@ from recserve.artifacts.export_manifest import ExportManifest
 from recserve.errors import ExportError
 from recserve.export import exporter
 from recserve.export.backends import load_runner
+from recserve.export.backend_protocol import rule_inputs
 from recserve.export.graph import build_graph, example_inputs, load_spec
 from recserve.export.runner import torch_runner
 from recserve.export.validate import FP32_SCORE_TOL
@@ -31,7 +32,7 @@ def assert_matches_eager(run, export_dir, length: int) -> None:
     not the manifest's word for it."""
     spec = load_spec(run, graph_searches=ExportManifest.read(export_dir).backend != "onnx")
     inputs = [t.numpy() for t in example_inputs(spec, 11, length, seed=42)]
-    reference = torch_runner(build_graph(run, spec, 100), "cpu")(*inputs)
+    reference = torch_runner(build_graph(run, spec, 100), "cpu", len(spec.vocab_ids))(*inputs)
     got = load_runner(export_dir)(*inputs)
     np.testing.assert_array_equal(got[0][:, :10], reference[0][:, :10])
     np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)
@@ -59,7 +60,7 @@ def test_reduced_precision_reports_overlap_and_ndcg_change(tiny_run, ml100k_dir,
     # fp32 would match them to the last bit)
     spec = load_spec(tiny_run, graph_searches=backend != "onnx")
     inputs = [t.numpy() for t in example_inputs(spec, 11, 19, seed=42)]
-    reference = torch_runner(build_graph(tiny_run, spec, 100), "cpu")(*inputs)
+    reference = torch_runner(build_graph(tiny_run, spec, 100), "cpu", len(spec.vocab_ids))(*inputs)
     got = load_runner(tmp_path / "out")(*inputs)
     changed = np.abs(got[1][:, :10] - reference[1][:, :10]).max()
     assert 1e-6 < changed < 0.5 and manifest.precision == precision
@@ -156,9 +157,10 @@ def test_inference_graph_returns_the_models_top_ids_and_scores_not_a_loss(tiny_r
     from recserve.models.run_loader import load_run
 
     spec = load_spec(tiny_run)
-    ids, lengths, exclude = example_inputs(spec, 2, 5)
+    ids, lengths, exclude = example_inputs(spec, 2, 5)[:3]
     exclude[:] = True
-    top_ids, scores = build_graph(tiny_run, spec, 10)(ids, lengths, exclude)
+    every_item = [torch.as_tensor(a) for a in rule_inputs(len(spec.vocab_ids), 2)]  # no rule: the model's own top
+    top_ids, scores = build_graph(tiny_run, spec, 10)(ids, lengths, exclude, *every_item)
     assert top_ids.shape == scores.shape == (2, 10) and top_ids.dtype == torch.int64 and scores.dtype == torch.float32
     model, table = load_run(tiny_run).eval(), spec.vocab_ids
     for row in range(2):

@@ -18,7 +18,7 @@ def _answers(run, export_dir):
     """The export's answers on the GPU and eager fp32's on the CPU, for a batch no parity case used."""
     spec = load_spec(run)
     inputs = [t.numpy() for t in example_inputs(spec, 11, 19, seed=42)]
-    reference = torch_runner(build_graph(run, spec, 100), "cpu")(*inputs)
+    reference = torch_runner(build_graph(run, spec, 100), "cpu", len(spec.vocab_ids))(*inputs)
     return load_runner(export_dir, device="cuda")(*inputs), reference
 
 

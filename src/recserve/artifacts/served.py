@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING
 from recserve.constants import (
     ECHO_MODEL,
     FUSED_MODEL,
+    INPUT_EXCLUDE_ITEMS,
     INPUT_EXCLUDE_SEEN,
+    INPUT_INCLUDE_ITEMS,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_RULE,
     INPUT_SESSION_ID,
+    INPUT_WHERE,
     NATIVE_MODEL,
     NATIVE_ONNX_OUTPUT_IDS,
     NATIVE_SESSION_MODEL,
@@ -67,15 +71,27 @@ class Contract:
 
 def recommender(id_type: str, counts_unknown: bool = True) -> Contract:
     """The ``recommender`` contract: ragged item IDs (``id_type``: INT64 or BYTES), optional k and
-    exclude_seen; IDs and scores out, and the count of unknown IDs dropped where the model counts them."""
+    exclude_seen, and the optional business rules (a stored rule's name, a rule written out, items to exclude,
+    items to keep to); IDs and scores out, and the count of unknown IDs dropped where the model counts them."""
     outputs = (TensorSpec(OUTPUT_ITEM_IDS, id_type, (-1,)), TensorSpec(OUTPUT_SCORES, "FP32", (-1,)))
     return Contract(
         (
             TensorSpec(INPUT_ITEM_IDS, id_type, (-1,), allow_ragged_batch=True),
             TensorSpec(INPUT_K, "INT32", (1,), optional=True),
             TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,), optional=True),
+            *rules(id_type),
         ),
         outputs + ((TensorSpec(OUTPUT_UNKNOWN_IDS, "INT32", (1,)),) if counts_unknown else ()),
+    )
+
+
+def rules(id_type: str) -> tuple[TensorSpec, ...]:
+    """A request's business rules (``recserve.rules``), every one optional."""
+    return (
+        TensorSpec(INPUT_RULE, "BYTES", (1,), optional=True),
+        TensorSpec(INPUT_WHERE, "BYTES", (1,), optional=True),
+        TensorSpec(INPUT_EXCLUDE_ITEMS, id_type, (-1,), optional=True, allow_ragged_batch=True),
+        TensorSpec(INPUT_INCLUDE_ITEMS, id_type, (-1,), optional=True, allow_ragged_batch=True),
     )
 
 

@@ -30,6 +30,13 @@ def data(
     item_col: Annotated[str, typer.Option(help="Item column of a CSV/Parquet table.")] = "item_id",
     time_col: Annotated[str, typer.Option(help="Timestamp column of a CSV/Parquet table.")] = "timestamp",
     rating_col: Annotated[str | None, typer.Option(help="Rating column of a CSV/Parquet table.")] = None,
+    items: Annotated[
+        Path | None,
+        typer.Option(
+            help="The shop's item table (CSV, Parquet or JSON lines): the item column (--item-col) and any "
+            "attributes (category, brand, price, flags), which business rules filter on; kept in items.parquet."
+        ),
+    ] = None,
 ) -> None:
     """Prepare an interaction log: item vocabulary, per-user sequences, leave-one-out split, popularity."""
     from rich.table import Table
@@ -43,10 +50,16 @@ def data(
         rating_threshold=rating_threshold,
         dedup=dedup,
         columns=Columns(user=user_col, item=item_col, timestamp=time_col, rating=rating_col),
+        items=str(items) if items is not None else None,
     )
     with console.status(f"preparing {source}"):
         info = prepare(source, out, options)
     table = Table(title=f"{source} -> {out}", show_header=False)
     for key in ("users", "items", "interactions", "raw_interactions", "item_id_type"):
         table.add_row(key, f"{info[key]:,}" if isinstance(info[key], int) else str(info[key]))
+    if info["attributes"]:
+        described = info["attributes"]
+        kinds = ", ".join(f"{name} ({kind})" for name, kind in described["kinds"].items()) or "none"
+        table.add_row("attributes", kinds)
+        table.add_row("items described", f"{described['items_described']:,} of {info['items']:,}")
     console.print(table)

@@ -14,6 +14,7 @@ from recserve.cli.env import env
 from recserve.cli.evaluate import evaluate
 from recserve.cli.events import app as events_app
 from recserve.cli.export import export
+from recserve.cli.items import app as items_app
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
 from recserve.cli.sagemaker import app as sagemaker_app
@@ -53,6 +54,7 @@ app.add_typer(sagemaker_app, name="sagemaker")
 app.add_typer(deploy_app, name="deploy")
 app.add_typer(store_app, name="store")
 app.add_typer(events_app, name="events")
+app.add_typer(items_app, name="items")
 
 if __name__ == "__main__":
     app()

@@ -56,26 +56,46 @@ def recommend(
         str | None,
         typer.Option(help="Ask by session instead: the session model answers from its store, ITEM_IDS appended first."),
     ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            help="Only items this rule lets through, as in 'category == \"games\" and price < 50' (docs/rules.md)."
+        ),
+    ] = None,
+    rule: Annotated[str | None, typer.Option(help="Only items the rule stored by this name lets through.")] = None,
+    exclude: Annotated[
+        str | None, typer.Option(help="Comma-separated item IDs never to recommend (already on the page, say).")
+    ] = None,
+    include: Annotated[str | None, typer.Option(help="Comma-separated item IDs: the only ones to recommend.")] = None,
 ) -> None:
     """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS,
     or, with --session, the session layout for the next items of that session."""
     from rich.table import Table
 
-    from recserve.client import RecommenderClient
+    from recserve.client import RecommenderClient, Rules
     from recserve.client.triton import Recommendations
 
     history = history_ids(item_ids or [], string_ids)
+    listed = {
+        name: history_ids(text.split(","), string_ids) if text else None
+        for name, text in (("exclude", exclude), ("include", include))
+    }
+    rules = Rules(rule, where, listed["exclude"], listed["include"]) if rule or where or exclude or include else None
     extra: dict = {}
     with RecommenderClient(url, protocol, model=model) as client:
         if session is not None:
             model = SESSION_MODEL if model == FUSED_MODEL else model
-            by_session = client.recommend_session(session, history, k=k, exclude_seen=not include_seen, model=model)
+            by_session = client.recommend_session(
+                session, history, k=k, exclude_seen=not include_seen, model=model, rules=rules
+            )
             extra = {"history_source": by_session.history_source, "history_length": by_session.history_length}
             answer: Recommendations = by_session
         else:
-            answer = client.recommend(history, k=k, exclude_seen=not include_seen)
+            answer = client.recommend(history, k=k, exclude_seen=not include_seen, rules=rules)
     if session is not None and history:  # the request's items went into the session: say so
         extra["appended"] = len(history)
+    if rules is not None and len(answer.item_ids) < k:  # the rules let fewer through: said, never silent
+        extra["note"] = f"the rules let {len(answer.item_ids)} of the {k} items asked for through"
     if extra.get("history_source") == HISTORY_FROM_REQUEST:
         extra["note"] = "the session store is down: answered from the request's items alone"
     if as_json:
@@ -92,6 +112,8 @@ def recommend(
         return
     if extra.get("appended"):
         console.print(f"{extra['appended']} item(s) appended to session {session!r} first", highlight=False)
+    if rules is not None and extra.get("note"):
+        console.print(extra["note"], highlight=False)
     titles = _titles(items)
     length = extra.get("history_length", len(history))
     source = {0: "", 1: ", the store down: the request's items alone"}.get(extra.get("history_source", 0), "")

@@ -4,8 +4,16 @@ from recserve.client.triton import (
     AsyncRecommenderClient,
     RecommenderClient,
     RecommendError,
+    Rules,
     ServerBusyError,
     ServerUnreachableError,
 )
 
-__all__ = ["AsyncRecommenderClient", "RecommendError", "RecommenderClient", "ServerBusyError", "ServerUnreachableError"]
+__all__ = [
+    "AsyncRecommenderClient",
+    "RecommendError",
+    "RecommenderClient",
+    "Rules",
+    "ServerBusyError",
+    "ServerUnreachableError",
+]

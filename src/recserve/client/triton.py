@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
@@ -30,10 +31,14 @@ from recserve.constants import (
     FUSED_MODEL,
     GRPC_PORT,
     HTTP_PORT,
+    INPUT_EXCLUDE_ITEMS,
     INPUT_EXCLUDE_SEEN,
+    INPUT_INCLUDE_ITEMS,
     INPUT_ITEM_IDS,
     INPUT_K,
+    INPUT_RULE,
     INPUT_SESSION_ID,
+    INPUT_WHERE,
     OUTPUT_HISTORY_LENGTH,
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
@@ -130,23 +135,51 @@ def _tensor(module, name: str, value: np.ndarray):
     return tensor
 
 
-def _inputs(module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None):
+@dataclass(frozen=True)
+class Rules:
+    """What a request keeps out of its answer (docs/rules.md): a rule the repository stores by name, a rule
+    written out over the item attributes, item IDs never to recommend, the only item IDs to recommend."""
+
+    rule: str | None = None
+    where: str | None = None
+    exclude: Sequence | None = None
+    include: Sequence | None = None
+
+    def tensors(self) -> list[tuple[str, np.ndarray]]:
+        """The request's rule inputs: only those given."""
+        out = []
+        for name, text in ((INPUT_RULE, self.rule), (INPUT_WHERE, self.where)):
+            if text:
+                out.append((name, np.array([[text.encode()]], dtype=np.object_)))
+        for name, ids in ((INPUT_EXCLUDE_ITEMS, self.exclude), (INPUT_INCLUDE_ITEMS, self.include)):
+            if ids is not None and len(ids):
+                out.append((name, _id_array(ids).reshape(1, -1)))
+        return out
+
+
+def _inputs(
+    module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None, rules: Rules | None = None
+):
     ids = _id_array(item_ids)
+    extra = rules.tensors() if rules is not None else []
     if native is not None:
         try:
             native.check_k(k)
             ids = native.history(ids.reshape(-1))
         except RequestError as err:  # refused here, before sending: the native model cannot fail one request
             raise RecommendError(str(err)) from err
+        if extra:
+            raise RecommendError(
+                "the native layout takes no business rules yet; ask the fused or session layout for them"
+            )
     ids = ids.reshape(1, -1)
-    return [
-        _tensor(module, name, value)
-        for name, value in (
-            (INPUT_ITEM_IDS, ids),
-            (INPUT_K, np.array([[k]], dtype=np.int32)),
-            (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
-        )
+    tensors = [
+        (INPUT_ITEM_IDS, ids),
+        (INPUT_K, np.array([[k]], dtype=np.int32)),
+        (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
+        *extra,
     ]
+    return [_tensor(module, name, value) for name, value in tensors]
 
 
 def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendError:
@@ -196,10 +229,12 @@ class _ModelClient:
         self._native = NativeShape.from_config(config)
         return self._native
 
-    def _request(self, item_ids, k: int, exclude_seen: bool, native: NativeShape | None) -> dict:
+    def _request(
+        self, item_ids, k: int, exclude_seen: bool, native: NativeShape | None, rules: Rules | None = None
+    ) -> dict:
         """The ``infer`` arguments after the model's name."""
         return {
-            "inputs": _inputs(self.module, item_ids, k, exclude_seen, native),
+            "inputs": _inputs(self.module, item_ids, k, exclude_seen, native, rules),
             "outputs": _outputs(self.module, native),
         }
 
@@ -234,11 +269,14 @@ class RecommenderClient(_ModelClient):
         super().__init__(url, protocol, model, aio=False)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
 
-    def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
-        """Top-k item IDs and scores for one history, best first."""
+    def recommend(
+        self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True, rules: Rules | None = None
+    ) -> Recommendations:
+        """Top-k item IDs and scores for one history, best first; under ``rules``, only items they allow (fewer
+        than k where fewer pass)."""
         for attempt in range(self.retries + 1):
             try:
-                return self._once(item_ids, k, exclude_seen)
+                return self._once(item_ids, k, exclude_seen, rules)
             except ServerBusyError:
                 if attempt == self.retries:
                     raise
@@ -246,9 +284,16 @@ class RecommenderClient(_ModelClient):
         raise AssertionError("unreachable")
 
     def recommend_session(
-        self, session: str, item_ids=None, k: int = DEFAULT_K, exclude_seen: bool = True, model: str = SESSION_MODEL
+        self,
+        session: str,
+        item_ids=None,
+        k: int = DEFAULT_K,
+        exclude_seen: bool = True,
+        model: str = SESSION_MODEL,
+        rules: Rules | None = None,
     ) -> SessionRecommendations:
-        """Top-k for a session of the session layout, ``item_ids`` (in order) appended to it first.
+        """Top-k for a session of the session layout, ``item_ids`` (in order) appended to it first; under
+        ``rules``, only items they allow.
 
         Raises:
             SessionStoreError: the store is down and no ``item_ids`` were given.
@@ -259,6 +304,7 @@ class RecommenderClient(_ModelClient):
         tensors += [
             (INPUT_K, np.array([[k]], dtype=np.int32)),
             (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
+            *(rules.tensors() if rules is not None else []),
         ]
         outputs = served.by_session("BYTES").output_names
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
@@ -284,11 +330,11 @@ class RecommenderClient(_ModelClient):
             return self._remember_shape(self.client.get_model_config(self.model, **_as_json(self.protocol)))
         return cast(NativeShape | None, self._native)
 
-    def _once(self, item_ids, k: int, exclude_seen: bool) -> Recommendations:
+    def _once(self, item_ids, k: int, exclude_seen: bool, rules: Rules | None = None) -> Recommendations:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         with self._errors():
             native = self.native_shape()
-            reply = self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native), **kwargs)
+            reply = self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native, rules), **kwargs)
         return self._answer(reply, native, k)
 
     def is_ready(self) -> bool:
@@ -314,13 +360,15 @@ class AsyncRecommenderClient(_ModelClient):
     def __init__(self, url: str | None = None, protocol: str = "grpc", model: str = FUSED_MODEL):
         super().__init__(url, protocol, model, aio=True)
 
-    async def recommend(self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True) -> Recommendations:
+    async def recommend(
+        self, item_ids, k: int = DEFAULT_K, exclude_seen: bool = True, rules: Rules | None = None
+    ) -> Recommendations:
         with self._errors():
             native = cast(NativeShape | None, self._native)
             if self._native is False:
                 config = await self.client.get_model_config(self.model, **_as_json(self.protocol))
                 native = self._remember_shape(config)
-            reply = await self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native))
+            reply = await self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native, rules))
         return self._answer(reply, native, k)
 
     async def close(self) -> None:

@@ -11,8 +11,9 @@ import numpy as np
 import polars as pl
 
 from recserve.artifacts.catalogue import id_type_of
+from recserve.artifacts.item_table import attributes_of
 from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
-from recserve.data.io import Columns, read_source
+from recserve.data.io import Columns, read_item_table, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame
 from recserve.data.vocab import Vocab, build_vocab
 from recserve.errors import ConfigError, DataError
@@ -30,6 +31,7 @@ class PrepareOptions:
     rating_threshold: float | None = None  # keep ratings >= this (implicit feedback); None keeps all
     dedup: bool = False  # keep only the first interaction of each (user, item) pair
     columns: Columns = field(default_factory=Columns)
+    items: str | None = None  # the shop's item table (attributes by item ID), kept in items.parquet
 
     def validate(self) -> None:
         problems = []
@@ -100,6 +102,9 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
     if titles is not None:
         titles = titles.with_columns(pl.col("item_id").cast(items["item_id"].dtype, strict=False))
         items = items.join(titles.unique("item_id", keep="first"), on="item_id", how="left", maintain_order="left")
+    attributes: dict = {}
+    if options.items is not None:
+        items, attributes = _with_attributes(items, Path(options.items), options.columns.item)
     info = {
         "format_version": DATA_FORMAT_VERSION,
         "source": source,
@@ -112,9 +117,34 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
         "user_id_type": "string" if users["user_id"].dtype == pl.String else "int64",
         "split": "leave-one-out: train = items[:-2], valid = items[-2], test = items[-1]",
         "options": {k: v for k, v in asdict(options).items() if k != "columns"} | {"columns": asdict(options.columns)},
+        "attributes": attributes,
     }
     _write_atomically(out, {ITEMS_FILE: items, SEQUENCES_FILE: users}, info)
     return info
+
+
+def _with_attributes(items: pl.DataFrame, path: Path, item_col: str) -> tuple[pl.DataFrame, dict]:
+    """The item table with the shop's attributes joined on (missing where the shop's table lacks an item),
+    and what was joined: each attribute's kind, and the items matched and not.
+
+    Raises:
+        DataError: an unreadable table, or a column no rule could use (``item_table.attribute_problem``).
+    """
+    table = read_item_table(path, item_col)
+    cast = table["item_id"].cast(items["item_id"].dtype, strict=False)
+    table = table.with_columns(cast).filter(cast.is_not_null())  # IDs of another type match no item
+    if "title" in table.columns and "title" in items.columns:
+        items = items.drop("title")  # the shop's titles replace the log's
+    joined = items.join(table, on="item_id", how="left", maintain_order="left")
+    attributes = attributes_of(joined)
+    matched = int(items["item_id"].is_in(table["item_id"].implode()).sum())
+    summary = {
+        "file": str(path),
+        "kinds": {name: column.kind for name, column in attributes.columns.items()},
+        "items_described": matched,
+        "rows_for_no_catalogue_item": table.height - matched,
+    }
+    return joined, summary
 
 
 def _write_atomically(out: Path, tables: dict[str, pl.DataFrame], info: dict) -> None:

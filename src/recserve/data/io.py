@@ -153,6 +153,35 @@ def read_table(path: Path, columns: Columns = Columns()) -> pl.DataFrame:
     return _finish(raw.select(select), path)
 
 
+def read_item_table(path: Path, item_col: str = "item_id") -> pl.DataFrame:
+    """The shop's item table (CSV, Parquet or JSON lines): the item ID column (``item_col``, renamed item_id)
+    and any attribute columns (category, brand, price, flags), one row an item.
+
+    Raises:
+        DataError: an unreadable file, no ID column, or an item ID given twice.
+    """
+    _require_file(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix in {".parquet", ".pq"}:
+            raw = pl.read_parquet(path)
+        elif suffix in {".jsonl", ".ndjson"}:
+            raw = pl.read_ndjson(path)
+        else:
+            raw = pl.read_csv(path, infer_schema_length=10_000)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise DataError(f"{path}: cannot be read as an item table (CSV, Parquet or JSON lines): {err}") from err
+    if item_col not in raw.columns:
+        raise DataError(
+            f"{path}: no item column '{item_col}'; the file has columns {raw.columns}: name yours with --item-col"
+        )
+    table = raw.rename({item_col: "item_id"}) if item_col != "item_id" else raw
+    twice = table["item_id"].is_duplicated()
+    if twice.any():
+        raise DataError(f"{path}: item {table['item_id'][int(twice.arg_max() or 0)]!r} has more than one row")
+    return table
+
+
 def read_text_sequences(path: Path) -> pl.DataFrame:
     """``user item`` lines, each user's lines in time order (the BERT4Rec and SASRec papers' files)."""
     _require_file(path)

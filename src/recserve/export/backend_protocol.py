@@ -17,9 +17,11 @@ A backend module (``recserve.export.backends.MODULES`` names them) provides:
 ``load(out, spec, manifest, device) -> Runner``
     The export in ``out`` as a runner on ``device`` (cpu, cuda or cuda:N).
 
-A ``Runner`` is ``(ids, lengths, exclude_seen, k=None) -> (top_ids, top_scores)``: ``ids`` (B, L) int64
-left-padded histories, ``lengths`` (B,) int64, ``exclude_seen`` (B,) bool, ``k`` the batch's largest k (None:
-the export's ``max_k``); it returns (B, K) int64 and (B, K) float32 numpy arrays, best first, K at least k.
+A ``Runner`` is ``(ids, lengths, exclude_seen, masks=None, mask_of_row=None, excluded=None, included=None, k=None) ->
+(top_ids, top_scores)``: ``ids`` (B, L) int64 left-padded histories, ``lengths`` (B,) int64, ``exclude_seen``
+(B,) bool, the business rules as ``models.serving_graph.allowed_items`` takes them (left out: every item
+allowed, ``rule_inputs``), ``k`` the batch's largest k (None: the export's ``max_k``); it returns (B, K)
+int64 and (B, K) float32 numpy arrays, best first, K at least k (-inf past the items the rules allow).
 """
 
 from __future__ import annotations
@@ -43,3 +45,26 @@ class Backend(Protocol):
     def save(self, run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict[str, Any]: ...
 
     def load(self, out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner: ...
+
+
+def rule_inputs(
+    num_items: int,
+    batch: int,
+    masks: np.ndarray | None = None,
+    mask_of_row: np.ndarray | None = None,
+    excluded: np.ndarray | None = None,
+    included: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The graph's rule inputs (``serving_graph.allowed_items``), each as given or, left out, the rule that
+    lets every item through: one mask of every item but padding and the mask token, no item excluded, no
+    list to keep to."""
+    if masks is None:
+        masks = np.ones((1, num_items + 2), dtype=bool)
+        masks[0, [0, num_items + 1]] = False
+    if mask_of_row is None:
+        mask_of_row = np.zeros(batch, dtype=np.int64)
+    if excluded is None:
+        excluded = np.zeros((batch, 1), dtype=np.int64)
+    if included is None:
+        included = np.zeros((batch, 1), dtype=np.int64)
+    return masks, mask_of_row, excluded, included

@@ -28,7 +28,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     graph = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
     if manifest.backend != "compile":
-        return torch_runner(graph, device)
+        return torch_runner(graph, device, len(spec.vocab_ids))
     # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch
     mode = "reduce-overhead" if str(device).startswith("cuda") else None
-    return torch_runner(torch.compile(graph, dynamic=True, mode=mode), device)
+    return torch_runner(torch.compile(graph, dynamic=True, mode=mode), device, len(spec.vocab_ids))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from recserve.artifacts.catalogue import id_type_of
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.item_table import read_attributes, write_attributes
 from recserve.artifacts.run_record import data_folder_of
 from recserve.constants import (
     DEFAULT_MAX_K,
@@ -83,17 +84,18 @@ def export_run(
         for name in CATALOGUE_FILES:
             if (run_dir / name).exists():
                 shutil.copyfile(run_dir / name, tmp / name)
+        write_attributes(tmp, read_attributes(run_dir, len(spec.vocab_ids)))  # what rules filter on
         started = time.perf_counter()
         manifest = manifest.with_backend_fields(module.save(run_dir, spec, tmp, manifest))
         manifest = dataclasses.replace(manifest, build_s=round(time.perf_counter() - started, 2))
         runner = module.load(tmp, spec, manifest, device)
-        reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device)
+        reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device, len(spec.vocab_ids))
         validation = check_parity(reference, runner, spec, precision, manifest.fixed_length)
         if manifest.native_model:
             served = native_export.as_runner(
                 native_export.load(tmp, manifest.native_model, device), spec.window - 1, max_k
             )
-            validation["native"] = check_parity(reference, served, spec, precision, spec.window - 1)
+            validation["native"] = check_parity(reference, served, spec, precision, spec.window - 1, rules=False)
         if precision != "fp32":
             validation |= _quality_change(reference, runner, spec, run_dir, data_dir)
         manifest = dataclasses.replace(manifest, validation=validation)

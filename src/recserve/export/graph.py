@@ -67,5 +67,22 @@ def example_inputs(spec: GraphSpec, batch: int, length: int, seed: int = 0, devi
     lengths[0] = length
     ids = np.where(np.arange(length)[None, :] >= (length - lengths)[:, None], ids, 0)
     exclude = rng.random(batch) < 0.7
+    rules = example_rules(n, batch, rng)
     as_t = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
-    return as_t(ids.astype(np.int64)), as_t(lengths.astype(np.int64)), as_t(exclude)
+    return tuple(as_t(a) for a in (ids.astype(np.int64), lengths.astype(np.int64), exclude, *rules))
+
+
+def example_rules(
+    num_items: int, batch: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Business rules as the graph takes them (``allowed_items``): three masks, the first letting every item
+    through and the others a random nine tenths; each row one of them, two excluded items (or padding), and
+    every third row a list of twenty items to keep to."""
+    masks = np.ones((3, num_items + 2), dtype=bool)
+    masks[1:] = rng.random((2, num_items + 2)) < 0.9
+    masks[:, [0, num_items + 1]] = False  # padding and the mask token are never recommended
+    mask_of_row = rng.integers(0, 3, batch).astype(np.int64)
+    excluded = rng.integers(0, num_items + 1, (batch, 2)).astype(np.int64)  # 0: padding, excludes nothing more
+    included = rng.integers(1, num_items + 1, (batch, 20)).astype(np.int64)
+    included[np.arange(batch) % 3 != 2] = 0  # rows without a list
+    return masks, mask_of_row, excluded, included

@@ -48,7 +48,7 @@ def example(batch: int, length: int, spec: GraphSpec, seed: int = 0):
 
     from recserve.export.graph import example_inputs
 
-    ids, lengths, exclude = (t.numpy() for t in example_inputs(spec, batch, length, seed=seed))
+    ids, lengths, exclude = (t.numpy() for t in example_inputs(spec, batch, length, seed=seed)[:3])
     k = np.full((batch, 1), 10, dtype=np.int32)
     return (
         torch.from_numpy(padded(ids, lengths, length)),

@@ -17,19 +17,21 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
+    MAX_RULE_ITEMS,
+    MAX_RULE_MASKS,
     NATIVE_ONNX_FILE,
     NATIVE_ONNX_OUTPUT_IDS,
     OUTPUT_SCORES,
     OUTPUT_UNKNOWN_IDS,
 )
 from recserve.errors import ExportError
-from recserve.export.backend_protocol import Runner
+from recserve.export.backend_protocol import Runner, rule_inputs
 from recserve.export.spec import GraphSpec
 
 log = logging.getLogger(__name__)
 
 FILE = "model.onnx"
-INPUTS = ("item_ids", "lengths", "exclude_seen")
+INPUTS = ("item_ids", "lengths", "exclude_seen", "masks", "mask_of_row", "excluded", "included")
 OUTPUTS = ("top_item_ids", "top_scores")  # ONNX names must differ from the inputs' names
 K_INPUT = "k"  # how many items to select: the batch's largest k (see _k_as_input)
 # the native graph's (recserve.models.serving_graph.NativeGraph): the recommender contract's names, but for the IDs
@@ -54,7 +56,18 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     graph = build_graph(run_dir, spec, manifest.max_k, "fp32")
     example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9))
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
-    shapes = {"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
+    masks = torch.export.Dim("masks", min=1, max=MAX_RULE_MASKS + 1)
+    excluded = torch.export.Dim("excluded", min=1, max=MAX_RULE_ITEMS)
+    included = torch.export.Dim("included", min=1, max=MAX_RULE_ITEMS)
+    shapes = {
+        "item_ids": {0: batch, 1: length},
+        "lengths": {0: batch},
+        "exclude_seen": {0: batch},
+        "masks": {0: masks},
+        "mask_of_row": {0: batch},
+        "excluded": {0: batch, 1: excluded},
+        "included": {0: batch, 1: included},
+    }
     _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
     _k_as_input(out / FILE)
     added = {}
@@ -192,8 +205,18 @@ def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> R
     session = ort.InferenceSession(str(out / FILE), options, providers=providers)
     top = min(manifest.max_k, len(spec.vocab_ids))  # the graph never selects more than the catalogue holds
 
-    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
-        feed = dict(zip(INPUTS, (ids, lengths, np.ascontiguousarray(exclude))))
+    def run(
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        exclude: np.ndarray,
+        masks: np.ndarray | None = None,
+        mask_of_row: np.ndarray | None = None,
+        excluded: np.ndarray | None = None,
+        included: np.ndarray | None = None,
+        k: int | None = None,
+    ):
+        rules = rule_inputs(len(spec.vocab_ids), len(ids), masks, mask_of_row, excluded, included)
+        feed = dict(zip(INPUTS, (np.ascontiguousarray(a) for a in (ids, lengths, exclude, *rules))))
         feed[K_INPUT] = np.array([top if k is None else min(k, top)], dtype=np.int64)
         top_ids, scores = session.run(list(OUTPUTS), feed)
         return top_ids, scores

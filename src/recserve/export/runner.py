@@ -1,24 +1,48 @@
-"""Wraps a torch callable as the predictor's numpy runner."""
+"""Wraps a torch callable as the predictor's numpy runner, and fills in the business rules' inputs a caller
+left out (every item allowed)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from recserve.export.backend_protocol import Runner
+from recserve.export.backend_protocol import Runner, rule_inputs
 
 
-def torch_runner(fn, device: str | torch.device) -> Runner:
+class DeviceMasks:
+    """The masks' copy on the device, made again only when the caller hands other masks: a predictor hands the
+    same read-only array batch after batch until its rules change (``recserve.rules.masks.MaskBank``)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.source: np.ndarray | None = None
+        self.copy: torch.Tensor | None = None
+
+    def __call__(self, masks: np.ndarray) -> torch.Tensor:
+        if masks is not self.source or self.copy is None:
+            self.source, self.copy = masks, torch.from_numpy(np.ascontiguousarray(masks)).to(self.device)
+        return self.copy
+
+
+def torch_runner(fn, device: str | torch.device, num_items: int) -> Runner:
     """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy."""
     device = torch.device(device)
+    on_device = DeviceMasks(device)
 
-    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
+    def run(
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        exclude: np.ndarray,
+        masks: np.ndarray | None = None,
+        mask_of_row: np.ndarray | None = None,
+        excluded: np.ndarray | None = None,
+        included: np.ndarray | None = None,
+        k: int | None = None,
+    ):
+        masks, *rows = rule_inputs(num_items, len(ids), masks, mask_of_row, excluded, included)
+        move = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
         with torch.inference_mode():
-            top_ids, scores = fn(
-                torch.from_numpy(ids).to(device, non_blocking=True),
-                torch.from_numpy(lengths).to(device, non_blocking=True),
-                torch.from_numpy(np.ascontiguousarray(exclude)).to(device, non_blocking=True),
-            )
+            top_ids, scores = fn(move(ids), move(lengths), move(exclude), on_device(masks), *map(move, rows))
             top_ids, scores = top_ids[:, :k], scores[:, :k]  # the graph selected max_k; copy back only k
         return top_ids.cpu().numpy(), scores.float().cpu().numpy()
 

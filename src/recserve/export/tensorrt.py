@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
@@ -38,11 +39,16 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     if not manifest.device.startswith("cuda"):
         raise ExportError("backend torch_tensorrt needs --device cuda")
     graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).cuda()
-    length = spec.window - 1
+    length, width = spec.window - 1, len(spec.vocab_ids) + 2
     inputs = [
         trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, length), max_shape=(MAX_BATCH, length), dtype=torch.int64),
         trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.int64),
         trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.bool),
+        # the business rules (serving_graph.allowed_items): masks, each row's mask, its excluded and included items
+        trt.Input(min_shape=(1, width), opt_shape=(3, width), max_shape=(MAX_RULE_MASKS + 1, width), dtype=torch.bool),
+        trt.Input(min_shape=(1,), opt_shape=(OPT_BATCH,), max_shape=(MAX_BATCH,), dtype=torch.int64),
+        trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, 2), max_shape=(MAX_BATCH, MAX_RULE_ITEMS), dtype=torch.int64),
+        trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, 1), max_shape=(MAX_BATCH, MAX_RULE_ITEMS), dtype=torch.int64),
     ]
     precisions = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     compiled = trt.compile(graph, ir="dynamo", inputs=inputs, enabled_precisions={precisions[manifest.precision]})
@@ -57,4 +63,4 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     _torch_tensorrt()
-    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device)
+    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device, len(spec.vocab_ids))

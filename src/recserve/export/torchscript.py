@@ -58,4 +58,4 @@ def trace_frozen(module: torch.nn.Module, example: tuple) -> torch.jit.ScriptMod
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
-    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device)
+    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device, len(spec.vocab_ids))

@@ -46,6 +46,28 @@ def ids_to_indices(
     return torch.where(found, pos + 1, torch.zeros_like(pos))
 
 
+def allowed_items(
+    masks: torch.Tensor, mask_of_row: torch.Tensor, excluded: torch.Tensor, included: torch.Tensor
+) -> torch.Tensor:
+    """Each row's allowed items: its catalogue-wide mask, less its own excluded items and, where it lists
+    items to include, less every item it does not list.
+
+    Args:
+        masks: (R, V) bool by vocabulary index: the masks this batch's rows use (hidden items, a rule).
+        mask_of_row: (B,) int64: each row's mask.
+        excluded: (B, E) int64 vocabulary indices the row excludes besides; padding (0) where it has fewer.
+        included: (B, I) int64 vocabulary indices, the only items the row may hold where its first is not
+            padding (0); padding past them.
+
+    Returns:
+        (B, V) bool.
+    """
+    allowed = masks.index_select(0, mask_of_row)
+    allowed = allowed.scatter(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
+    listed = torch.zeros_like(allowed).scatter(1, included, torch.ones_like(included, dtype=torch.bool))
+    return allowed & (listed | (included[:, :1] == 0))
+
+
 class TopKHead(nn.Module):
     """Tokens (mask appended) in, top-k indices and scores out: the model step of the seed layout.
 
@@ -57,6 +79,7 @@ class TopKHead(nn.Module):
     special: torch.Tensor
     popular_scores: torch.Tensor
     popular_indices: torch.Tensor
+    popularity: torch.Tensor
 
     def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, popularity: np.ndarray, max_k: int):
         super().__init__()
@@ -72,16 +95,26 @@ class TopKHead(nn.Module):
         popular_scores, popular_indices = pop.topk(self.max_k)  # the answer to a history of no known item
         self.register_buffer("popular_scores", popular_scores, persistent=False)
         self.register_buffer("popular_indices", popular_indices, persistent=False)
+        self.register_buffer("popularity", pop, persistent=False)  # (V,): the same, before a rule's mask
 
-    def scores(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
+    def scores(
+        self, tokens: torch.Tensor, exclude_seen: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool; allowed: (B, V) bool, the items
+        each row's rules let through (``allowed_items``), or None for every item.
 
         Returns:
-            (B, V) scores in the encoder's precision, -inf for padding, the mask token and (where asked) the
-            seen items. Rows without a known item take their answer from ``popular`` instead.
+            (B, V) scores in the encoder's precision, -inf for padding, the mask token, (where asked) the
+            seen items and the items ``allowed`` keeps out. Without ``allowed``, rows without a known item take
+            their answer from ``popular`` instead; with it, they are scored by popularity here, under the same
+            rules.
         """
         scores = self.encoder(tokens)  # (B, V): the mask position only
         scores = scores + self.special.to(scores.dtype)
+        if allowed is not None:
+            known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+            scores = torch.where(known, scores, self.popularity.to(scores.dtype))
+            scores = scores.masked_fill(~allowed, float("-inf"))
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
 
@@ -97,18 +130,25 @@ class TopKHead(nn.Module):
             torch.where(known, top_indices, self.popular_indices[rank]),
         )
 
-    def top(self, tokens: torch.Tensor, exclude_seen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def top(
+        self, tokens: torch.Tensor, exclude_seen: torch.Tensor, k: int, allowed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The top ``k`` (at most ``max_k``) scores (B, k) float32 and vocabulary indices (B, k) int64, best
-        first."""
-        return self.popular(tokens, *self.scores(tokens, exclude_seen).topk(k, dim=1))
+        first; under ``allowed`` (B, V), only the items it lets through (fewer than k score -inf)."""
+        if allowed is None:
+            return self.popular(tokens, *self.scores(tokens, exclude_seen).topk(k, dim=1))
+        top_scores, top_indices = self.scores(tokens, exclude_seen, allowed).topk(k, dim=1)
+        return top_scores.float(), top_indices
 
-    def forward(self, tokens: torch.Tensor, exclude_seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool.
+    def forward(
+        self, tokens: torch.Tensor, exclude_seen: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool; allowed: (B, V) bool or None.
 
         Returns:
             Top-k vocabulary indices (B, K) int64 and scores (B, K) float32, best first.
         """
-        top_scores, top_indices = self.top(tokens, exclude_seen, self.max_k)
+        top_scores, top_indices = self.top(tokens, exclude_seen, self.max_k, allowed)
         return top_indices, top_scores
 
 
@@ -160,12 +200,22 @@ class InferenceGraph(nn.Module):
         )
 
     def forward(
-        self, item_ids: torch.Tensor, lengths: torch.Tensor, exclude_seen: torch.Tensor
+        self,
+        item_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        exclude_seen: torch.Tensor,
+        masks: torch.Tensor,
+        mask_of_row: torch.Tensor,
+        excluded: torch.Tensor,
+        included: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """item_ids: (B, L) int64, left-padded; lengths: (B,) int64; exclude_seen: (B,) bool.
+        """item_ids: (B, L) int64, left-padded; lengths: (B,) int64; exclude_seen: (B,) bool; the business
+        rules (``recserve.rules``) as ``allowed_items`` takes them: masks (R, V) bool, mask_of_row (B,) int64,
+        excluded (B, E) and included (B, I) int64 vocabulary indices.
 
         Returns:
-            Top-k item IDs (B, K) int64 and scores (B, K) float32, best first; K is ``max_k``.
+            Top-k item IDs (B, K) int64 and scores (B, K) float32, best first; K is ``max_k``. Where fewer
+            than K items are allowed, the rest score -inf (their IDs are arbitrary).
         """
         if item_ids.shape[1] > self.window - 1:  # a shape test: exports bound the length and drop it
             item_ids = item_ids[:, -(self.window - 1) :]  # the most recent items the window holds
@@ -174,7 +224,7 @@ class InferenceGraph(nn.Module):
         valid = column[None, :] >= (width - lengths)[:, None]  # (B, L)
         indices = ids_to_indices(self.table, self.lut, item_ids, valid, self.lut_last)
         tokens = F.pad(indices, (0, 1), value=self.mask_index)  # (B, L + 1): the mask token last; L may be 0
-        top_indices, top_scores = self.head(tokens, exclude_seen)
+        top_indices, top_scores = self.head(tokens, exclude_seen, allowed_items(masks, mask_of_row, excluded, included))
         return self.index_to_id[top_indices], top_scores
 
 

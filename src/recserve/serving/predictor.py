@@ -16,10 +16,12 @@ import numpy as np
 
 from recserve.artifacts.catalogue import id_type_of, read_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.item_table import ItemAttributes, read_attributes
 from recserve.constants import DEFAULT_K
 from recserve.data.vocab import as_str_ids, lookup_table, use_lookup_table
 from recserve.errors import RequestError
 from recserve.export.backend_protocol import Runner
+from recserve.rules.rule_book import RequestRules, RuleBook
 from recserve.serving.requests import check_k
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class Predictor:
         max_k: int,
         map_ids: bool,
         manifest: ExportManifest | None = None,
+        rules: RuleBook | None = None,
     ):
         """
         Args:
@@ -87,6 +90,7 @@ class Predictor:
             max_k: the most items a request may ask for.
             map_ids: map IDs to indices here (the graph then takes and returns indices 1..N): string IDs,
                 and sparse integer IDs on backends without a search operator.
+            rules: the business rules every answer keeps to (default: none, and nothing hidden).
         """
         self.runner = runner
         self.vocab_ids = vocab_ids
@@ -102,17 +106,33 @@ class Predictor:
         self.member = lookup_table(vocab_ids) > 0 if use_lookup_table(vocab_ids) else None
         # a padded slot holds 0, which counts as known where 0 is an item ID (indices: 0 is never an item)
         self.pad_known = not self.map_ids and bool(self._known(np.zeros(1, dtype=np.int64))[0])
+        self.rules = rules if rules is not None else RuleBook(ItemAttributes(len(vocab_ids), {}))
 
     @classmethod
-    def load(cls, export_dir: Path, device: str = "cpu") -> Predictor:
-        """Loads an export folder written by ``recserve export`` (any backend)."""
+    def load(cls, export_dir: Path, device: str = "cpu", named_rules: dict[str, str] | None = None) -> Predictor:
+        """Loads an export folder written by ``recserve export`` (any backend), with the rules stored by name
+        (``named_rules``) over the attributes its item table carries.
+
+        Raises:
+            RuleError: a named rule that does not fit the item table.
+        """
         from recserve.export.backends import load_runner
 
         manifest = ExportManifest.read(export_dir)
         runner = load_runner(Path(export_dir), manifest, device)
         vocab_ids = read_catalogue(export_dir)
         map_ids = manifest.id_mapping == "predictor"
-        return cls(runner, vocab_ids, manifest.window, manifest.max_k, map_ids, manifest)
+        rules = RuleBook(read_attributes(export_dir, len(vocab_ids)), named_rules)
+        return cls(runner, vocab_ids, manifest.window, manifest.max_k, map_ids, manifest, rules)
+
+    def indices(self, ids: np.ndarray) -> np.ndarray:
+        """Vocabulary indices of item IDs (1..N), 0 for IDs the catalogue does not hold."""
+        ids = np.asarray(ids).reshape(-1)
+        if self.string_ids:
+            ids = as_str_ids(ids).reshape(-1)
+        elif ids.dtype.kind not in "iu":
+            raise RequestError(f"item IDs: integer IDs expected for this model, got {ids.dtype}")
+        return np.where(self._known(ids), np.searchsorted(self.vocab_ids, ids) + 1, 0).astype(np.int64)
 
     def encode(self, histories: Sequence[np.ndarray]) -> Batch:
         """Pads histories on the left after keeping each one's most recent ``window - 1`` items.
@@ -148,13 +168,21 @@ class Predictor:
     def check_k(self, k: int) -> int:
         return check_k(k, self.max_k)
 
-    def answer(self, histories: Sequence[np.ndarray], k: int, exclude_seen: np.ndarray | bool = True) -> Answers:
+    def answer(
+        self,
+        histories: Sequence[np.ndarray],
+        k: int,
+        exclude_seen: np.ndarray | bool = True,
+        rules: Sequence[RequestRules | None] | None = None,
+    ) -> Answers:
         """The top ``k`` of each history as arrays: one graph call for the whole batch.
 
         Args:
             histories: one item-ID array per request row (at least one).
             k: the batch's largest k (already checked against ``max_k``); rows that asked for fewer take a slice.
             exclude_seen: one flag per row, or one for all.
+            rules: one entry per row (None: no rule), each checked (``self.rules.check``); the hidden items
+                are kept out of every row.
         """
         n = len(histories)
         if self.string_ids:
@@ -165,11 +193,12 @@ class Predictor:
             if np.ndim(exclude_seen) == 0
             else np.broadcast_to(np.asarray(exclude_seen, dtype=bool), (n,)).copy()
         )
-        top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude, k=k)
+        on_rows = self.rules.batch(list(rules) if rules is not None else [None] * n, self.indices)
+        top_ids, top_scores = self.runner(batch.ids, batch.lengths, exclude, *on_rows.arrays(), k=k)
         top_ids, top_scores = top_ids[:, :k], top_scores[:, :k]
         if self.map_ids:
-            top_ids = self.vocab_ids[top_ids - 1]
-        # fewer than k items remain only in tiny catalogues
+            top_ids = self.vocab_ids[np.clip(top_ids - 1, 0, len(self.vocab_ids) - 1)]
+        # fewer than k items remain in tiny catalogues, and where rules let fewer through
         return Answers(top_ids, top_scores, batch.unknown, bool(np.isfinite(top_scores).all()))
 
     def predict(

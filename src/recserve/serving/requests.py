@@ -6,13 +6,25 @@ Shared by every server shell (the Triton python models and the SageMaker handler
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
-from recserve.constants import DEFAULT_K, INPUT_EXCLUDE_SEEN, INPUT_ITEM_IDS, INPUT_K, INPUT_SESSION_ID, NATIVE_PAD_ID
+from recserve.constants import (
+    DEFAULT_K,
+    INPUT_EXCLUDE_ITEMS,
+    INPUT_EXCLUDE_SEEN,
+    INPUT_INCLUDE_ITEMS,
+    INPUT_ITEM_IDS,
+    INPUT_K,
+    INPUT_RULE,
+    INPUT_SESSION_ID,
+    INPUT_WHERE,
+    NATIVE_PAD_ID,
+)
 from recserve.errors import RequestError
+from recserve.rules.rule_book import RequestRules, check_listed
 from recserve.sessions import store_contract
 
 P = TypeVar("P")
@@ -23,6 +35,10 @@ class ParsedRequest:
     histories: list[np.ndarray]  # one per row of the request
     k: int
     exclude_seen: np.ndarray | None  # (rows,) bool; None: the default, seen items excluded
+    rules: RequestRules | None = None  # what the request keeps out of its answer (every row alike)
+
+    def rows_rules(self) -> list[RequestRules | None]:
+        return [self.rules] * len(self.histories)
 
 
 def _column(values: np.ndarray, rows: int, name: str, kinds: str) -> np.ndarray:
@@ -80,6 +96,7 @@ class SessionRequest:
     events: list[np.ndarray]  # per row the items to append first, in order (padding dropped; may be empty)
     k: int
     exclude_seen: np.ndarray | None
+    rules: RequestRules | None = None  # what the request keeps out of its answer (every row alike)
 
 
 def parse_session_request(
@@ -148,15 +165,55 @@ def exclude_flags(parsed: list[ParsedRequest]) -> np.ndarray | bool:
     return np.concatenate(rows)
 
 
+def parse_rules(value: Callable[[str], np.ndarray | None], string_ids: bool) -> RequestRules | None:
+    """A request's business rules from its optional inputs (``value(name)``: the tensor, or None where the
+    request has not that input): a stored rule's name, a rule written out, items to exclude, items to keep to.
+
+    Raises:
+        RequestError: a name or rule that is not one UTF-8 string, a list of IDs of the wrong type or too long.
+    """
+    rule, where = _text(value(INPUT_RULE), INPUT_RULE), _text(value(INPUT_WHERE), INPUT_WHERE)
+    exclude = _ids(value(INPUT_EXCLUDE_ITEMS), INPUT_EXCLUDE_ITEMS, string_ids)
+    include = _ids(value(INPUT_INCLUDE_ITEMS), INPUT_INCLUDE_ITEMS, string_ids)
+    if rule is None and where is None and exclude is None and include is None:
+        return None
+    return RequestRules(rule, where, exclude, include)
+
+
+def _text(values: np.ndarray | None, name: str) -> str | None:
+    if values is None:
+        return None
+    values = np.asarray(values)
+    if values.dtype.kind not in "OSU" or values.size != 1:
+        raise RequestError(f"{name}: one string (BYTES [1]), got {values.dtype} of shape {list(values.shape)}")
+    value = values.reshape(-1)[0]
+    try:
+        text = value.decode() if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as err:
+        raise RequestError(f"{name}: not UTF-8 ({err.reason})") from None
+    return text or None
+
+
+def _ids(values: np.ndarray | None, name: str, string_ids: bool) -> np.ndarray | None:
+    flat = check_listed(name, values)
+    if flat is None:
+        return None
+    if flat.dtype.kind not in ("OSU" if string_ids else "iu"):
+        expected = "BYTES (string IDs)" if string_ids else "INT64 (integer IDs)"
+        raise RequestError(f"{name}: this model takes {expected}, got {flat.dtype}")
+    return flat
+
+
 def parse_triton_request(request, max_k: int, string_ids: bool) -> ParsedRequest:
     """``parse_request`` for a Triton python-backend request: its input tensors are read in one pass."""
     inputs = {tensor.name(): tensor for tensor in request.inputs()}
     if INPUT_ITEM_IDS not in inputs:
         raise RequestError(f"missing input '{INPUT_ITEM_IDS}'")
     value = lambda name: inputs[name].as_numpy() if name in inputs else None  # noqa: E731
-    return parse_request(
+    parsed = parse_request(
         inputs[INPUT_ITEM_IDS].as_numpy(), value(INPUT_K), value(INPUT_EXCLUDE_SEEN), max_k, string_ids
     )
+    return replace(parsed, rules=parse_rules(value, string_ids))
 
 
 def parse_each(requests: Sequence[Any], parse: Callable[[Any], P]) -> tuple[list[P | RequestError], list[P]]:

@@ -257,6 +257,39 @@ class SessionStore:
                 raise RequestError(problem)
         return min(count or self.settings.window, self.settings.window)
 
+    def hide(self, items: Sequence[str], hidden: bool = True) -> int:
+        """Hides items catalogue-wide (``hidden``), or shows them again; returns how many changed. The change
+        and the raised version are one transaction: a batch that reads the new version reads the new set.
+
+        Raises:
+            StoreError: the store did not acknowledge it.
+            RequestError: an item ID that breaks the store's rule for the catalogue's type.
+        """
+        for item in items:
+            if problem := store_contract.item_problem(item, self.id_type):
+                raise RequestError(problem)
+        if not items:
+            return 0
+        prefix = self.settings.prefix
+        pipe = self._client.pipeline(transaction=True)
+        key = store_contract.HIDDEN_KEY.format(prefix=prefix)
+        (pipe.sadd if hidden else pipe.srem)(key, *[str(item) for item in items])
+        pipe.incr(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
+        return int(self._call("the change of hidden items", lambda: pipe.execute())[0])
+
+    def hidden_version(self) -> int:
+        """The hidden items' version: raised by every change (0 before the first)."""
+        key = store_contract.HIDDEN_VERSION_KEY.format(prefix=self.settings.prefix)
+        return int(self._call("the hidden items' version", lambda: self._client.get(key)) or 0)
+
+    def hidden(self) -> tuple[int, list[str]]:
+        """The hidden items (text) and the version they are at, read together."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=self.settings.prefix))
+        pipe.smembers(store_contract.HIDDEN_KEY.format(prefix=self.settings.prefix))
+        version, members = self._call("the read of hidden items", lambda: pipe.execute())
+        return int(version or 0), sorted(members)
+
     def forget(self, sessions: Sequence[str]) -> int:
         """Removes sessions (a shopper's request to be forgotten); returns how many the store held."""
         if not sessions:

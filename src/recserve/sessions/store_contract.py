@@ -20,6 +20,10 @@ import numpy as np
 from recserve.constants import NATIVE_PAD_ID
 
 HISTORY_KEY = "{prefix}h:{session}"  # one sorted set a session
+# the items hidden catalogue-wide (out of stock, withdrawn): a set of item IDs as the store keeps them, and a
+# counter raised with every change to it, which serving reads once a batch (and the set only when it moved)
+HIDDEN_KEY = "{prefix}items:hidden"
+HIDDEN_VERSION_KEY = "{prefix}items:version"
 MEMBER_SEPARATOR = " "  # a member is EVENT_ID, this, ITEM (an event ID holds no space)
 MAX_SESSION_ID = 256  # characters of a session ID (valid UTF-8, at least one)
 MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
@@ -33,7 +37,23 @@ SENTINEL_SERVICE = "recserve"  # the primary's name to the Sentinels of a replic
 
 # The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping, and
 # WAIT for a replica's copy (acknowledge "replica")
-COMMANDS = ("ping", "multi", "exec", "discard", "zadd", "zremrangebyrank", "zrange", "expire", "del", "wait")
+COMMANDS = (
+    "ping",
+    "multi",
+    "exec",
+    "discard",
+    "zadd",
+    "zremrangebyrank",
+    "zrange",
+    "expire",
+    "del",
+    "wait",
+    "sadd",
+    "srem",
+    "smembers",
+    "incr",
+    "get",
+)
 # the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
 # COMMANDS only, touch only its prefix's keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
 ACL_RULES = "user default off\nuser {user} on #{sha256} resetchannels resetkeys ~{prefix}* -@all {commands}\n"

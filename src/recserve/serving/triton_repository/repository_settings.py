@@ -82,8 +82,16 @@ class RepositorySettings:
     versions_served: int = option(1, "Serve the newest N versions.")
     session_store: str | None = option(
         None,
-        "The session layout's store: a folder of `recserve store start`, or a JSON file of its settings (url, "
-        "username, password_file, prefix, window, ttl_s, timeout_s; never the password itself).",
+        "The session store: a folder of `recserve store start`, or a JSON file of its settings (url, username, "
+        "password_file, prefix, window, ttl_s, timeout_s; never the password itself). The session layouts read "
+        "sessions from it; with it, the fused layout too keeps out the items `recserve items hide` hides.",
+        cli_type=Path,
+        parse=str,
+    )
+    rules: str | None = option(
+        None,
+        "Business rules to store by name, which requests then name in their `rule` input: a TOML or JSON file "
+        "of name = rule (docs/rules.md), each checked against the export's item attributes.",
         cli_type=Path,
         parse=str,
     )

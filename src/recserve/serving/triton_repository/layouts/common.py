@@ -13,9 +13,12 @@ from pathlib import Path
 
 from recserve.artifacts.catalogue import TRITON_DTYPES
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.item_table import read_attributes
 from recserve.artifacts.served import Contract, ServedLayout
 from recserve.errors import ConfigError, ServingError
 from recserve.files import replaced_on_success
+from recserve.rules.language import RuleError, compile_rule
+from recserve.rules.named import read_named_rules
 from recserve.serving.triton_repository.pbtxt import (
     DynamicBatching,
     InstanceGroup,
@@ -23,6 +26,7 @@ from recserve.serving.triton_repository.pbtxt import (
     TritonModelConfig,
     to_pbtxt,
 )
+from recserve.serving.triton_repository.python_models.served_model import RULES_PARAMETER, STORE_PARAMETER
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 EXPORT_SUBDIR = "export"
@@ -102,8 +106,38 @@ def store_record(settings: RepositorySettings) -> dict:
 
 
 def store_parameter(settings: RepositorySettings) -> dict[str, str]:
-    """The config parameter that tells a model by session its store."""
-    return {"session_store": json.dumps(store_record(settings), sort_keys=True)}
+    """The config parameter that tells a python model its store (``served_model.STORE_PARAMETER``)."""
+    return {STORE_PARAMETER: json.dumps(store_record(settings), sort_keys=True)}
+
+
+def rules_parameter(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
+    """The config parameter of the rules stored by name (``served_model.RULES_PARAMETER``), each checked
+    against the export's item attributes; none without ``settings.rules``.
+
+    Raises:
+        ConfigError: a file that cannot be read, or a name that is not one.
+        ServingError: a rule that does not fit the export's attributes.
+    """
+    if not settings.rules:
+        return {}
+    named = read_named_rules(Path(settings.rules))
+    attributes = read_attributes(export_dir, manifest.num_items)
+    for name, text in named.items():
+        try:
+            compile_rule(text, attributes)
+        except RuleError as err:
+            raise ServingError(f"--rules {settings.rules}: rule {name!r}: {err}") from err
+    return {RULES_PARAMETER: json.dumps(named, sort_keys=True)}
+
+
+def python_parameters(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
+    """A fused or session python model's parameters: its export, its rules, its store where there is one."""
+    if settings.response_cache and settings.session_store:
+        raise ServingError(
+            "--response-cache would answer from before a hide (recserve items hide): leave it off with a session store"
+        )
+    store = store_parameter(settings) if settings.session_store else {}
+    return {"export_dir": EXPORT_SUBDIR} | rules_parameter(export_dir, manifest, settings) | store
 
 
 @dataclass(frozen=True)

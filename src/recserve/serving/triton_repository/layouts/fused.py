@@ -8,10 +8,10 @@ from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import FUSED_MODEL
 from recserve.serving.triton_repository.layouts.common import (
-    EXPORT_SUBDIR,
     Layout,
     batched_config,
     id_type,
+    python_parameters,
     write_config,
     write_python_version,
 )
@@ -23,11 +23,13 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     if not manifest.portable:
         require_built_for(manifest, settings.device, f"the {manifest.backend} export was built for")
+    python_parameters(export_dir, manifest, settings)  # the store and the rules, before anything is written
 
 
 def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
     model_dir = repo / FUSED_MODEL
-    config = batched_config(FUSED_MODEL, served.recommender(id_type(manifest)), settings, {"export_dir": EXPORT_SUBDIR})
+    parameters = python_parameters(export_dir, manifest, settings)
+    config = batched_config(FUSED_MODEL, served.recommender(id_type(manifest)), settings, parameters)
     # a config.pbtxt unchanged is left alone: a polling server reloads the model when it changes
     if not (model_dir / "config.pbtxt").exists() or (model_dir / "config.pbtxt").read_text() != to_pbtxt(config):
         write_config(model_dir, config)

@@ -10,11 +10,10 @@ from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import SESSION_MODEL
 from recserve.serving.triton_repository.layouts.common import (
-    EXPORT_SUBDIR,
     Layout,
     batched_config,
     id_type,
-    store_parameter,
+    python_parameters,
     store_record,
     write_config,
     write_python_version,
@@ -24,10 +23,11 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 
 def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     store_record(settings)
+    python_parameters(export_dir, manifest, settings)
 
 
 def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
-    parameters = {"export_dir": EXPORT_SUBDIR} | store_parameter(settings)
+    parameters = python_parameters(export_dir, manifest, settings)
     write_config(
         repo / SESSION_MODEL, batched_config(SESSION_MODEL, served.by_session(id_type(manifest)), settings, parameters)
     )

@@ -4,7 +4,6 @@ One predictor call for the whole dynamic batch; one response per request; a bad 
 INVALID_ARG error response and leaves the rest of the batch unharmed.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -16,28 +15,33 @@ if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carri
 
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
 from recserve.errors import RequestError
-from recserve.serving.predictor import Predictor
 from recserve.serving.requests import exclude_flags, parse_each, parse_triton_request
-from recserve.serving.triton_repository.placement import instance_device
+from recserve.serving.triton_repository.python_models.served_model import load_served
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        folder = (
-            Path(args["model_repository"]) / args["model_version"] / config["parameters"]["export_dir"]["string_value"]
-        )
-        self.predictor = Predictor.load(folder, instance_device(args))
+        self.predictor, self.store, self.hidden = load_served(args)
+
+    def finalize(self):
+        if self.store is not None:
+            self.store.close()
 
     def _parse(self, request):
-        return parse_triton_request(request, self.predictor.max_k, self.predictor.string_ids)
+        parsed = parse_triton_request(request, self.predictor.max_k, self.predictor.string_ids)
+        if parsed.rules is not None:
+            self.predictor.rules.check(parsed.rules)
+        return parsed
 
     def execute(self, requests):
         parsed, good = parse_each(requests, self._parse)
         if not good:
             return [self._error(p) for p in parsed]
+        if self.hidden is not None and (problem := self.hidden.refresh()):
+            pb_utils.Logger.log_warn(f"recommender: the hidden items stay as last read: {problem}")
         histories = [h for p in good for h in p.histories]
-        answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good)).for_triton()
+        rules = [r for p in good for r in p.rows_rules()]
+        answers = self.predictor.answer(histories, max(p.k for p in good), exclude_flags(good), rules).for_triton()
         unknown = answers.unknown.astype(np.int32)[:, None]  # Triton 2.51 has no response parameters
         responses, row = [], 0
         for p in parsed:

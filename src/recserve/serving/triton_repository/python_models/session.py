@@ -6,8 +6,8 @@ whose session store is down is answered from the items it brought (``history_sou
 UNAVAILABLE; a bad request gets INVALID_ARG; neither harms the rest of the batch.
 """
 
-import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,23 +29,15 @@ from recserve.constants import (
     STORE_UNAVAILABLE,
 )
 from recserve.errors import RequestError
-from recserve.serving.predictor import Predictor
-from recserve.serving.requests import parse_each, parse_session_request
-from recserve.serving.triton_repository.placement import instance_device
+from recserve.serving.requests import parse_each, parse_rules, parse_session_request
+from recserve.serving.triton_repository.python_models.served_model import load_served
 from recserve.sessions.session_histories import session_histories
-from recserve.sessions.session_store import SessionStore
-from recserve.sessions.store_settings import StoreSettings
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        parameters = config["parameters"]
-        folder = Path(args["model_repository"]) / args["model_version"] / parameters["export_dir"]["string_value"]
-        self.predictor = Predictor.load(folder, instance_device(args))
-        settings = StoreSettings.from_record(json.loads(parameters["session_store"]["string_value"]))
-        self.store = SessionStore(settings, self.predictor.id_type)
-        self.window = min(settings.window, self.predictor.history_limit)
+        self.predictor, self.store, self.hidden = load_served(args)
+        self.window = min(self.store.settings.window, self.predictor.history_limit)
 
     def finalize(self):
         self.store.close()
@@ -54,7 +46,7 @@ class TritonPythonModel:
         inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
         if INPUT_SESSION_ID not in inputs:
             raise RequestError(f"missing input '{INPUT_SESSION_ID}'")
-        return parse_session_request(
+        parsed = parse_session_request(
             inputs[INPUT_SESSION_ID],
             inputs.get(INPUT_ITEM_IDS),
             inputs.get(INPUT_K),
@@ -62,11 +54,17 @@ class TritonPythonModel:
             self.predictor.max_k,
             self.predictor.string_ids,
         )
+        rules = parse_rules(inputs.get, self.predictor.string_ids)
+        if rules is not None:
+            self.predictor.rules.check(rules)
+        return replace(parsed, rules=rules)
 
     def execute(self, requests):
         parsed, good = parse_each(requests, self._parse)
         if not good:
             return [self._error(p) for p in parsed]
+        if problem := self.hidden.refresh():
+            pb_utils.Logger.log_warn(f"recommender_session: the hidden items stay as last read: {problem}")
         found = session_histories(
             self.store,
             [s for p in good for s in p.sessions],
@@ -84,7 +82,10 @@ class TritonPythonModel:
         answers = None
         if answerable:
             histories = [found.histories[i] for i in answerable]
-            answers = self.predictor.answer(histories, max(p.k for p in good), exclude[answerable]).for_triton()
+            rules = [r for p in good for r in [p.rules] * len(p.sessions)]
+            answers = self.predictor.answer(
+                histories, max(p.k for p in good), exclude[answerable], [rules[i] for i in answerable]
+            ).for_triton()
         position = {row: n for n, row in enumerate(answerable)}  # batch row -> row of the answers
         responses, row = [], 0
         for p in parsed:

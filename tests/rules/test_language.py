@@ -1,0 +1,162 @@
+"""The rule language over the item attributes: what each form lets through, and what each bad rule gets (an
+error naming what to write, never a silent empty answer)."""
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recserve.artifacts.item_table import attributes_of
+from recserve.errors import DataError
+from recserve.rules.language import RuleError, compile_rule, parse
+from recserve.rules.named import read_named_rules
+from recserve.rules.rule_book import RequestRules, RuleBook
+
+TABLE = pl.DataFrame(
+    {
+        "index": [1, 2, 3, 4, 5],
+        "item_id": [10, 20, 30, 40, 50],
+        "count": [1, 1, 1, 1, 1],
+        "category": ["games", "books", None, "games", "toys"],
+        "price": [5.0, 60.0, 20.0, None, 49.99],
+        "adult": [True, False, None, False, False],
+        "stock": [0, 3, 1, 7, 2],
+    }
+)
+ATTRIBUTES = attributes_of(TABLE)
+
+
+@pytest.mark.parametrize(
+    ("rule", "allowed"),
+    [
+        ('category == "games"', [1, 0, 0, 1, 0]),
+        ('category != "games"', [0, 1, 0, 0, 1]),  # a missing category satisfies no comparison
+        ('category in ("games", "toys")', [1, 0, 0, 1, 1]),
+        ('category not in ("games",)', [0, 1, 0, 0, 1]),
+        ("price < 50", [1, 0, 1, 0, 1]),
+        ("price >= 49.99", [0, 1, 0, 0, 1]),
+        ("price > -1 and stock > 0", [0, 1, 1, 0, 1]),
+        ("adult", [1, 0, 0, 0, 0]),
+        ("not adult", [0, 1, 1, 1, 1]),  # not turns round what its operand gives (missing included)
+        ("adult == false", [0, 1, 0, 1, 1]),
+        ('category == "games" or (stock > 2 and not adult)', [1, 1, 0, 1, 0]),
+        ('category == "toys" and price < 50 and not adult', [0, 0, 0, 0, 1]),
+        ('category == "nothing here"', [0, 0, 0, 0, 0]),  # a value no item has yet: nothing, not an error
+        ("stock in (1, 2, 3)", [0, 1, 1, 0, 1]),
+    ],
+)
+def test_each_form_lets_through_what_docs_rules_says(rule, allowed):
+    np.testing.assert_array_equal(compile_rule(rule, ATTRIBUTES), np.array(allowed, dtype=bool))
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ("brand == 1", "no attribute 'brand'; the item table has category (string), price (number)"),
+        ('price == "cheap"', "price is a number attribute and 'cheap' is not; write price < 10"),
+        ("category == 3", "category is a string attribute and 3.0 is not"),
+        ('category < "m"', "category is a string attribute; < orders numbers only"),
+        ("stock", "stock is a number attribute; compare it, as in stock < 10"),
+        ('category = "games"', "cannot be read at column 10 (compare with ==, not =)"),
+        ("1 < price < 3", "one comparison at a time"),
+        ("price + 1 > 3", "a comparison starts with an attribute's name"),
+        ("__import__('os')", "is not part of the language"),
+        ("category in 'games'", "in takes a list of values"),
+        ("price < stock", "stock is not a value"),
+        ("", "an empty rule"),
+        ("x" * 3000, "at most 2000"),
+        (" or ".join(["price < 1"] * 150), "too long"),
+    ],
+)
+def test_each_bad_rule_gets_an_error_that_says_what_to_write(rule, message):
+    with pytest.raises(RuleError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        compile_rule(rule, ATTRIBUTES)
+
+
+def test_a_rule_is_parsed_once_and_its_tree_compiled_against_any_table():
+    rule = parse("price < 50")
+    assert compile_rule(rule, ATTRIBUTES).sum() == 3
+
+
+def test_an_attribute_no_rule_could_name_is_refused_with_the_column():
+    for frame, message in (
+        (TABLE.with_columns(pl.Series("tags", [[1], [2], [3], [4], [5]])), "'tags' is of type List"),
+        (TABLE.rename({"price": "class"}), "'class' is not a name a rule can use"),
+        (TABLE.rename({"price": "2nd"}), "'2nd' is not a name a rule can use"),
+        (TABLE.with_columns(pl.lit(None).alias("empty")), "'empty' holds no value at all"),
+    ):
+        with pytest.raises(DataError, match=message):
+            attributes_of(frame)
+
+
+def test_named_rules_files_are_checked(tmp_path):
+    good = tmp_path / "rules.toml"
+    good.write_text('in_stock = "stock > 0"\ncheap_games = \'category == "games" and price < 50\'\n')
+    assert read_named_rules(good) == {"in_stock": "stock > 0", "cheap_games": 'category == "games" and price < 50'}
+    for text, message in (
+        ("in stock = 1", "cannot be read"),
+        ('"a b" = "stock > 0"', "not a rule name"),
+        ("x = 3", "a rule is a string"),
+    ):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(Exception, match=message):
+            read_named_rules(bad)
+    with pytest.raises(RuleError, match="no attribute 'brand'"):
+        RuleBook(ATTRIBUTES, {"acme": 'brand == "acme"'})  # a bad named rule fails the load, not a request
+
+
+def test_the_rule_book_gives_each_row_its_mask_and_keeps_hidden_items_out_of_every_one():
+    book = RuleBook(ATTRIBUTES, {"in_stock": "stock > 0"})
+    rows = [None, RequestRules(rule="in_stock"), RequestRules(where="price < 50", exclude=np.array([30]))]
+    for r in rows[1:]:
+        book.check(r)
+    lookup = lambda ids: np.searchsorted(TABLE["item_id"].to_numpy(), ids) + 1  # noqa: E731
+    batch = book.batch(rows, lookup)
+    allowed = batch.masks[batch.mask_of_row][:, 1:-1]
+    np.testing.assert_array_equal(allowed[0], [1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(allowed[1], [0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(allowed[2], [1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(batch.excluded[2], [3])  # item 30 is index 3
+    assert not batch.masks[:, [0, -1]].any()  # padding and the mask token: never
+    book.hide(np.array([True, False, False, False, True]))
+    hidden = book.batch(rows, lookup)
+    assert not hidden.masks[:, [1, 5]].any() and hidden.masks is not batch.masks  # a runner sees new masks
+    with pytest.raises(RuleError, match="no rule named 'gone'; the repository stores in_stock"):
+        book.check(RequestRules(rule="gone"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(["games", "books", "toys", None]), min_size=1, max_size=30),
+    st.lists(st.floats(min_value=-5, max_value=100, allow_nan=False) | st.none(), min_size=1, max_size=30),
+    st.sampled_from(["==", "!=", "in", "not in"]),
+    st.floats(min_value=-5, max_value=100, allow_nan=False),
+    st.sampled_from(["<", "<=", ">", ">="]),
+    st.sampled_from(["and", "or"]),
+    st.booleans(),
+)
+def test_a_compiled_rule_agrees_with_the_rule_read_item_by_item(categories, prices, eq, bound, order, join, negate):
+    """A property: the mask is what evaluating the rule on each item alone gives (missing: no comparison holds)."""
+    n = min(len(categories), len(prices))
+    table = pl.DataFrame(
+        {"category": pl.Series(categories[:n], dtype=pl.String), "price": pl.Series(prices[:n], dtype=pl.Float64)}
+    )
+    value = '("games", "toys")' if eq in ("in", "not in") else '"games"'
+    rule = f"category {eq} {value} {join} price {order} {bound!r}"
+    rule = f"not ({rule})" if negate else rule
+    got = compile_rule(rule, attributes_of(table))
+
+    def holds(category, price):
+        named = {"==": category == "games", "!=": category != "games", "in": category in ("games", "toys")}
+        named["not in"] = category not in ("games", "toys")
+        first = category is not None and named[eq]
+        second = (
+            price is not None
+            and {"<": price < bound, "<=": price <= bound, ">": price > bound, ">=": price >= bound}[order]
+        )
+        both = (first and second) if join == "and" else (first or second)
+        return not both if negate else both
+
+    assert got.tolist() == [holds(c, p) for c, p in zip(categories[:n], prices[:n])]
