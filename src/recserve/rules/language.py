@@ -127,9 +127,11 @@ def _node(node: ast.AST, text: str) -> Node:
         if not isinstance(left, ast.Name) or left.id in ("true", "false"):
             raise RuleError(f"rule {text!r}: a comparison starts with an attribute's name, as in price < 50")
         if op in ("in", "not in"):
-            if not isinstance(right, ast.Tuple | ast.List | ast.Set):
-                raise RuleError(f'rule {text!r}: {op} takes a list of values, as in brand in ("a", "b")')
-            return Compare(left.id, op, tuple(_value(v, text) for v in right.elts))
+            if isinstance(right, ast.Tuple | ast.List | ast.Set):
+                return Compare(left.id, op, tuple(_value(v, text) for v in right.elts))
+            if isinstance(right, ast.Constant | ast.UnaryOp):  # ("games") is one value in parentheses
+                return Compare(left.id, op, (_value(right, text),))
+            raise RuleError(f'rule {text!r}: {op} takes a list of values, as in brand in ("a", "b")')
         return Compare(left.id, op, _value(right, text))
     raise RuleError(
         f"rule {text!r}: {ast.get_source_segment(text.strip(), node) or type(node).__name__} is not part of the "

@@ -51,7 +51,7 @@ COMMANDS = (
     "sadd",
     "srem",
     "smembers",
-    "incr",
+    "incrby",
     "get",
 )
 # the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
