@@ -9,8 +9,8 @@ import torch
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.errors import ExportError
 from recserve.export import exporter
-from recserve.export.backends import load_runner
 from recserve.export.backend_protocol import rule_inputs
+from recserve.export.backends import load_runner
 from recserve.export.graph import build_graph, example_inputs, load_spec
 from recserve.export.runner import torch_runner
 from recserve.export.validate import FP32_SCORE_TOL
