@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole path on the shipped ML-100K data: prepare, train SASRec (the default model), evaluate, export,
 # serve through every layout (fused, native, the PoC's seed ensemble, echo, and by session from recserve's
-# embedded session store), recommend, benchmark; then
+# embedded session store), recommend (under business rules too, an item hidden and gone), benchmark; then
 # Mult-VAE, and the SageMaker path on a local endpoint.
 set -euo pipefail
 out=${1:-runs/demo}
@@ -70,6 +70,18 @@ user=$($bin/python -c "import sys; from recserve.data.datasets import load_prepa
 $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
 $rs events send "user-$user" 50 --kind view --store "$out/store"
 $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
+# Business rules inside the top k: ML-100K's items carry their release year and genre (`recserve data --items`
+# adds a shop's own attributes); a rule keeps the answer to what it lets through, and an item hidden in the
+# store (out of stock) is gone from the session's next answer
+$rs recommend $history --url 127.0.0.1:18001 --k 5 --where 'genre == "Comedy" and year >= 1990' --items "$out/run/items.parquet"
+top=$($rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 1 --json | $bin/python -c 'import json, sys; print(json.load(sys.stdin)["item_id"][0])')
+$rs items hide "$top" --store "$out/store"
+$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --json | $bin/python -c '
+import json, sys
+answer = json.load(sys.stdin)["item_id"]
+assert int(sys.argv[1]) not in answer, "a hidden item was recommended"
+print(f"item {sys.argv[1]} hidden: the next answer is {answer}")' "$top"
+$rs items show "$top" --store "$out/store"
 if [ -d "$out/repo/recommender_native_session" ]; then  # the same session from recserve's own backend
   $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session --json
 fi

@@ -168,7 +168,7 @@ def test_the_session_layout_keeps_to_a_requests_rules(shop, shop_run):
 @pytest.mark.parametrize(
     ("rules", "message"),
     [
-        (Rules(where="brand == 1"), "no attribute 'brand'; the item table has category (string), price (number)"),
+        (Rules(where="brand == 1"), "no attribute 'brand'; the item table has year (number), genre (string), category"),
         (Rules(where='price == "cheap"'), "price is a number attribute"),
         (Rules(where="category = 1"), "compare with ==, not ="),
         (Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),

@@ -57,9 +57,9 @@ def data(
     table = Table(title=f"{source} -> {out}", show_header=False)
     for key in ("users", "items", "interactions", "raw_interactions", "item_id_type"):
         table.add_row(key, f"{info[key]:,}" if isinstance(info[key], int) else str(info[key]))
-    if info["attributes"]:
-        described = info["attributes"]
-        kinds = ", ".join(f"{name} ({kind})" for name, kind in described["kinds"].items()) or "none"
-        table.add_row("attributes", kinds)
+    described = info["attributes"]
+    kinds = ", ".join(f"{name} ({kind})" for name, kind in described["kinds"].items()) or "none"
+    table.add_row("attributes", kinds)
+    if "items_described" in described:
         table.add_row("items described", f"{described['items_described']:,} of {info['items']:,}")
     console.print(table)

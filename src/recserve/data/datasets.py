@@ -102,9 +102,10 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
     if titles is not None:
         titles = titles.with_columns(pl.col("item_id").cast(items["item_id"].dtype, strict=False))
         items = items.join(titles.unique("item_id", keep="first"), on="item_id", how="left", maintain_order="left")
-    attributes: dict = {}
+    described: dict = {}
     if options.items is not None:
-        items, attributes = _with_attributes(items, Path(options.items), options.columns.item)
+        items, described = _with_attributes(items, Path(options.items), options.columns.item)
+    kinds = {name: column.kind for name, column in attributes_of(items).columns.items()}
     info = {
         "format_version": DATA_FORMAT_VERSION,
         "source": source,
@@ -117,7 +118,7 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
         "user_id_type": "string" if users["user_id"].dtype == pl.String else "int64",
         "split": "leave-one-out: train = items[:-2], valid = items[-2], test = items[-1]",
         "options": {k: v for k, v in asdict(options).items() if k != "columns"} | {"columns": asdict(options.columns)},
-        "attributes": attributes,
+        "attributes": {"kinds": kinds} | described,
     }
     _write_atomically(out, {ITEMS_FILE: items, SEQUENCES_FILE: users}, info)
     return info
@@ -125,10 +126,10 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
 
 def _with_attributes(items: pl.DataFrame, path: Path, item_col: str) -> tuple[pl.DataFrame, dict]:
     """The item table with the shop's attributes joined on (missing where the shop's table lacks an item),
-    and what was joined: each attribute's kind, and the items matched and not.
+    and what was joined: the items matched and the rows that matched none.
 
     Raises:
-        DataError: an unreadable table, or a column no rule could use (``item_table.attribute_problem``).
+        DataError: an unreadable table (a column no rule could use is refused by ``attributes_of`` after).
     """
     table = read_item_table(path, item_col)
     cast = table["item_id"].cast(items["item_id"].dtype, strict=False)
@@ -136,14 +137,8 @@ def _with_attributes(items: pl.DataFrame, path: Path, item_col: str) -> tuple[pl
     if "title" in table.columns and "title" in items.columns:
         items = items.drop("title")  # the shop's titles replace the log's
     joined = items.join(table, on="item_id", how="left", maintain_order="left")
-    attributes = attributes_of(joined)
     matched = int(items["item_id"].is_in(table["item_id"].implode()).sum())
-    summary = {
-        "file": str(path),
-        "kinds": {name: column.kind for name, column in attributes.columns.items()},
-        "items_described": matched,
-        "rows_for_no_catalogue_item": table.height - matched,
-    }
+    summary = {"file": str(path), "items_described": matched, "rows_for_no_catalogue_item": table.height - matched}
     return joined, summary
 
 

@@ -89,7 +89,8 @@ def _finish(frame: pl.DataFrame, path: Path) -> pl.DataFrame:
 
 
 def read_ml100k() -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """The ML-100K log and titles shipped in the recbole wheel (atomic files, tab-separated)."""
+    """The ML-100K log shipped in the recbole wheel (atomic files, tab-separated), and its items' titles with
+    two attributes that rules can filter on: the release year and the first of the genres."""
     folder = recbole_example_dir(ML100K)
     inter = pl.read_csv(folder / "ml-100k.inter", separator="\t", quote_char=None)
     inter = inter.rename(lambda c: c.split(":")[0])
@@ -99,7 +100,12 @@ def read_ml100k() -> tuple[pl.DataFrame, pl.DataFrame | None]:
         items = pl.read_csv(folder / "ml-100k.item", separator="\t", quote_char=None, infer_schema=False)
         items = items.with_columns(pl.col(items.columns[0]).cast(pl.Int64))
         items = items.rename(lambda c: c.split(":")[0])
-        titles = items.select(pl.col("item_id"), pl.col("movie_title").alias("title"))
+        titles = items.select(
+            pl.col("item_id"),
+            pl.col("movie_title").alias("title"),
+            pl.col("release_year").cast(pl.Int64, strict=False).alias("year"),
+            pl.col("class").str.split(" ").list.first().alias("genre"),
+        )
     return _finish(frame, folder / "ml-100k.inter"), titles
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 
 from recserve.artifacts.export_manifest import ExportManifest
-from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS
 from recserve.export.backend_protocol import Runner
-from recserve.export.graph import GraphSpec, build_graph, example_inputs
+from recserve.export.graph import GraphSpec, build_graph, example_inputs, rule_shapes
 from recserve.export.runner import torch_runner
 
 FILE = "model.pt2"
@@ -27,18 +26,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).to(device)
     example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
     batch = torch.export.Dim("batch", min=1, max=65536)
-    masks = torch.export.Dim("masks", min=1, max=MAX_RULE_MASKS + 1)
-    excluded = torch.export.Dim("excluded", min=1, max=MAX_RULE_ITEMS)
-    included = torch.export.Dim("included", min=1, max=MAX_RULE_ITEMS)
-    shapes = {
-        "item_ids": {0: batch},
-        "lengths": {0: batch},
-        "exclude_seen": {0: batch},
-        "masks": {0: masks},
-        "mask_of_row": {0: batch},
-        "excluded": {0: batch, 1: excluded},
-        "included": {0: batch, 1: included},
-    }
+    shapes = {"item_ids": {0: batch}, "lengths": {0: batch}, "exclude_seen": {0: batch}} | rule_shapes(batch)
     with torch.inference_mode():
         program = torch.export.export(graph, example, dynamic_shapes=shapes)
         torch._inductor.aoti_compile_and_package(program, package_path=str(out / FILE))

@@ -33,7 +33,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     return {"fixed_length": spec.window - 1, "batch_buckets": BUCKETS}
 
 
-LISTED_COLUMNS = 64  # excluded, and included, items a row may bring to a captured graph (more: it runs uncaptured)
+LISTED_COLUMNS = 128  # excluded, and included, items a row may bring to a captured graph (more: it runs uncaptured)
 
 
 class _Packed(torch.nn.Module):
@@ -101,16 +101,11 @@ class CudaGraphRunner:
         ids: np.ndarray,
         lengths: np.ndarray,
         exclude: np.ndarray,
-        masks: np.ndarray | None = None,
-        mask_of_row: np.ndarray | None = None,
-        excluded: np.ndarray | None = None,
-        included: np.ndarray | None = None,
+        *rules: np.ndarray,
         k: int | None = None,
     ):
         """Runs the captured graph of the smallest bucket that fits; always returns ``max_k`` columns."""
-        masks, mask_of_row, excluded, included = rule_inputs(
-            self.num_items, len(ids), masks, mask_of_row, excluded, included
-        )
+        masks, mask_of_row, excluded, included = rule_inputs(self.num_items, len(ids), *rules)
         rows = (ids, lengths, exclude, mask_of_row, excluded, included)
         with torch.inference_mode():  # the static tensors were made in inference mode
             self._hold(masks)
@@ -128,7 +123,7 @@ class CudaGraphRunner:
             return
         if len(masks) > len(self.masks):
             raise ExportError(f"{len(masks)} rule masks in one batch: the captured graphs hold {len(self.masks)}")
-        self.masks[: len(masks)].copy_(torch.from_numpy(np.ascontiguousarray(masks)))
+        self.masks[: len(masks)].copy_(torch.tensor(masks))  # read-only: copied
         self.masks_from = masks
 
     def _uncaptured(self, ids, lengths, exclude, mask_of_row, excluded, included):

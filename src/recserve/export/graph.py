@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from recserve.artifacts.catalogue import has_catalogue, read_catalogue
-from recserve.constants import POPULARITY_FILE
+from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS, POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ExportError
 from recserve.export.spec import GraphSpec
@@ -70,6 +70,20 @@ def example_inputs(spec: GraphSpec, batch: int, length: int, seed: int = 0, devi
     rules = example_rules(n, batch, rng)
     as_t = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
     return tuple(as_t(a) for a in (ids.astype(np.int64), lengths.astype(np.int64), exclude, *rules))
+
+
+def rule_shapes(batch) -> dict:
+    """torch.export's dynamic dimensions of the rule inputs (``serving_graph.allowed_items``), beside the
+    batch's: up to ``MAX_RULE_MASKS`` masks (and the row of every item), lists of up to ``MAX_RULE_ITEMS``."""
+    masks = torch.export.Dim("masks", min=1, max=MAX_RULE_MASKS + 1)
+    excluded = torch.export.Dim("excluded", min=1, max=MAX_RULE_ITEMS)
+    included = torch.export.Dim("included", min=1, max=MAX_RULE_ITEMS)
+    return {
+        "masks": {0: masks},
+        "mask_of_row": {0: batch},
+        "excluded": {0: batch, 1: excluded},
+        "included": {0: batch, 1: included},
+    }
 
 
 def example_rules(

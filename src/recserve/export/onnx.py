@@ -17,8 +17,6 @@ from recserve.constants import (
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
-    MAX_RULE_ITEMS,
-    MAX_RULE_MASKS,
     NATIVE_ONNX_FILE,
     NATIVE_ONNX_OUTPUT_IDS,
     OUTPUT_SCORES,
@@ -47,7 +45,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     import torch
 
     from recserve.export import native_export
-    from recserve.export.graph import build_graph, example_inputs
+    from recserve.export.graph import build_graph, example_inputs, rule_shapes
     from recserve.models.serving_graph import NativeGraph
 
     precision = manifest.precision
@@ -56,18 +54,8 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     graph = build_graph(run_dir, spec, manifest.max_k, "fp32")
     example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9))
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
-    masks = torch.export.Dim("masks", min=1, max=MAX_RULE_MASKS + 1)
-    excluded = torch.export.Dim("excluded", min=1, max=MAX_RULE_ITEMS)
-    included = torch.export.Dim("included", min=1, max=MAX_RULE_ITEMS)
-    shapes = {
-        "item_ids": {0: batch, 1: length},
-        "lengths": {0: batch},
-        "exclude_seen": {0: batch},
-        "masks": {0: masks},
-        "mask_of_row": {0: batch},
-        "excluded": {0: batch, 1: excluded},
-        "included": {0: batch, 1: included},
-    }
+    shapes = {"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
+    shapes |= rule_shapes(batch)
     _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
     _k_as_input(out / FILE)
     added = {}
@@ -209,14 +197,11 @@ def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> R
         ids: np.ndarray,
         lengths: np.ndarray,
         exclude: np.ndarray,
-        masks: np.ndarray | None = None,
-        mask_of_row: np.ndarray | None = None,
-        excluded: np.ndarray | None = None,
-        included: np.ndarray | None = None,
+        *rules: np.ndarray,
         k: int | None = None,
     ):
-        rules = rule_inputs(len(spec.vocab_ids), len(ids), masks, mask_of_row, excluded, included)
-        feed = dict(zip(INPUTS, (np.ascontiguousarray(a) for a in (ids, lengths, exclude, *rules))))
+        filled = rule_inputs(len(spec.vocab_ids), len(ids), *rules)
+        feed = dict(zip(INPUTS, (np.ascontiguousarray(a) for a in (ids, lengths, exclude, *filled))))
         feed[K_INPUT] = np.array([top if k is None else min(k, top)], dtype=np.int64)
         top_ids, scores = session.run(list(OUTPUTS), feed)
         return top_ids, scores

@@ -11,7 +11,7 @@ from recserve.export.backend_protocol import Runner, rule_inputs
 
 class DeviceMasks:
     """The masks' copy on the device, made again only when the caller hands other masks: a predictor hands the
-    same read-only array batch after batch until its rules change (``recserve.rules.masks.MaskBank``)."""
+    same read-only array batch after batch until its rules change (``recserve.rules.rule_book.RuleBook``)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -20,7 +20,7 @@ class DeviceMasks:
 
     def __call__(self, masks: np.ndarray) -> torch.Tensor:
         if masks is not self.source or self.copy is None:
-            self.source, self.copy = masks, torch.from_numpy(np.ascontiguousarray(masks)).to(self.device)
+            self.source, self.copy = masks, torch.tensor(masks, device=self.device)  # read-only: copied
         return self.copy
 
 
@@ -33,13 +33,10 @@ def torch_runner(fn, device: str | torch.device, num_items: int) -> Runner:
         ids: np.ndarray,
         lengths: np.ndarray,
         exclude: np.ndarray,
-        masks: np.ndarray | None = None,
-        mask_of_row: np.ndarray | None = None,
-        excluded: np.ndarray | None = None,
-        included: np.ndarray | None = None,
+        *rules: np.ndarray,
         k: int | None = None,
     ):
-        masks, *rows = rule_inputs(num_items, len(ids), masks, mask_of_row, excluded, included)
+        masks, *rows = rule_inputs(num_items, len(ids), *rules)
         move = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
         with torch.inference_mode():
             top_ids, scores = fn(move(ids), move(lengths), move(exclude), on_device(masks), *map(move, rows))

@@ -135,20 +135,21 @@ class RuleBook:
 
 
 def _listed(lists: list[np.ndarray | None], to_indices, never: int | None = None) -> np.ndarray:
-    """Per row the vocabulary indices of its listed IDs, padded with 0 to the longest: (B, max(1, E)).
+    """Per row the vocabulary indices of its listed IDs, known ones first, padded with 0 to the longest list:
+    (B, max(1, E)); one mapping of every row's IDs at once.
 
     ``never``: an index no rule allows (the mask token's); a row that lists only IDs the catalogue does not
     hold keeps it, so that its list still restricts it (to nothing)."""
-    width = max([len(x) for x in lists if x is not None] + [1])
-    out = np.zeros((len(lists), width), dtype=np.int64)
-    for row, ids in enumerate(lists):
-        if ids is None or not len(ids):
-            continue
-        indices = to_indices(ids)
-        indices = indices[indices > 0]
-        if never is not None and not len(indices):
-            indices = np.array([never])
-        out[row, : len(indices)] = indices
+    sizes = np.fromiter((0 if ids is None else len(ids) for ids in lists), dtype=np.int64, count=len(lists))
+    out = np.zeros((len(lists), max(int(sizes.max(initial=0)), 1)), dtype=np.int64)
+    if not sizes.any():
+        return out
+    flat = to_indices(np.concatenate([ids for ids in lists if ids is not None and len(ids)]))
+    rows = np.repeat(np.arange(len(lists)), sizes)
+    out[rows, np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = flat
+    out = -np.sort(-out, axis=1)  # the known indices first: a row whose first is padding lists nothing
+    if never is not None:
+        out[(sizes > 0) & (out[:, 0] == 0), 0] = never
     return out
 
 
