@@ -73,7 +73,7 @@ def run_one(job: dict) -> dict:
 
 def summarize(rows: list[dict]) -> str:
     lines = [
-        "| variant | seeds | test NDCG@10 full (mean ± sd) | HR@10 full | NDCG@10 served | NDCG@10 sampled | "
+        "| variant | seeds | test NDCG@10 full (mean ± sample sd) | HR@10 full | NDCG@10 served | NDCG@10 sampled | "
         "NDCG@10 sampled_uniform | best epoch | wall s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -85,7 +85,8 @@ def summarize(rows: list[dict]) -> str:
 
         def stat(protocol, key, group=group):
             values = [r["test"][protocol][key] for r in group if protocol in r["test"]]
-            return f"{np.mean(values):.4f} ± {np.std(values):.4f}" if values else "-"
+            spread = np.std(values, ddof=1) if len(values) > 1 else float("nan")  # the sample SD
+            return f"{np.mean(values):.4f} ± {spread:.4f}" if values else "-"
 
         lines.append(
             f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "

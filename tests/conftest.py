@@ -56,8 +56,22 @@ def tiny_export(tiny_run, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sasrec_run(ml100k_dir, tmp_path_factory) -> Path:
-    """A small SASRec trained for two epochs on ML-100K (integer IDs)."""
-    return _train_tiny(ml100k_dir, tmp_path_factory.mktemp("sasrec") / "run", model="sasrec")
+    """A small SASRec trained for two epochs on ML-100K (integer IDs), its relative-position biases then drawn
+    far from zero: two epochs leave them near it (0.015 at most), where an export that dropped them would still
+    pass every parity check."""
+    import torch
+
+    from recserve.constants import WEIGHTS_FILE
+
+    run = _train_tiny(ml100k_dir, tmp_path_factory.mktemp("sasrec") / "run", model="sasrec")
+    weights = torch.load(run / WEIGHTS_FILE, weights_only=True)
+    biases = [name for name in weights if name.endswith("rel_bias")]
+    assert biases, "SASRec's defaults have relative positions: the fixture expects their biases"
+    generator = torch.Generator().manual_seed(0)
+    for name in biases:
+        weights[name] = 4 * torch.randn(weights[name].shape, generator=generator)  # attention leans on distance
+    torch.save(weights, run / WEIGHTS_FILE)
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,21 @@ def test_relative_positions_and_local_attention_keep_the_fast_path_and_padding_e
     assert not torch.allclose(plain.encode(history), model.encode(history), atol=1e-3)
 
 
+def test_the_relative_position_bias_moves_both_paths_and_they_agree_on_it():
+    """The same weights with the distance bias and without it (zeroed) answer differently on the full encoder
+    and on the serving fast path (the bias is read on both), and the two paths agree with the bias on."""
+    model = _model(layers=2, heads=2, relative_positions=True)
+    history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    biased_full, biased_last = model.encode(history)[:, -1], model.encode_last(history)
+    with torch.no_grad():
+        for block in model.modules():
+            if getattr(block, "rel_bias", None) is not None:
+                block.rel_bias.zero_()
+    assert not torch.allclose(model.encode(history)[:, -1], biased_full, atol=1e-3)
+    assert not torch.allclose(model.encode_last(history), biased_last, atol=1e-3)
+    torch.testing.assert_close(biased_last, biased_full, atol=1e-5, rtol=1e-5)
+
+
 def test_an_attention_span_hides_the_items_beyond_it():
     model = _model(layers=1, attention_span=2)  # each position sees itself and the one before
     a = model.encode_last(torch.tensor([[1, 2, 3, 4, 5, 6]]))

@@ -1,6 +1,8 @@
 """Training end to end: it learns a planted pattern, is deterministic, and refuses bad settings."""
 
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -114,6 +116,60 @@ def test_data_from_another_format_version_is_refused(ml100k_dir, tmp_path):
 def test_evaluating_on_another_dataset_is_refused(tiny_run, string_data_dir):
     with pytest.raises(DataError, match="trained on 1682"):
         evaluate_run(tiny_run, string_data_dir)
+
+
+def test_a_data_folder_of_the_same_catalogue_but_other_histories_is_refused(tiny_run, ml100k_dir, tmp_path):
+    """The same items and users, one history a first item short: the item count agrees, the fingerprint not."""
+    import polars as pl
+
+    shutil.copytree(ml100k_dir, tmp_path / "other")
+    sequences = pl.read_parquet(tmp_path / "other" / "sequences.parquet")
+    longest = int(sequences["items"].list.len().arg_max())
+    shortened = sequences["items"].to_list()
+    shortened[longest] = shortened[longest][1:]
+    sequences.with_columns(pl.Series("items", shortened)).write_parquet(tmp_path / "other" / "sequences.parquet")
+    with pytest.raises(DataError, match="not the data the run .* was trained on .*interactions 100000 there, 99999"):
+        evaluate_run(tiny_run, tmp_path / "other")
+
+
+def test_a_run_without_its_record_is_evaluated_with_a_warning_the_report_keeps(tiny_run, ml100k_dir, tmp_path, caplog):
+    shutil.copytree(tiny_run, tmp_path / "run")
+    (tmp_path / "run" / "run.json").unlink()
+    with caplog.at_level("WARNING"):
+        report = evaluate_run(tmp_path / "run", ml100k_dir)
+    assert report["data_check"].startswith("unchecked: the run has no run.json")
+    assert "cannot be checked" in caplog.text
+    assert evaluate_run(tiny_run, ml100k_dir)["data_check"] == "the data folder's fingerprint is the run's"
+
+
+def test_a_heldout_run_without_its_split_recorded_is_refused(vae_run, ml100k_implicit_dir, tmp_path):
+    from recserve.train.heldout import evaluate_heldout_run
+
+    shutil.copytree(vae_run, tmp_path / "run")
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    del record["train"]["seed"]
+    (tmp_path / "run" / "run.json").write_text(json.dumps(record))
+    with pytest.raises(DataError, match="seed not recorded, so the run's test users cannot be drawn again"):
+        evaluate_heldout_run(tmp_path / "run", ml100k_implicit_dir)
+
+
+def test_the_kept_weights_are_the_average_and_a_refit_keeps_its_average_too(string_data_dir, tmp_path):
+    """With the weights' average (SASRec's default), the best checkpoint holds the average beside the current
+    weights and model.pt is the average; a refit trains with the average as well, so its weights differ from
+    the same refit without it."""
+    cfg = TrainConfig(epochs=2, samples_per_user=2, patience=3, device="cpu", resume=False, ema_epochs=10.0)
+    train(string_data_dir, tmp_path / "run", SMALL, cfg, model="sasrec")
+    best = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)
+    kept = torch.load(tmp_path / "run" / WEIGHTS_FILE, weights_only=True)
+    current = best["current_model_state"]  # the weights training went on from
+    assert torch.equal(kept["item_emb.weight"], best["state_dict"]["model.item_emb.weight"])
+    assert not torch.equal(kept["item_emb.weight"], current["model.item_emb.weight"])
+    refits = {}
+    for ema in (10.0, 0.0):
+        refit = dataclasses.replace(cfg, refit=True, ema_epochs=ema)
+        train(string_data_dir, tmp_path / f"refit-{ema}", SMALL, refit, model="sasrec")
+        refits[ema] = torch.load(tmp_path / f"refit-{ema}" / WEIGHTS_FILE, weights_only=True)["item_emb.weight"]
+    assert not torch.equal(refits[10.0], refits[0.0])
 
 
 def test_metric_of_sampled_protocol_is_reproducible(tiny_run, ml100k_dir):

@@ -313,7 +313,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
 
     from recserve.data.datasets import load_prepared
     from recserve.models.run_loader import load_run
-    from recserve.train.run_writer import trained_on
+    from recserve.train.run_writer import data_check, trained_on
 
     data = load_prepared(data_dir)
     model = load_run(run_dir).to(device)
@@ -322,7 +322,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
             f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on {model.cfg.num_items}; "
             "evaluate on the data folder it was trained on"
         )
-    trained_on(run_dir, data, data_dir)
+    checked = data_check(trained_on(run_dir, data, data_dir), run_dir)
     model.prepare_inference()
     inputs, targets = data.sequences.truncated(1), data.sequences.last(1)
     counts = history_counts(inputs, data.vocab.size)
@@ -339,4 +339,5 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
         "sampled_negatives": drawn,
         "seed": seed,
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
+        "data_check": checked,
     }

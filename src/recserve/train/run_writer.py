@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict
@@ -24,6 +25,8 @@ from recserve.errors import ConfigError, DataError
 RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"
+
+log = logging.getLogger(__name__)
 
 
 def data_fingerprint(data: PreparedData) -> dict:
@@ -61,6 +64,19 @@ def trained_on(run_dir: Path, data: PreparedData, data_dir: Path) -> dict | None
             "evaluate on the data folder it was trained on"
         )
     return record
+
+
+def data_check(record: dict | None, run_dir: Path) -> str:
+    """What an evaluation report says of its data check: done, or not done for want of a ``run.json`` (a run
+    of an older recserve), which is also logged as a warning: its figures may be of other data."""
+    if record is not None:
+        return "the data folder's fingerprint is the run's"
+    log.warning(
+        "%s has no run.json: the data folder cannot be checked to be the one it was trained on; the report "
+        "says so (data_check)",
+        run_dir,
+    )
+    return "unchecked: the run has no run.json (trained by an older recserve); its figures may be of other data"
 
 
 def run_identity(model: str, model_cfg, cfg, data: PreparedData, data_dir: Path | None = None) -> dict:

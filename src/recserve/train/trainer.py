@@ -144,7 +144,9 @@ def _seeded_lightning(seed: int):
 
 
 def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
-    """Trains a fresh model on every item but the test one, for the epoch count that validation chose."""
+    """Trains a fresh model on every item but the test one, for the epoch count that validation chose, with
+    the weights' average where the run had one (the epoch count was chosen on averaged weights): the average
+    is what training ends with and what is kept."""
     from recserve.train.lightning_modules import build_task
 
     L = _seeded_lightning(cfg.seed)
@@ -155,6 +157,7 @@ def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, ep
         devices=1,
         logger=False,
         precision=cfg.lightning_precision,
+        callbacks=_averaging(cfg, model, _steps_per_epoch(task, cfg)),
         enable_checkpointing=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
