@@ -1,5 +1,5 @@
 """Every verb's --help, as a user on an 80-column terminal reads it: no text that the help's markup ate (a
-default written in brackets, left as "folder .")."""
+default written in brackets, left as "folder ."), and no option name cut short ("--relative-positi…")."""
 
 import re
 
@@ -27,3 +27,11 @@ def test_every_help_keeps_its_text_whole():
             if re.search(r"\w \.(\s|$)", line):
                 eaten.append(f"{' '.join(path)}: {line.strip()}")
     assert not eaten, "help text eaten by markup:\n" + "\n".join(eaten)
+
+
+def test_every_option_name_is_shown_whole_at_80_columns():
+    cut = []
+    for path in _commands(typer.main.get_command(app)):
+        output = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        cut += [f"{' '.join(path)}: {line.strip()}" for line in output.splitlines() if "…" in line]
+    assert not cut, "cut short at 80 columns:\n" + "\n".join(cut)

@@ -62,3 +62,31 @@ def export_or_run(export: Path | None, run: Path | None) -> Path:
             param_hint="--export / --run",
         )
     return export if export is not None else run  # type: ignore[return-value]
+
+
+def whole_option_names() -> None:
+    """--help shows every option's name and default whole at any width (80 columns included): typer's tables
+    cut a long name (--relative-positions) or default to fit with an ellipsis; its highlighters make the
+    names' text and ``_get_parameter_help`` the help's, so theirs are made to fold onto the next line."""
+    from typer import rich_utils
+
+    def whole(highlight):
+        def render(text):
+            out = highlight(text)
+            out.overflow = "fold"
+            return out
+
+        return render
+
+    rich_utils.highlighter = whole(rich_utils.OptionHighlighter())
+    rich_utils.negative_highlighter = whole(rich_utils.NegativeOptionHighlighter())
+    parameter_help = rich_utils._get_parameter_help
+
+    def help_whole(**kwargs):  # a long default ("[default: no-response-cache]") folds too
+        columns = parameter_help(**kwargs)
+        for part in columns.renderables:
+            if hasattr(part, "overflow"):
+                part.overflow = "fold"
+        return columns
+
+    rich_utils._get_parameter_help = help_whole

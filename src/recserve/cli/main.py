@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.bench import bench
-from recserve.cli.console import setup_logging
+from recserve.cli.console import setup_logging, whole_option_names
 from recserve.cli.data import data
 from recserve.cli.deploy import app as deploy_app
 from recserve.cli.env import env
@@ -21,6 +21,8 @@ from recserve.cli.sagemaker import app as sagemaker_app
 from recserve.cli.serve import serve
 from recserve.cli.store import app as store_app
 from recserve.cli.train import train
+
+whole_option_names()
 
 app = typer.Typer(
     name="recserve",

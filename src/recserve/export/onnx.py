@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -75,22 +77,43 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     return added
 
 
+@contextmanager
+def quiet_exporter():
+    """torch.onnx's notes that say nothing of this graph kept out of the user's terminal: a line for each
+    torchvision operator it does not register (eight), the axis names it merges, the tracer's FutureWarnings.
+    Its errors still raise."""
+    names = ("torch.onnx._internal.exporter._registration", "torch.onnx._internal.exporter._core", "onnxscript")
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape constraints.*")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        try:
+            for logger in loggers:
+                logger.setLevel(logging.ERROR)
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+
+
 def _export(module, example, target: Path, inputs, outputs, dynamic_shapes: dict, precision: str) -> None:
     """torch.onnx (dynamo) into ``target``; int8: onnxruntime's dynamic quantization of its matrix products."""
     import torch
 
     fp32 = target if precision == "fp32" else target.with_suffix(".fp32.onnx")
-    torch.onnx.export(
-        module,
-        example,
-        fp32,
-        input_names=list(inputs),
-        output_names=list(outputs),
-        dynamo=True,
-        dynamic_shapes=dynamic_shapes,
-        optimize=True,
-        verbose=False,
-    )
+    with quiet_exporter():
+        torch.onnx.export(
+            module,
+            example,
+            fp32,
+            input_names=list(inputs),
+            output_names=list(outputs),
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+            verbose=False,
+        )
     if precision == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
