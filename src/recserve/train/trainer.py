@@ -72,6 +72,7 @@ def train(
         precision=cfg.lightning_precision,
         callbacks=[
             best,
+            _epochs_from_one(),
             EarlyStopping(task.monitor, mode="max", patience=cfg.patience),
             *_averaging(cfg, model, _steps_per_epoch(task, cfg)),
             *(callbacks or []),
@@ -107,6 +108,19 @@ def train(
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
+
+
+def _epochs_from_one():
+    """Lightning's rich progress bar, its epochs counted from 1 as --epochs, curves.png and metrics.json count
+    them ("Epoch 2/2", where Lightning says "Epoch 1/1")."""
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    class EpochsFromOne(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            total = f"/{self.trainer.max_epochs}" if self.trainer.max_epochs is not None else ""
+            return f"{f'Epoch {current_epoch + 1}{total}':{len(self.validation_description)}}"
+
+    return EpochsFromOne()
 
 
 EMA_EVERY = 10  # steps between updates of the weights' average, where an epoch has 80 or more
