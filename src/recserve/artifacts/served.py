@@ -9,6 +9,7 @@ from its config (``NativeShape``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ from recserve.constants import (
     SESSION_MODEL,
 )
 from recserve.errors import RequestError
+from recserve.option_fields import option
 
 if TYPE_CHECKING:
     import numpy as np
@@ -225,3 +227,52 @@ class NativeShape:
         """Raises RequestError for a k the model cannot answer (it cannot fail one request of a batch)."""
         if not 1 <= k <= self.max_k:
             raise RequestError(f"{INPUT_K}: {k} is out of range; allowed 1..{self.max_k}")
+
+
+def id_array(item_ids) -> np.ndarray:
+    """Item IDs as Triton takes them: INT64, or BYTES for string IDs."""
+    import numpy as np
+
+    ids = np.asarray(item_ids)
+    if ids.dtype.kind in "US" or ids.dtype == object:
+        return np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
+    return ids.astype(np.int64)
+
+
+def _listed(text: str) -> list[str]:
+    """Comma-separated item IDs, as the command line gives them (a model's integer IDs are made so after)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a request keeps out of its answer (docs/rules.md): a rule the repository stores by name, a rule
+    written out over the item attributes, item IDs never to recommend, the only item IDs to recommend."""
+
+    rule: str | None = option(None, "Only items the rule stored with the repository by this name lets through.")
+    where: str | None = option(
+        None, "Only items this rule lets through, as in 'category == \"games\" and price < 50' (docs/rules.md)."
+    )
+    exclude: Sequence | None = option(
+        None, "Comma-separated item IDs never to recommend (already on the page, say).", cli_type=str, parse=_listed
+    )
+    include: Sequence | None = option(
+        None, "Comma-separated item IDs: the only ones to recommend.", cli_type=str, parse=_listed
+    )
+
+    @property
+    def given(self) -> bool:
+        return any(x is not None for x in (self.rule, self.where, self.exclude, self.include))
+
+    def tensors(self) -> list[tuple[str, np.ndarray]]:
+        """The request's rule inputs: only those given."""
+        import numpy as np
+
+        out = []
+        for name, text in ((INPUT_RULE, self.rule), (INPUT_WHERE, self.where)):
+            if text:
+                out.append((name, np.array([[text.encode()]], dtype=np.object_)))
+        for name, ids in ((INPUT_EXCLUDE_ITEMS, self.exclude), (INPUT_INCLUDE_ITEMS, self.include)):
+            if ids is not None and len(ids):
+                out.append((name, id_array(ids).reshape(1, -1)))
+        return out

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from recserve.artifacts.served import Rules
 from recserve.cli.console import console, handle_errors, history_ids
+from recserve.cli.options import Settings, takes
 from recserve.constants import (
     FUSED_MODEL,
     GRPC_PORT,
@@ -31,6 +34,7 @@ def _titles(path: Path | None) -> dict:
 
 
 @handle_errors
+@takes(Settings("rules", (Rules,)))
 def recommend(
     item_ids: Annotated[
         list[str] | None,
@@ -56,45 +60,34 @@ def recommend(
         str | None,
         typer.Option(help="Ask by session instead: the session model answers from its store, ITEM_IDS appended first."),
     ] = None,
-    where: Annotated[
-        str | None,
-        typer.Option(
-            help="Only items this rule lets through, as in 'category == \"games\" and price < 50' (docs/rules.md)."
-        ),
-    ] = None,
-    rule: Annotated[str | None, typer.Option(help="Only items the rule stored by this name lets through.")] = None,
-    exclude: Annotated[
-        str | None, typer.Option(help="Comma-separated item IDs never to recommend (already on the page, say).")
-    ] = None,
-    include: Annotated[str | None, typer.Option(help="Comma-separated item IDs: the only ones to recommend.")] = None,
+    rules: Rules = Rules(),
 ) -> None:
     """Ask the `recommender` model (or another of its contract, --model) for the next items after ITEM_IDS,
     or, with --session, the session layout for the next items of that session."""
     from rich.table import Table
 
-    from recserve.client import RecommenderClient, Rules
+    from recserve.client import RecommenderClient
     from recserve.client.triton import Recommendations
 
     history = history_ids(item_ids or [], string_ids)
-    listed = {
-        name: history_ids(text.split(","), string_ids) if text else None
-        for name, text in (("exclude", exclude), ("include", include))
-    }
-    rules = Rules(rule, where, listed["exclude"], listed["include"]) if rule or where or exclude or include else None
+    asked = None
+    if rules.given:  # the listed IDs as the model takes them (integers, or strings with --string-ids)
+        as_model = lambda ids: history_ids(list(ids), string_ids) if ids else None  # noqa: E731
+        asked = dataclasses.replace(rules, exclude=as_model(rules.exclude), include=as_model(rules.include))
     extra: dict = {}
     with RecommenderClient(url, protocol, model=model) as client:
         if session is not None:
             model = SESSION_MODEL if model == FUSED_MODEL else model
             by_session = client.recommend_session(
-                session, history, k=k, exclude_seen=not include_seen, model=model, rules=rules
+                session, history, k=k, exclude_seen=not include_seen, model=model, rules=asked
             )
             extra = {"history_source": by_session.history_source, "history_length": by_session.history_length}
             answer: Recommendations = by_session
         else:
-            answer = client.recommend(history, k=k, exclude_seen=not include_seen, rules=rules)
+            answer = client.recommend(history, k=k, exclude_seen=not include_seen, rules=asked)
     if session is not None and history:  # the request's items went into the session: say so
         extra["appended"] = len(history)
-    if rules is not None and len(answer.item_ids) < k:  # the rules let fewer through: said, never silent
+    if asked is not None and len(answer.item_ids) < k:  # the rules let fewer through: said, never silent
         extra["note"] = f"the rules let {len(answer.item_ids)} of the {k} items asked for through"
     if extra.get("history_source") == HISTORY_FROM_REQUEST:
         extra["note"] = "the session store is down: answered from the request's items alone"
@@ -112,7 +105,7 @@ def recommend(
         return
     if extra.get("appended"):
         console.print(f"{extra['appended']} item(s) appended to session {session!r} first", highlight=False)
-    if rules is not None and extra.get("note"):
+    if asked is not None and extra.get("note"):
         console.print(extra["note"], highlight=False)
     titles = _titles(items)
     length = extra.get("history_length", len(history))

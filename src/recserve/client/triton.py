@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
@@ -25,20 +24,16 @@ import numpy as np
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from recserve.artifacts import served
-from recserve.artifacts.served import NativeShape
+from recserve.artifacts.served import NativeShape, Rules, id_array
 from recserve.constants import (
     DEFAULT_K,
     FUSED_MODEL,
     GRPC_PORT,
     HTTP_PORT,
-    INPUT_EXCLUDE_ITEMS,
     INPUT_EXCLUDE_SEEN,
-    INPUT_INCLUDE_ITEMS,
     INPUT_ITEM_IDS,
     INPUT_K,
-    INPUT_RULE,
     INPUT_SESSION_ID,
-    INPUT_WHERE,
     OUTPUT_HISTORY_LENGTH,
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
@@ -121,46 +116,16 @@ def default_url(protocol: str) -> str:
     return f"127.0.0.1:{GRPC_PORT}" if protocol == "grpc" else f"127.0.0.1:{HTTP_PORT}"
 
 
-def _id_array(item_ids) -> np.ndarray:
-    """Item IDs as Triton takes them: INT64, or BYTES for string IDs."""
-    ids = np.asarray(item_ids)
-    if ids.dtype.kind in "US" or ids.dtype == object:
-        return np.array([str(x).encode() if not isinstance(x, bytes) else x for x in ids.reshape(-1)], dtype=np.object_)
-    return ids.astype(np.int64)
-
-
 def _tensor(module, name: str, value: np.ndarray):
     tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
     tensor.set_data_from_numpy(value)
     return tensor
 
 
-@dataclass(frozen=True)
-class Rules:
-    """What a request keeps out of its answer (docs/rules.md): a rule the repository stores by name, a rule
-    written out over the item attributes, item IDs never to recommend, the only item IDs to recommend."""
-
-    rule: str | None = None
-    where: str | None = None
-    exclude: Sequence | None = None
-    include: Sequence | None = None
-
-    def tensors(self) -> list[tuple[str, np.ndarray]]:
-        """The request's rule inputs: only those given."""
-        out = []
-        for name, text in ((INPUT_RULE, self.rule), (INPUT_WHERE, self.where)):
-            if text:
-                out.append((name, np.array([[text.encode()]], dtype=np.object_)))
-        for name, ids in ((INPUT_EXCLUDE_ITEMS, self.exclude), (INPUT_INCLUDE_ITEMS, self.include)):
-            if ids is not None and len(ids):
-                out.append((name, _id_array(ids).reshape(1, -1)))
-        return out
-
-
 def _inputs(
     module, item_ids, k: int, exclude_seen: bool, native: NativeShape | None = None, rules: Rules | None = None
 ):
-    ids = _id_array(item_ids)
+    ids = id_array(item_ids)
     extra = rules.tensors() if rules is not None else []
     if native is not None:
         try:
@@ -300,7 +265,7 @@ class RecommenderClient(_ModelClient):
         """
         tensors = [(INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_))]
         if item_ids is not None and len(item_ids):
-            tensors.append((INPUT_ITEM_IDS, _id_array(item_ids).reshape(1, -1)))
+            tensors.append((INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)))
         tensors += [
             (INPUT_K, np.array([[k]], dtype=np.int32)),
             (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),

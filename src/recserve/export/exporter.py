@@ -8,13 +8,12 @@ import shutil
 import time
 from pathlib import Path
 
-from recserve.artifacts.catalogue import id_type_of
+from recserve.artifacts.catalogue import copy_catalogue, id_type_of
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.item_table import read_attributes, write_attributes
 from recserve.artifacts.run_record import data_folder_of
 from recserve.constants import (
     DEFAULT_MAX_K,
-    ITEM_TABLE_FILE,
     ITEMS_FILE,
     MODEL_CONFIG_FILE,
     POPULARITY_FILE,
@@ -29,7 +28,7 @@ from recserve.files import replaced_on_success
 
 log = logging.getLogger(__name__)
 
-CATALOGUE_FILES = (ITEM_TABLE_FILE, POPULARITY_FILE, MODEL_CONFIG_FILE, ITEMS_FILE)  # copied into every export
+CATALOGUE_FILES = (POPULARITY_FILE, MODEL_CONFIG_FILE, ITEMS_FILE)  # copied into every export, beside the catalogue
 
 
 def _check_request(backend: str, precision: str, device: str) -> None:
@@ -81,6 +80,7 @@ def export_run(
         portable=module.PORTABLE,
     )
     with replaced_on_success(out) as tmp:
+        copy_catalogue(run_dir, tmp)
         for name in CATALOGUE_FILES:
             if (run_dir / name).exists():
                 shutil.copyfile(run_dir / name, tmp / name)
