@@ -1,10 +1,17 @@
 """Training and evaluation speed at catalogue scale, through `recserve train` itself.
 
-For each setting a Zipf-like log is generated (popularity ~ rank^-0.8, Poisson history lengths), prepared
-with `recserve data`, and trained for ``--epochs`` epochs (early stopping off). The last epoch is measured:
-training windows/s and seconds (validation excluded), the GPU's busy share sampled through NVML (or
-nvidia-smi) every 100 ms while it trains, and peak GPU memory. Then the test split is ranked under every
-protocol (`recserve evaluate`'s code) and timed. One JSON file: {"device": ..., "results": [one object per setting]}.
+For each setting a log is generated, prepared with `recserve data`, and trained for ``--epochs`` epochs (early
+stopping off). The last epoch is measured: training windows/s and seconds (validation excluded), the GPU's
+busy share sampled through NVML (or nvidia-smi) every 100 ms while it trains, and peak GPU memory. Then the
+test split is ranked under every protocol (`recserve evaluate`'s code) and timed. One JSON file: {"device":
+..., "results": [one object per setting]}.
+
+The default log (``--generator markov``) has sequence in it: items in clusters of about 100, shoppers
+walking between clusters by a fixed Markov chain (half the steps stay, the rest go to one of three
+successors), each step's item drawn within its cluster by popularity (rank^-1; `recserve.bench.synthetic`).
+The best possible predictor knows the chain, and its expected test NDCG@10 (the full protocol: history
+excluded) is reported as ``ceiling_full_ndcg@10`` beside the model's and popularity's. ``--generator zipf``
+is the log before: popularity ~ rank^-0.8 and no sequence, where a model can only learn popularity.
 
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/h200.json --device cuda
     python benchmarks/train_scale.py --out benchmarks/results/train-scale/cpu-2core.json --device cpu \\
@@ -36,7 +43,13 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from recserve.bench.synthetic import ZIPF_EXPONENT, write_zipf_log
+from recserve.bench.synthetic import (
+    ZIPF_EXPONENT,
+    MarkovWorld,
+    prepared_ceiling,
+    write_markov_log,
+    write_zipf_log,
+)
 from recserve.data.datasets import load_prepared, prepare
 from recserve.train.heldout import evaluate_heldout_run
 from recserve.train.leave_one_out import evaluate_run
@@ -110,7 +123,13 @@ class EpochMeter(Callback):
 
 
 def run_setting(
-    data_dir: Path, run_dir: Path, cfg: TrainConfig, model_overrides: dict, model: str, test: bool = True
+    data_dir: Path,
+    run_dir: Path,
+    cfg: TrainConfig,
+    model_overrides: dict,
+    model: str,
+    test: bool = True,
+    world: MarkovWorld | None = None,
 ) -> dict | None:
     meter = EpochMeter()
     summary = train(data_dir, run_dir, model_overrides, cfg, model=model, callbacks=[meter], overwrite=True)
@@ -139,6 +158,8 @@ def run_setting(
             if test
             else {}
         )
+        if test and world is not None:
+            quality["ceiling_full_ndcg@10"] = prepared_ceiling(world, data)
     return {
         "model": model,
         "items": int(data.vocab.num_items),
@@ -158,7 +179,11 @@ def run_setting(
         "val_s": round(last.get("val_s", float("nan")), 3),
         "eval_s": evaluated["eval"].get("seconds"),
         "eval_protocols": evaluated["eval"].get("protocols"),
-        "generator": f"popularity ~ rank^-{ZIPF_EXPONENT}, Poisson lengths",
+        "generator": (
+            f"popularity ~ rank^-{ZIPF_EXPONENT}, Poisson lengths"
+            if world is None
+            else f"Markov walks between {len(world.start)} clusters (stay {world.stay}), popularity within"
+        ),
         "peak_gpu_mem_gb": None if last["peak_gpu_mem_gb"] is None else round(last["peak_gpu_mem_gb"], 2),
         "gpu_busy_pct": None if last["gpu_busy_pct"] is None else round(last["gpu_busy_pct"], 1),
         "epochs_measured": f"the last of {len(meter.epochs)}",
@@ -176,6 +201,9 @@ def main() -> None:
         help="ITEMS:USERS[:LOSS] settings, comma-separated",
     )
     parser.add_argument("--interactions-per-user", type=int, default=50)
+    parser.add_argument(
+        "--generator", default="markov", choices=["markov", "zipf"], help="logs with sequence in them, or without"
+    )
     parser.add_argument("--data", help="a prepared folder (`recserve data`) to time instead of generated logs")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="bert4rec", choices=["bert4rec", "sasrec", "multvae"])
@@ -232,10 +260,14 @@ def main() -> None:
     )
     for name, spec, loss in settings:
         data_dir = Path(spec) if args.data else work / f"data-{name.replace(':', '-')}"
+        world = None
         if not args.data:
             items, users = (int(x) for x in spec.split(":")[:2])
             log = work / "log.parquet"
-            write_zipf_log(log, users, items, args.interactions_per_user)
+            if args.generator == "markov":
+                world = write_markov_log(log, users, items, args.interactions_per_user, args.seed)
+            else:
+                write_zipf_log(log, users, items, args.interactions_per_user)
             prepared = prepare(str(log), data_dir)
             if args.prepare_only:
                 results.append({"setting": name, "data": str(data_dir), "prepared": prepared})
@@ -265,7 +297,7 @@ def main() -> None:
             overrides["relative_positions"] = False
         started = time.perf_counter()
         run_name = f"run-{name.replace(':', '-')}-{args.model}-{args.devices}-{args.batch_size}"
-        result = run_setting(data_dir, work / run_name, cfg, overrides, args.model, test=not args.no_test)
+        result = run_setting(data_dir, work / run_name, cfg, overrides, args.model, not args.no_test, world)
         if result is None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
@@ -277,7 +309,9 @@ def main() -> None:
             f"loss {result['loss']}: "
             f"{result['windows_per_s']:,} windows/s, epoch {result['epoch_s']} s, eval {result['eval_s']} s, "
             f"peak {result['peak_gpu_mem_gb']} GB, GPU busy {result['gpu_busy_pct']}%"
-            + (f", test NDCG@10 {result['test_full_ndcg@10']:.4f}" if "test_full_ndcg@10" in result else ""),
+            + (f", test NDCG@10 {result['test_full_ndcg@10']:.4f}" if "test_full_ndcg@10" in result else "")
+            + (f" (popularity {result['popularity_full_ndcg@10']:.4f})" if "test_full_ndcg@10" in result else "")
+            + (f", ceiling {result['ceiling_full_ndcg@10']:.4f}" if "ceiling_full_ndcg@10" in result else ""),
             flush=True,
         )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

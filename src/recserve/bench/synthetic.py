@@ -9,6 +9,7 @@ still occurs) with Poisson history lengths.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -90,3 +91,139 @@ def zipf_sequences(users: int, items: int, per_user: int, seed: int = 0) -> Sequ
     log = zipf_log(users, items, per_user, seed)
     lengths = np.bincount(log["user_id"], minlength=users)
     return Sequences(items=log["item_id"] + 1, offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class MarkovWorld:
+    """A catalogue with sequence in it: items in clusters of about ``cluster_size``, shoppers walking between
+    clusters by a fixed Markov chain (each cluster leads to itself with ``stay``, else to its few successors),
+    each step's item drawn within the cluster by a Zipf-like popularity (rank^-1). The best possible
+    predictor of the next item knows the chain: ``ceiling_ndcg10`` scores it."""
+
+    cluster_of: np.ndarray  # (N,) each item's cluster
+    within: np.ndarray  # (N,) each item's probability within its cluster
+    successors: np.ndarray  # (C, S) each cluster's successors
+    moves: np.ndarray  # (S,) the probability of each successor (summing to 1 - stay)
+    stay: float
+    start: np.ndarray  # (C,) where walks start
+    members: np.ndarray  # (C, M) each cluster's items, -1 past its own
+
+    def next_item_probabilities(self, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For shoppers in ``clusters`` (B,): the candidates (B, (1 + S) M) and their probabilities of being the
+        next item (the clusters' items the chain can reach; every other item has probability 0)."""
+        reach = np.concatenate([clusters[:, None], self.successors[clusters]], axis=1)  # (B, 1 + S)
+        weight = np.concatenate([np.full(1, self.stay), self.moves])  # (1 + S,)
+        candidates = self.members[reach].reshape(len(clusters), -1)  # (B, (1 + S) M)
+        cluster_weight = np.repeat(weight, self.members.shape[1])[None, :]
+        probabilities = np.where(candidates >= 0, cluster_weight * self.within[candidates.clip(0)], 0.0)
+        return candidates, probabilities
+
+
+def markov_world(items: int, cluster_size: int = 100, successors: int = 3, stay: float = 0.5, seed: int = 0):
+    """A ``MarkovWorld`` of ``items`` items, its clusters and chain drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    clusters = max(2, items // cluster_size)
+    cluster_of = rng.permutation(np.arange(items) % clusters)
+    order = np.argsort(cluster_of, kind="stable")
+    sizes = np.bincount(cluster_of, minlength=clusters)
+    rank = np.arange(items) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # each item's rank within its cluster
+    within = np.empty(items)
+    within[order] = 1.0 / (rank + 1)
+    within /= np.bincount(cluster_of, weights=within, minlength=clusters)[cluster_of]
+    members = np.full((clusters, int(sizes.max())), -1, dtype=np.int64)
+    members[cluster_of[order], rank] = order
+    others = np.arange(clusters)
+    nexts = np.stack([rng.choice(np.delete(others, c), successors, replace=False) for c in range(clusters)])
+    moves = 0.5 ** np.arange(successors)  # the first successor the likeliest, each next half as likely
+    moves = moves / moves.sum() * (1 - stay)
+    start = 1.0 / np.arange(1, clusters + 1) ** ZIPF_EXPONENT
+    start = rng.permutation(start / start.sum())
+    return MarkovWorld(cluster_of, within, nexts, moves, stay, start, members)
+
+
+def markov_log(
+    users: int, items: int, per_user: int, seed: int = 0, world: MarkovWorld | None = None
+) -> tuple[dict[str, np.ndarray], MarkovWorld]:
+    """A log of ``users`` walks through ``world`` (default ``markov_world(items)``), Poisson lengths of mean
+    ``per_user`` (at least 5), as ``zipf_log`` lays it out (item IDs 0..N-1, each walk's rows in order)."""
+    world = world or markov_world(items, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    lengths = rng.poisson(per_user, users).clip(5)
+    steps = int(lengths.max())
+    cumulative_within = _cumulative_rows(world.members, world.within)
+    cluster = rng.choice(len(world.start), users, p=world.start)
+    walks = np.empty((users, steps), dtype=np.int64)
+    choices = np.concatenate([[world.stay], world.moves]).cumsum()
+    for step in range(steps):  # a step of every walk at once
+        if step:
+            pick = np.searchsorted(choices, rng.random(users) * choices[-1], side="right").clip(max=len(choices) - 1)
+            moved = pick > 0
+            cluster = np.where(moved, world.successors[cluster, (pick - 1).clip(0)], cluster)
+        walks[:, step] = world.members[cluster, _draw(cumulative_within[cluster], rng.random(users))]
+    keep = np.arange(steps)[None, :] < lengths[:, None]
+    return {
+        "user_id": np.repeat(np.arange(users), lengths),
+        "item_id": walks[keep],
+        "timestamp": np.tile(np.arange(steps), (users, 1))[keep] + 1_600_000_000,
+    }, world
+
+
+def _cumulative_rows(members: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """Each cluster's cumulative item probabilities, 1 past its own items (so a draw never lands there)."""
+    probabilities = np.where(members >= 0, within[members.clip(0)], 0.0)
+    cumulative = probabilities.cumsum(1)
+    cumulative[members < 0] = 2.0
+    return cumulative
+
+
+def _draw(cumulative: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Per row the first column whose cumulative probability passes the row's uniform draw."""
+    return (cumulative < uniform[:, None]).sum(1).clip(max=cumulative.shape[1] - 1)
+
+
+def ceiling_ndcg10(world: MarkovWorld, histories: Sequences, targets: np.ndarray, catalogue: np.ndarray) -> float:
+    """The test NDCG@10 the best possible predictor expects (the full protocol: the whole history excluded,
+    only items of ``catalogue`` ranked): for each history, the items its last item's cluster leads to, ranked by
+    their probability of being next, seen ones and ones outside the catalogue dropped; the gain of each rank
+    weighted by that probability. ``targets`` is unused but for their count: the expectation is over them.
+
+    Args:
+        histories: the test inputs, item IDs 0..N-1 (``Sequences`` of the original IDs).
+        catalogue: (K,) the item IDs the prepared data kept.
+    """
+    del targets
+    users = histories.num_users
+    last = histories.items[histories.offsets[1:] - 1]
+    gains = np.zeros(users)
+    discount = 1.0 / np.log2(np.arange(2, 12))
+    in_catalogue = np.zeros(len(world.cluster_of), dtype=bool)
+    in_catalogue[catalogue] = True
+    for start in range(0, users, 20_000):  # chunks of histories, every one at once
+        rows = np.arange(start, min(start + 20_000, users))
+        candidates, probabilities = world.next_item_probabilities(world.cluster_of[last[rows]])
+        lengths = histories.offsets[rows + 1] - histories.offsets[rows]
+        chunk = histories.items[histories.offsets[rows[0]] : histories.offsets[rows[-1] + 1]]
+        seen_keys = np.repeat(rows - start, lengths) * (len(world.cluster_of) + 1) + chunk
+        keys = (np.arange(len(rows))[:, None] * (len(world.cluster_of) + 1) + candidates.clip(0)).reshape(-1)
+        seen = np.isin(keys, seen_keys).reshape(candidates.shape)
+        probabilities = np.where(seen | ~in_catalogue[candidates.clip(0)] | (candidates < 0), 0.0, probabilities)
+        top = -np.sort(-probabilities, axis=1)[:, :10]
+        gains[rows] = (top * discount[: top.shape[1]]).sum(1)
+    return float(gains.mean())
+
+
+def write_markov_log(path: Path, users: int, items: int, per_user: int, seed: int = 0) -> MarkovWorld:
+    """``markov_log`` as a Parquet file that `recserve data` reads; returns its world (for the ceiling)."""
+    import polars as pl  # here: the serving side of recserve needs no polars
+
+    log, world = markov_log(users, items, per_user, seed)
+    pl.DataFrame(log).write_parquet(path)
+    return world
+
+
+def prepared_ceiling(world: MarkovWorld, data) -> float:
+    """``ceiling_ndcg10`` on a prepared folder of a ``markov_log`` (``data``: ``load_prepared``'s), on its test
+    split: each user's history but the last item, which is the target."""
+    inputs = data.sequences.truncated(1)
+    histories = Sequences(items=data.vocab.ids[inputs.items - 1].astype(np.int64), offsets=inputs.offsets)
+    return ceiling_ndcg10(world, histories, data.sequences.last(1), data.vocab.ids.astype(np.int64))
