@@ -59,8 +59,10 @@ def shop_run(tiny_run, shop_items, tmp_path_factory):
     data = tmp_path_factory.mktemp("shop-data") / "data"
     result = CliRunner().invoke(app, ["data", "ml-100k", "--out", str(data), "--items", str(shop_items)])
     assert result.exit_code == 0, result.output
-    assert "category (string), price (number), adult (bool)" in result.output
-    assert "1,682 of 1,682" in result.output  # every item described; the two foreign rows matched none
+    described = json.loads((data / "dataset.json").read_text())["attributes"]
+    kinds = {"year": "number", "genre": "string", "category": "string", "price": "number", "adult": "bool"}
+    assert described["kinds"] == kinds  # ML-100K's own two, then the shop's
+    assert described["items_described"] == 1682 and described["rows_for_no_catalogue_item"] == 2
     run = tmp_path_factory.mktemp("shop-run") / "run"
     shutil.copytree(tiny_run, run)
     shutil.copyfile(data / ITEMS_FILE, run / ITEMS_FILE)

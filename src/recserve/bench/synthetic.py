@@ -182,10 +182,12 @@ def _draw(cumulative: np.ndarray, uniform: np.ndarray) -> np.ndarray:
 
 
 def ceiling_ndcg10(world: MarkovWorld, histories: Sequences, targets: np.ndarray, catalogue: np.ndarray) -> float:
-    """The test NDCG@10 the best possible predictor expects (the full protocol: the whole history excluded,
-    only items of ``catalogue`` ranked): for each history, the items its last item's cluster leads to, ranked by
-    their probability of being next, seen ones and ones outside the catalogue dropped; the gain of each rank
-    weighted by that probability. ``targets`` is unused but for their count: the expectation is over them.
+    """The test NDCG@10 the best possible predictor expects under the full protocol (the history excluded
+    from the ranking but for the target itself, which stays rankable where it repeats an item of the history;
+    only items of ``catalogue``; a tie counts against the target). That predictor scores the history's items
+    above all others (a repeated target then ranks first, the other seen items being removed) and the rest by
+    their probability of being next after the last item's cluster; the gain of each rank is weighted by that
+    probability. ``targets`` is unused but for their count: the expectation is over them.
 
     Args:
         histories: the test inputs, item IDs 0..N-1 (``Sequences`` of the original IDs).
@@ -206,9 +208,20 @@ def ceiling_ndcg10(world: MarkovWorld, histories: Sequences, targets: np.ndarray
         seen_keys = np.repeat(rows - start, lengths) * (len(world.cluster_of) + 1) + chunk
         keys = (np.arange(len(rows))[:, None] * (len(world.cluster_of) + 1) + candidates.clip(0)).reshape(-1)
         seen = np.isin(keys, seen_keys).reshape(candidates.shape)
-        probabilities = np.where(seen | ~in_catalogue[candidates.clip(0)] | (candidates < 0), 0.0, probabilities)
-        top = -np.sort(-probabilities, axis=1)[:, :10]
-        gains[rows] = (top * discount[: top.shape[1]]).sum(1)
+        probabilities = np.where(~in_catalogue[candidates.clip(0)] | (candidates < 0), 0.0, probabilities)
+        order = np.argsort(-probabilities, axis=1, kind="stable")
+        ranked, seen = np.take_along_axis(probabilities, order, 1), np.take_along_axis(seen, order, 1)
+        # were it the target, an item's rank is the count of other unseen items scoring at least as high (a
+        # tie counts against it, as the evaluation counts it): up to the end of its group of equal scores
+        width = ranked.shape[1]
+        last_of_group = np.concatenate([ranked[:, 1:] != ranked[:, :-1], np.ones((len(rows), 1), bool)], axis=1)
+        ends = np.where(last_of_group, np.arange(1, width + 1), width)
+        end = np.minimum.accumulate(ends[:, ::-1], axis=1)[:, ::-1]  # each column's group's end
+        unseen_upto = np.concatenate([np.zeros((len(rows), 1), dtype=np.int64), np.cumsum(~seen, axis=1)], axis=1)
+        # a seen item, were it the target, ranks first: the protocol removes the other seen items, and the best
+        # predictor scores every seen item above every unseen one
+        rank = np.where(seen, 0, np.take_along_axis(unseen_upto, end, 1) - 1)
+        gains[rows] = np.where(rank < 10, ranked * discount[rank.clip(max=9)], 0.0).sum(1)
     return float(gains.mean())
 
 
