@@ -161,3 +161,19 @@ def test_a_compiled_rule_agrees_with_the_rule_read_item_by_item(categories, pric
         return not both if negate else both
 
     assert got.tolist() == [holds(c, p) for c, p in zip(categories[:n], prices[:n])]
+
+
+def test_a_batch_of_more_written_rules_than_the_book_keeps_still_gets_each_its_own():
+    """Past MAX_RULE_MASKS the least recently used written rules are dropped, but never a batch's own: a batch
+    of more distinct rules than that holds them all for its call."""
+    from recserve.constants import MAX_RULE_MASKS
+
+    book = RuleBook(ATTRIBUTES)
+    rows = [RequestRules(where=f"price < {n}") for n in range(MAX_RULE_MASKS + 6)]
+    for rules in rows:
+        book.check(rules)
+    assert len(book.masks) <= MAX_RULE_MASKS + 1  # the book's bound between batches
+    batch = book.batch(rows, lambda ids: ids)
+    allowed = batch.masks[batch.mask_of_row][:, 1:-1]
+    for n, row in enumerate(allowed):
+        np.testing.assert_array_equal(row, compile_rule(f"price < {n}", ATTRIBUTES))

@@ -3,7 +3,8 @@ models (the one clients call first), the request it takes, and each model's tens
 
 ``recserve.serving.triton_repository.layouts`` writes config.pbtxt from these contracts; the client, the
 benchmarks and the SageMaker container build their requests from them and read a native model's shape back
-from its config (``NativeShape``).
+from its config (``NativeShape``). A request's business rules (``Rules``) are its optional rule inputs, and
+the options of ``recserve recommend``.
 """
 
 from __future__ import annotations

@@ -108,6 +108,8 @@ class CudaGraphRunner:
         masks, mask_of_row, excluded, included = rule_inputs(self.num_items, len(ids), *rules)
         rows = (ids, lengths, exclude, mask_of_row, excluded, included)
         with torch.inference_mode():  # the static tensors were made in inference mode
+            if len(masks) > len(self.masks):  # more rules in one batch than the captured graphs hold
+                return self._uncaptured(*rows, masks=torch.tensor(masks, device=self.device))
             self._hold(masks)
             if max(excluded.shape[1], included.shape[1]) > LISTED_COLUMNS:  # wider than the captured graphs take
                 return self._uncaptured(*rows)
@@ -121,15 +123,14 @@ class CudaGraphRunner:
         """The masks into the graphs' buffer, where they are not already there."""
         if masks is self.masks_from:
             return
-        if len(masks) > len(self.masks):
-            raise ExportError(f"{len(masks)} rule masks in one batch: the captured graphs hold {len(self.masks)}")
         self.masks[: len(masks)].copy_(torch.tensor(masks))  # read-only: copied
         self.masks_from = masks
 
-    def _uncaptured(self, ids, lengths, exclude, mask_of_row, excluded, included):
+    def _uncaptured(self, ids, lengths, exclude, mask_of_row, excluded, included, masks=None):
         on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
+        masks = self.masks if masks is None else masks
         top_ids, scores = self.module.graph(
-            on(ids), on(lengths), on(exclude), self.masks, on(mask_of_row), on(excluded), on(included)
+            on(ids), on(lengths), on(exclude), masks, on(mask_of_row), on(excluded), on(included)
         )
         return top_ids.cpu().numpy(), scores.float().cpu().numpy()
 

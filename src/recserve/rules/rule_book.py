@@ -83,15 +83,18 @@ class RuleBook:
         if rules.key not in self._rows and rules.key != (None, None):
             self._remember(rules)
 
-    def _remember(self, rules: RequestRules) -> None:
+    def _remember(self, rules: RequestRules, keep: frozenset = frozenset()) -> None:
+        """Compiles a request's rule into the masks; the least recently used written ones past
+        ``MAX_RULE_MASKS`` are dropped, but never those of ``keep`` (a batch's own, which may then hold more)."""
         mask = np.ones(self.num_items, dtype=bool)
         if rules.rule is not None:
             mask &= self.named[rules.rule]
         if rules.where is not None:
             mask &= compile_rule(parse(rules.where), self.attributes)
         self._written[rules.key] = mask
-        while len(self._written) + len(self.named) > MAX_RULE_MASKS:
-            self._written.popitem(last=False)
+        droppable = [key for key in self._written if key not in keep and key != rules.key]
+        while len(self._written) + len(self.named) > MAX_RULE_MASKS and droppable:
+            del self._written[droppable.pop(0)]
         self.masks = self._build()
 
     def hide(self, hidden: np.ndarray) -> None:
@@ -122,9 +125,14 @@ class RuleBook:
     def batch(self, rows: list[RequestRules | None], to_indices) -> BatchRules:
         """The graph's rule inputs for a batch: ``rows`` one entry a row (None: no rule), every rule already
         checked; ``to_indices`` maps item IDs to vocabulary indices (0 for IDs not in the catalogue)."""
+        used = frozenset(r.key for r in rows if r is not None)
         for rules in rows:
-            if rules is not None and rules.key not in self._rows:  # dropped since its check
-                self._remember(rules)
+            if rules is None:
+                continue
+            if rules.key not in self._rows:  # dropped since its check
+                self._remember(rules, keep=used)
+            elif rules.key in self._written:
+                self._written.move_to_end(rules.key)  # used: the last to be dropped
         mask_of_row = np.array([self._rows[r.key] if r else EVERY_ITEM for r in rows], dtype=np.int64)
         return BatchRules(
             self.masks,
