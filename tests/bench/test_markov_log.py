@@ -35,7 +35,7 @@ def test_the_ceiling_is_what_the_best_predictor_expects_and_gets():
     log, world = markov_log(1500, ITEMS, 25, seed=3)
     histories, targets = _split(log)
     catalogue = np.unique(log["item_id"])
-    ceiling = ceiling_ndcg10(world, histories, targets, catalogue)
+    ceiling = ceiling_ndcg10(world, histories, catalogue)
     discount = 1 / np.log2(np.arange(2, 12))
     expected, got = [], []
     for user in range(histories.num_users):
@@ -76,7 +76,7 @@ def test_the_ceiling_of_a_prepared_folder(tmp_path):
     prepare(str(tmp_path / "log.parquet"), tmp_path / "data")
     data = load_prepared(tmp_path / "data")
     log, _ = markov_log(300, ITEMS, 20, seed=2)
-    histories, targets = _split(log)
+    histories, _ = _split(log)
     assert prepared_ceiling(world, data) == pytest.approx(
-        ceiling_ndcg10(world, histories, targets, np.unique(log["item_id"])), rel=1e-9
+        ceiling_ndcg10(world, histories, np.unique(log["item_id"])), rel=1e-9
     )

@@ -181,19 +181,18 @@ def _draw(cumulative: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     return (cumulative < uniform[:, None]).sum(1).clip(max=cumulative.shape[1] - 1)
 
 
-def ceiling_ndcg10(world: MarkovWorld, histories: Sequences, targets: np.ndarray, catalogue: np.ndarray) -> float:
+def ceiling_ndcg10(world: MarkovWorld, histories: Sequences, catalogue: np.ndarray) -> float:
     """The test NDCG@10 the best possible predictor expects under the full protocol (the history excluded
     from the ranking but for the target itself, which stays rankable where it repeats an item of the history;
     only items of ``catalogue``; a tie counts against the target). That predictor scores the history's items
     above all others (a repeated target then ranks first, the other seen items being removed) and the rest by
     their probability of being next after the last item's cluster; the gain of each rank is weighted by that
-    probability. ``targets`` is unused but for their count: the expectation is over them.
+    probability: an expectation over the targets the chain may draw, one a history.
 
     Args:
         histories: the test inputs, item IDs 0..N-1 (``Sequences`` of the original IDs).
         catalogue: (K,) the item IDs the prepared data kept.
     """
-    del targets
     users = histories.num_users
     last = histories.items[histories.offsets[1:] - 1]
     gains = np.zeros(users)
@@ -239,4 +238,4 @@ def prepared_ceiling(world: MarkovWorld, data) -> float:
     split: each user's history but the last item, which is the target."""
     inputs = data.sequences.truncated(1)
     histories = Sequences(items=data.vocab.ids[inputs.items - 1].astype(np.int64), offsets=inputs.offsets)
-    return ceiling_ndcg10(world, histories, data.sequences.last(1), data.vocab.ids.astype(np.int64))
+    return ceiling_ndcg10(world, histories, data.vocab.ids.astype(np.int64))

@@ -132,7 +132,11 @@ class Predictor:
             ids = as_str_ids(ids).reshape(-1)
         elif ids.dtype.kind not in "iu":
             raise RequestError(f"item IDs: integer IDs expected for this model, got {ids.dtype}")
-        return np.where(self._known(ids), np.searchsorted(self.vocab_ids, ids) + 1, 0).astype(np.int64)
+        return self._indices(ids).astype(np.int64)
+
+    def _indices(self, ids: np.ndarray) -> np.ndarray:
+        """``indices`` of IDs already of the catalogue's type."""
+        return np.where(self._known(ids), np.searchsorted(self.vocab_ids, ids) + 1, 0)
 
     def encode(self, histories: Sequence[np.ndarray]) -> Batch:
         """Pads histories on the left after keeping each one's most recent ``window - 1`` items.
@@ -148,8 +152,7 @@ class Predictor:
         width = self.fixed_length or max(int(lengths.max(initial=0)), 1)
         if self.map_ids and rows:  # one search for the whole batch, then back into rows
             flat = np.concatenate(rows)
-            indices = np.where(self._known(flat), np.searchsorted(self.vocab_ids, flat) + 1, 0)
-            rows = np.split(indices, np.cumsum(lengths)[:-1])
+            rows = np.split(self._indices(flat), np.cumsum(lengths)[:-1])
         ids = np.zeros((len(rows), width), dtype=np.int64)
         for row, h in enumerate(rows):
             ids[row, width - len(h) :] = h  # left padding: the last len(h) columns

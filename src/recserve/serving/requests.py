@@ -98,6 +98,9 @@ class SessionRequest:
     exclude_seen: np.ndarray | None
     rules: RequestRules | None = None  # what the request keeps out of its answer (every row alike)
 
+    def rows_rules(self) -> list[RequestRules | None]:
+        return [self.rules] * len(self.sessions)
+
 
 def parse_session_request(
     session_ids: np.ndarray,

@@ -82,7 +82,7 @@ class TritonPythonModel:
         answers = None
         if answerable:
             histories = [found.histories[i] for i in answerable]
-            rules = [r for p in good for r in [p.rules] * len(p.sessions)]
+            rules = [r for p in good for r in p.rows_rules()]
             answers = self.predictor.answer(
                 histories, max(p.k for p in good), exclude[answerable], [rules[i] for i in answerable]
             ).for_triton()
