@@ -159,6 +159,13 @@ def main() -> None:
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument(
+        "--rules",
+        default="",
+        help="business rules to load each variant under too, beside none (recserve bench --rules), e.g. "
+        "rule:bench_category,exclude:100,hidden:10; rule:bench_category is one of the synthetic run's 20 "
+        "categories. Every variant then has the store and the stored rule.",
+    )
+    parser.add_argument(
         "--export-report",
         default="",
         help="backends to time with `recserve export --report` "
@@ -186,19 +193,23 @@ def main() -> None:
         build_report(
             run, args.out / "export-report", device, seconds=0.5, backends=tuple(args.export_report.split(","))
         )
-    rows, notes, checks = [], {}, {}
+    rows, notes, checks, overheads = [], {}, {}, {}
     chosen_variants = list(filter(None, args.variants.split(",")))
-    store = args.work / "store"  # recserve's embedded store, for the variants by session
-    by_session = any("layouts" in table[name] for name in chosen_variants)
+    store = args.work / "store"  # recserve's embedded store, for the variants by session and for hidden items
+    by_session = any("layouts" in table[name] for name in chosen_variants) or bool(args.rules)
     if by_session:
         embedded_store.start(store)
+    stored_rules = args.work / "rules.toml"  # the stored rule --rules may name
+    stored_rules.write_text("bench_category = 'category == \"c03\"'\n")
     for name in chosen_variants:
         spec = table[name]
         repo = args.work / f"repo-{name}"
         layouts = spec.get("layouts", (spec["layout"],))
         settings = spec["settings"]
-        if "layouts" in spec:
+        if "layouts" in spec or args.rules:
             settings = dataclasses.replace(settings, session_store=str(store))
+        if args.rules:
+            settings = dataclasses.replace(settings, rules=str(stored_rules))
         started = time.time()
         try:
             repository_from_run(
@@ -218,6 +229,7 @@ def main() -> None:
                 compare_with_fused=bool(spec.get("check")),
                 client_cpus=client_cpus,
                 events_every=args.events_every,
+                rules=args.rules or None,
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]
@@ -227,6 +239,8 @@ def main() -> None:
             continue
         for row in summary["results"]:
             rows.append(row | {"variant": name, "model": "random"})
+        if "rule_overhead" in summary:
+            overheads[name] = summary["rule_overhead"]
         notes[name] = f"ok in {time.time() - started:.0f} s"
         log.info("%s done", name)
     if args.ml100k:
@@ -248,17 +262,18 @@ def main() -> None:
     if by_session:
         embedded_store.stop(store)
     per_variant = {}
-    candidates = {r["variant"]: r["layout"] for r in rows if r["layout"] in ("fused", "native")}
+    plain = [r for r in rows if "rules" not in r]  # the layouts compared without rules; rules in rule_overhead
+    candidates = {r["variant"]: r["layout"] for r in plain if r["layout"] in ("fused", "native")}
     for name, layout in candidates.items():
-        chosen = [r for r in rows if r["variant"] == name and r["model"] == "random"]
+        chosen = [r for r in plain if r["variant"] == name and r["model"] == "random"]
         if "layouts" in table.get(name, {}):  # by session against by item IDs, both in the variant's rows
             per_variant[name] = ratios(chosen, slo_p99_ms=10.0)
             continue
         echo = "echo-plain" if "-plain" in name else "echo"
-        others = [r for r in rows if r["variant"] in ("seed", echo)]
+        others = [r for r in plain if r["variant"] in ("seed", echo)]
         if layout == "native":  # against the fused variant of the same precision, where it ran
             fused = f"fused-eager-{name.split('-')[2]}"
-            others += [r for r in rows if r["variant"] == fused]
+            others += [r for r in plain if r["variant"] == fused]
         per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
     result = {
         "gpu": gpu_name(),
@@ -279,6 +294,7 @@ def main() -> None:
         "results": rows,
         "ratios": per_variant,
         "native_checks": checks,
+        "rule_overhead": overheads,
         "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -287,7 +303,7 @@ def main() -> None:
         report.write("\n## Native answers against fused (eager, the same precision, the same repository)\n\n")
         for name, check in checks.items():
             report.write(f"- {name}: {json.dumps(check)}\n")
-    print(json.dumps({"notes": notes, "ratios": per_variant, "native_checks": checks}, indent=1))
+    print(json.dumps({"notes": notes, "ratios": per_variant, "native_checks": checks, "rules": overheads}, indent=1))
 
 
 if __name__ == "__main__":

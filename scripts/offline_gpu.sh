@@ -6,6 +6,8 @@
 #   scripts/offline_gpu.sh bench [serving_layouts.py options]   there: the serving sweep of the layouts
 #   scripts/offline_gpu.sh sessions [serving_layouts.py options]   there: by session beside by item IDs, and
 #                                    events under a mixed load with a store kill
+#   scripts/offline_gpu.sh rules [serving_layouts.py options]   there: recserve's backend under business rules
+#                                    (its GPU tests, each rule variant beside none, a hide's delay under load)
 #   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
@@ -104,6 +106,29 @@ cmd_bench() {
   out=${OUT:-runs/gpu-bench}
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
   python3 benchmarks/serving_layouts.py --out "$out" "$@"
+}
+
+# Business rules on one GPU: recserve's backend's replays under rules against the graph run eagerly (its GPU
+# tests), the native layout on it at each of ITEMS under each rule variant beside none (perf_analyzer on 4
+# cores of its own), then (HIDE=1) a hide's delay from acknowledgement to honoured under load at the first size.
+cmd_rules() {
+  carried_server
+  out=${OUT:-runs/gpu-rules}; mkdir -p "$out"
+  if [ "${TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_recserve_backend_gpu.py > "$out/gpu-tests.txt" 2>&1
+    tail -5 "$out/gpu-tests.txt"
+  fi
+  for items in ${ITEMS:-100000}; do
+    python3 benchmarks/serving_layouts.py --out "$out/items-$items" --work "/tmp/gpu-rules-$items" --items "$items" \
+      --client-cpus 4 --variants native-recserve-bf16-plain --concurrency "${LEVELS:-1,16,64,256}" \
+      --measurement-ms "${WINDOW_MS:-1000}" --rules rule:bench_category,exclude:100,hidden:10 "$@" || true
+  done
+  if [ "${HIDE:-1}" = 1 ]; then
+    first=$(echo ${ITEMS:-100000} | cut -d' ' -f1)
+    python3 benchmarks/hide_latency.py --repo "/tmp/gpu-rules-$first/repo-native-recserve-bf16-plain" \
+      --store "/tmp/gpu-rules-$first/store" --model recommender_native --probes "${PROBES:-200}" \
+      --out "$out/hide-latency-$first.json" || true
+  fi
 }
 
 # By session beside by item IDs on one GPU: recserve's backend reading the store (native_session against
@@ -256,6 +281,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|sessions|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|sessions|rules|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
 esac

@@ -1,9 +1,10 @@
 """Business rules on a real Triton with a real store (recserve's embedded Valkey server): the item attributes
 come from `recserve data --items`, rules are stored with the repository by name or written out in requests,
 items are excluded or kept to per request and hidden catalogue-wide through the store. In the fused and the
-session layouts: an answer under a rule is the model's own top items among those the rule lets through (so
-a hidden or excluded item never appears), a hide is honoured by the next answer, no rule answers as before,
-and a bad rule fails its own request only, naming what to write."""
+session layouts and in their native twins on recserve's backend (which take rules stored by name, not
+written out): an answer under a rule is the model's own top items among those the rule lets through (so a
+hidden or excluded item never appears), a hide is honoured by the next answer, no rule answers as before, and
+a bad rule fails its own request only, naming what to write."""
 
 import asyncio
 import json
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 from recserve.artifacts.item_table import read_attributes
 from recserve.cli.main import app
 from recserve.client import AsyncRecommenderClient, RecommenderClient, RecommendError, Rules
-from recserve.constants import ITEMS_FILE
+from recserve.constants import FUSED_MODEL, ITEMS_FILE, NATIVE_MODEL, NATIVE_SESSION_MODEL, SESSION_MODEL
 from recserve.errors import ServingError
 from recserve.rules.language import compile_rule
 from recserve.serving.triton_repository.layouts import write_repository
@@ -32,6 +33,8 @@ from tests.conftest import model_top_ids, server_settings
 
 NAMED = {"cheap_games": 'category == "games" and price < 50', "grown_up": "adult"}
 HISTORIES = [np.array([1, 2, 3]), np.array([50, 172, 181, 258, 300]), np.array([7])]
+BY_ITEMS = (FUSED_MODEL, NATIVE_MODEL)  # the python model and its native twin on recserve's backend
+BY_SESSION = (SESSION_MODEL, NATIVE_SESSION_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -71,24 +74,34 @@ def shop_run(tiny_run, shop_items, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shop(shop_run, tmp_path_factory):
-    """A repository of the fused and session layouts over an eager export of ``shop_run``, with named rules
-    and a store, served by a real Triton."""
+    """A repository of the fused, session, native and native session layouts (the native ones on recserve's
+    backend) over a TorchScript export of ``shop_run``, with named rules and a store, served by a real
+    Triton."""
     from recserve.export.exporter import export_run
 
     root = tmp_path_factory.mktemp("shop-serving")
     export = root / "export"
-    export_run(shop_run, "eager", "fp32", export)
+    export_run(shop_run, "torchscript", "fp32", export)
     store = root / "store"
     embedded_store.start(store)
     rules = root / "rules.toml"
     rules.write_text("".join(f"{name} = '{text}'\n" for name, text in NAMED.items()))
-    settings = RepositorySettings(max_queue_delay_microseconds=2000, session_store=str(store), rules=str(rules))
-    write_repository(export, root / "repo", ("fused", "session"), settings)
+    settings = RepositorySettings(
+        max_queue_delay_microseconds=2000, session_store=str(store), rules=str(rules), native_runtime="recserve"
+    )
+    write_repository(export, root / "repo", ("fused", "session", "native", "native_session"), settings)
     try:
         with TritonServer(root / "repo", server_settings()) as server:
+            server.repo = root / "repo"
             yield server, store, read_attributes(export, 1682)
     finally:
         embedded_store.stop(store)
+
+
+def _without(mask: np.ndarray, ids: list[int]) -> np.ndarray:
+    out = mask.copy()
+    out[np.asarray(ids) - 1] = False  # ML-100K's IDs are 1..1682 in catalogue order
+    return out
 
 
 def _ids_of(mask: np.ndarray) -> set[int]:
@@ -107,29 +120,36 @@ def _store(store_dir) -> SessionStore:
     return SessionStore(StoreSettings.from_record(read_store_record(store_dir)), "int64")
 
 
-def test_no_rule_answers_as_before_and_each_rule_is_the_models_top_among_what_it_lets_through(shop, shop_run):
+@pytest.mark.parametrize("model", BY_ITEMS)
+def test_no_rule_answers_as_before_and_each_rule_is_the_models_top_among_what_it_lets_through(shop, shop_run, model):
     server, _, attributes = shop
-    with RecommenderClient(server.grpc_url) as client:
+    cases = [
+        (Rules(rule="cheap_games"), compile_rule(NAMED["cheap_games"], attributes)),
+        (Rules(rule="grown_up", exclude=[7, 14]), _without(compile_rule(NAMED["grown_up"], attributes), [7, 14])),
+    ]
+    if model == FUSED_MODEL:  # rules written out: the python layouts only
+        cases += [
+            (
+                Rules(where='category == "toys" and price >= 50'),
+                compile_rule('category == "toys" and price >= 50', attributes),
+            ),
+            (Rules(rule="grown_up", where="price < 30"), compile_rule("adult and price < 30", attributes)),
+        ]
+    with RecommenderClient(server.grpc_url, model=model) as client:
         for history in HISTORIES:
             want, clear = model_top_ids(shop_run, [history])
             _agree(client.recommend(history, k=10).item_ids, want[0], clear[0])
-            for rules, allowed in (
-                (
-                    Rules(where='category == "toys" and price >= 50'),
-                    compile_rule('category == "toys" and price >= 50', attributes),
-                ),
-                (Rules(rule="cheap_games"), compile_rule(NAMED["cheap_games"], attributes)),
-                (Rules(rule="grown_up", where="price < 30"), compile_rule("adult and price < 30", attributes)),
-            ):
+            for rules, allowed in cases:
                 got = client.recommend(history, k=10, rules=rules).item_ids
                 assert set(got.tolist()) <= _ids_of(allowed)
                 want, clear = model_top_ids(shop_run, [history], allowed=allowed)
                 _agree(got, want[0], clear[0])
 
 
-def test_excluded_items_never_appear_and_a_list_to_keep_to_is_all_an_answer_holds(shop):
+@pytest.mark.parametrize("model", BY_ITEMS)
+def test_excluded_items_never_appear_and_a_list_to_keep_to_is_all_an_answer_holds(shop, model):
     server, _, _ = shop
-    with RecommenderClient(server.grpc_url) as client:
+    with RecommenderClient(server.grpc_url, model=model) as client:
         first = client.recommend(HISTORIES[1], k=10).item_ids
         excluded = first[:4].tolist() + [99991]  # an ID the catalogue does not hold excludes nothing more
         got = client.recommend(HISTORIES[1], k=10, rules=Rules(exclude=excluded)).item_ids
@@ -141,18 +161,25 @@ def test_excluded_items_never_appear_and_a_list_to_keep_to_is_all_an_answer_hold
         assert len(none) == 0  # a list of items the catalogue lacks lets nothing through, never everything
 
 
-def test_a_hidden_item_leaves_the_next_answer_of_both_layouts_and_comes_back_when_shown(shop):
+@pytest.mark.parametrize(("model", "session_model"), zip(BY_ITEMS, BY_SESSION))
+def test_a_hidden_item_leaves_the_next_answer_of_every_layout_and_comes_back_when_shown(shop, model, session_model):
     server, store_dir, _ = shop
-    with RecommenderClient(server.grpc_url) as client, _store(store_dir) as store:
+    with RecommenderClient(server.grpc_url, model=model) as client, _store(store_dir) as store:
         before = client.recommend(HISTORIES[0], k=10).item_ids
-        by_session = client.recommend_session("hider", HISTORIES[0].tolist(), k=10).item_ids
+        session = f"hider-{session_model}"
+        by_session = client.recommend_session(session, HISTORIES[0].tolist(), k=10, model=session_model).item_ids
         hidden = [int(before[0]), int(by_session[1])]
         assert store.hide([str(x) for x in hidden]) == 2
-        after = client.recommend(HISTORIES[0], k=10).item_ids  # the next answer: the hide was acknowledged
-        assert not set(after.tolist()) & set(hidden)
-        assert not set(client.recommend_session("hider", k=10).item_ids.tolist()) & set(hidden)
-        store.hide([str(x) for x in hidden], hidden=False)
+        try:
+            after = client.recommend(HISTORIES[0], k=10).item_ids  # the next answer: the hide was acknowledged
+            assert not set(after.tolist()) & set(hidden) and len(after) == 10
+            again = client.recommend_session(session, k=10, model=session_model).item_ids
+            assert not set(again.tolist()) & set(hidden)
+        finally:
+            store.hide([str(x) for x in hidden], hidden=False)
         np.testing.assert_array_equal(client.recommend(HISTORIES[0], k=10).item_ids, before)
+        shown = client.recommend_session(session, k=10, model=session_model).item_ids
+        np.testing.assert_array_equal(shown, by_session)
 
 
 def test_the_session_layout_keeps_to_a_requests_rules(shop, shop_run):
@@ -167,21 +194,42 @@ def test_the_session_layout_keeps_to_a_requests_rules(shop, shop_run):
     _agree(answer.item_ids, want[0], clear[0])
 
 
+def test_the_native_session_layout_keeps_to_a_stored_rule_and_refuses_one_written_out(shop, shop_run):
+    server, _, attributes = shop
+    allowed = _without(compile_rule(NAMED["cheap_games"], attributes), [1])
+    with RecommenderClient(server.grpc_url) as client:
+        answer = client.recommend_session(
+            "native-ruled",
+            HISTORIES[1].tolist(),
+            k=10,
+            model=NATIVE_SESSION_MODEL,
+            rules=Rules(rule="cheap_games", exclude=[1]),
+        )
+        with pytest.raises(RecommendError, match="rules stored by name, not written out: store it with recserve repo"):
+            client.recommend_session("native-ruled", k=10, model=NATIVE_SESSION_MODEL, rules=Rules(where="adult"))
+    assert answer.history_length == len(HISTORIES[1])
+    want, clear = model_top_ids(shop_run, [HISTORIES[1]], allowed=allowed)
+    _agree(answer.item_ids, want[0], clear[0])
+
+
 @pytest.mark.parametrize(
-    ("rules", "message"),
+    ("model", "rules", "message"),
     [
-        (Rules(where="brand == 1"), "no attribute 'brand'; the item table has year (number), genre (string), category"),
-        (Rules(where='price == "cheap"'), "price is a number attribute"),
-        (Rules(where="category = 1"), "compare with ==, not ="),
-        (Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),
-        (Rules(exclude=list(range(2000))), "exclude_item_ids: 2000 items; at most 1024"),
+        (FUSED_MODEL, Rules(where="brand == 1"), "no attribute 'brand'; the item table has year (number), genre"),
+        (FUSED_MODEL, Rules(where='price == "cheap"'), "price is a number attribute"),
+        (FUSED_MODEL, Rules(where="category = 1"), "compare with ==, not ="),
+        (FUSED_MODEL, Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),
+        (FUSED_MODEL, Rules(exclude=list(range(2000))), "exclude_item_ids: 2000 items; at most 1024"),
+        (NATIVE_MODEL, Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),
+        (NATIVE_MODEL, Rules(include=list(range(2000))), "include_item_ids: 2000 items; at most 1024"),
+        (NATIVE_MODEL, Rules(where="adult"), "the native layout takes rules stored by name, not written out"),
     ],
 )
-def test_a_bad_rule_fails_its_own_request_naming_the_fix_and_leaves_the_batch_alone(shop, rules, message):
+def test_a_bad_rule_fails_its_own_request_naming_the_fix_and_leaves_the_batch_alone(shop, model, rules, message):
     server, _, _ = shop
 
     async def batch():
-        client = AsyncRecommenderClient(server.grpc_url)
+        client = AsyncRecommenderClient(server.grpc_url, model=model)
         try:
             return await asyncio.gather(
                 *(client.recommend(HISTORIES[0], k=10) for _ in range(4)),
@@ -194,7 +242,8 @@ def test_a_bad_rule_fails_its_own_request_naming_the_fix_and_leaves_the_batch_al
 
     answers = asyncio.run(batch())
     assert isinstance(answers[4], RecommendError) and message in str(answers[4])
-    assert answers[4].status in ("400", "StatusCode.INVALID_ARGUMENT")
+    if "written out" not in message:  # that one the client refuses before sending
+        assert answers[4].status in ("400", "StatusCode.INVALID_ARGUMENT")
     assert all(len(a.item_ids) == 10 for i, a in enumerate(answers) if i != 4)
 
 
@@ -206,20 +255,29 @@ def test_a_bad_rule_fails_its_own_request_naming_the_fix_and_leaves_the_batch_al
     st.lists(st.integers(min_value=1, max_value=1682), max_size=30),
     st.sampled_from([0, 1, 2]),
     st.booleans(),
+    st.sampled_from([None, *NAMED]),
+    st.booleans(),
 )
 def test_no_answer_ever_holds_an_item_its_rules_keep_out(
-    shop, categories, bound, excluded, hidden, history, by_session
+    shop, categories, bound, excluded, hidden, history, by_session, stored, native
 ):
-    """A property over random rules, exclusions and hidden items, in both layouts."""
+    """A property over random rules, exclusions and hidden items, in every layout: the python ones with a
+    rule written out, the native ones with a stored rule (or none)."""
     server, store_dir, attributes = shop
     where = f"category in ({', '.join(json.dumps(c) for c in sorted(categories))}) and price < {bound}"
-    allowed = _ids_of(compile_rule(where, attributes)) - set(excluded) - set(hidden)
-    with RecommenderClient(server.grpc_url) as client, _store(store_dir) as store:
+    rules = Rules(rule=stored, exclude=excluded) if native else Rules(where=where, exclude=excluded)
+    if native:
+        mask = compile_rule(NAMED[stored], attributes) if stored else np.ones(1682, dtype=bool)
+    else:
+        mask = compile_rule(where, attributes)
+    allowed = _ids_of(mask) - set(excluded) - set(hidden)
+    model = (BY_SESSION if by_session else BY_ITEMS)[native]
+    with RecommenderClient(server.grpc_url, model=model) as client, _store(store_dir) as store:
         store.hide([str(x) for x in hidden])
         try:
-            rules = Rules(where=where, exclude=excluded)
             if by_session:
-                got = client.recommend_session(f"p{history}", HISTORIES[history].tolist(), k=20, rules=rules)
+                session = f"p{history}-{model}"
+                got = client.recommend_session(session, HISTORIES[history].tolist(), k=20, rules=rules, model=model)
             else:
                 got = client.recommend(HISTORIES[history], k=20, rules=rules)
         finally:
@@ -262,3 +320,41 @@ def test_a_stored_rule_that_does_not_fit_the_export_is_refused_before_anything_i
     with pytest.raises(ServingError, match="rule 'acme'.*no attribute 'brand'"):
         write_repository(export, tmp_path / "repo", ("fused",), RepositorySettings(rules=str(rules)))
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each_costs(shop, ml100k_dir, tmp_path):
+    """`recserve bench --rules`: the fused and native layouts under a stored rule, 20 excluded items a request
+    and a tenth of the catalogue hidden, each level beside no rule; every request answered, the hidden items
+    shown again after their runs."""
+    from recserve.bench.perf_analyzer import LoadLevel
+    from recserve.bench.sweep import real_histories, sweep
+
+    server, store_dir, _ = shop
+    histories, string_ids = real_histories(ml100k_dir)
+    rules = "rule:cheap_games,exclude:20,hidden:10"
+    result = sweep(
+        ["fused", "native"],
+        [LoadLevel("concurrency", 2)],
+        tmp_path,
+        histories,
+        string_ids,
+        repo=server.repo,
+        measurement_ms=300,
+        slo_p99_ms=1000,
+        client_threads=1,
+        rules=rules,
+    )
+    rows = result["results"]
+    assert sorted((r["layout"], r.get("rules", "none")) for r in rows) == sorted(
+        (layout, variant) for layout in ("fused", "native") for variant in ("none", *rules.split(","))
+    )
+    assert all(r["errors"] == 0 and r["throughput_rps"] > 0 for r in rows), rows
+    assert next(r for r in rows if r.get("rules") == "hidden:10")["hidden_items"] == 168
+    overhead = result["rule_overhead"]
+    assert set(overhead) == {"fused", "native"} and set(overhead["native"]) == set(rules.split(","))
+    assert set(overhead["native"]["exclude:20"]["levels"]) == {"concurrency=2"}
+    assert "## Business rules beside none" in (tmp_path / "report.md").read_text()
+    with _store(store_dir) as store:
+        assert store.hidden()[1] == []  # shown again after the hidden variant's runs
+    with pytest.raises(ServingError, match="--rules 'hidden:200': expected none, rule:NAME, exclude:N"):
+        sweep(["fused"], [LoadLevel("concurrency", 1)], tmp_path, histories, repo=server.repo, rules="hidden:200")

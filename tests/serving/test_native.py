@@ -201,7 +201,7 @@ def _good(length: int = 19) -> dict:
         ({"k": np.array([[5]], np.int64)}, "inference input 'k' data-type is 'INT64'"),
         ({"exclude_seen": np.array([[1]], np.int32)}, "inference input 'exclude_seen' data-type is 'INT32'"),
         ({"item_ids": np.array([[b"sku"] * 19], object)}, "data-type is 'BYTES'"),
-        ({"k": None}, "expected 3 inputs but got 2 inputs"),
+        ({"k": None}, "but missing required input(s) ['k']"),
     ],
 )
 def test_bad_native_requests_get_a_clear_400_and_the_server_stays_ready(native_server, change, message):

@@ -20,6 +20,15 @@
 // newest items; the rows' histories are staged as the graph takes them and scored in the same execution.
 // A store that fails answers the requests that brought items from those alone, and refuses the others
 // with UNAVAILABLE.
+//
+// Business rules (parameter rules_file: the rule bank `recserve repo` compiles, rules.pt): three more
+// optional inputs after the others, rule BYTES (rows, 1) (a rule stored by name), exclude_item_ids and
+// include_item_ids INT64 (rows, items) (padded with -1). The stored rules' masks live on the device; each
+// row's mask and listed items are staged beside its history, and a batch with a rule in it runs the graph's
+// `ruled` method (captured too, for lists of up to kListed items). Where the model reads a store (by session,
+// or parameter hidden_store: the store's record), the items hidden catalogue-wide (`recserve items hide`)
+// are masked as well: each batch reads their version (by session in the sessions' round trip), and the items
+// only when it moved, so a hide the store acknowledged holds for every batch that starts after it.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -69,6 +78,12 @@ const TRITONSERVER_DataType kSessionOutputTypes[kSessionOutputs] = {
     TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_INT32,
     TRITONSERVER_TYPE_INT32};
 constexpr int64_t kMaxAppended = 4096;  // items a row may append in one request
+// business rules: rule, exclude_item_ids, include_item_ids after the other inputs
+constexpr int kRuleInputs = 3;
+const TRITONSERVER_DataType kRuleInputTypes[kRuleInputs] = {
+    TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT64};
+constexpr int64_t kMaxRuleItems = 1024;  // excluded, or included, items of a request (constants.MAX_RULE_ITEMS)
+constexpr int64_t kListed = 128;  // listed items a row may bring to a captured graph (more: it runs uncaptured)
 
 TRITONSERVER_Error*
 Error(const std::string& message, TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_INVALID_ARG)
@@ -120,6 +135,37 @@ StringParameter(common::TritonJson::Value& config, const std::string& key)
   return text;
 }
 
+// The rules a repository stores by name, compiled when it was written (rules.pt, a TorchScript module of
+// attributes: recserve's layouts/native.py), and the catalogue's IDs to map listed and hidden items with.
+struct RuleBank {
+  std::vector<int64_t> item_ids;  // sorted: item_ids[i] has the vocabulary index i + 1
+  std::vector<std::string> names;  // the mask of names[r] is row r + 1; row 0 lets every item through
+  at::Tensor masks;  // (1 + names, items + 2) bool by vocabulary index, on the host
+
+  // The vocabulary index of an item ID, 0 where the catalogue does not hold it.
+  int64_t Index(int64_t id) const
+  {
+    const auto found = std::lower_bound(item_ids.begin(), item_ids.end(), id);
+    return found != item_ids.end() && *found == id ? (found - item_ids.begin()) + 1 : 0;
+  }
+  // The mask row of a stored rule, -1 where none has that name.
+  int64_t Row(const std::string& name) const
+  {
+    const auto found = std::find(names.begin(), names.end(), name);
+    return found == names.end() ? -1 : (found - names.begin()) + 1;
+  }
+  std::string Stored() const
+  {
+    std::vector<std::string> sorted = names;
+    std::sort(sorted.begin(), sorted.end());
+    std::string text;
+    for (const std::string& name : sorted) {
+      text += (text.empty() ? "" : ", ") + name;
+    }
+    return text.empty() ? "none (recserve repo --rules FILE stores them)" : text;
+  }
+};
+
 }  // namespace
 
 // The model: its contract (names and types checked against the recommender_native contract), its
@@ -138,6 +184,14 @@ class ModelState : public BackendModel {
   bool BySession() const { return by_session_; }
   int64_t MaxK() const { return max_k_; }
   const StoreSettings& Store() const { return store_; }
+  bool Rules() const { return rules_; }
+  const RuleBank& Bank() const { return bank_; }
+  int RuleInput() const { return by_session_ ? kSessionInputs : kInputs; }  // the first rule input's place
+  // Where the hidden items are read (by session the sessions' store): null where none are.
+  const StoreSettings* HiddenStore() const
+  {
+    return !rules_ ? nullptr : by_session_ ? &store_ : hidden_store_.url.empty() ? nullptr : &hidden_store_;
+  }
   std::string ModelPath(const std::string& artifact) const
   {
     return RepositoryPath() + "/" + std::to_string(Version()) + "/" + (artifact.empty() ? "model.pt" : artifact);
@@ -148,11 +202,15 @@ class ModelState : public BackendModel {
   explicit ModelState(TRITONBACKEND_Model* triton_model) : BackendModel(triton_model, true) {}
   TRITONSERVER_Error* ReadContract();
   TRITONSERVER_Error* ReadParameters();
+  TRITONSERVER_Error* ReadRules();
 
-  std::string inputs_[kSessionInputs];
+  std::string inputs_[kSessionInputs + kRuleInputs];
   std::string outputs_[kSessionOutputs];
   bool by_session_ = false;
   StoreSettings store_;
+  bool rules_ = false;
+  RuleBank bank_;
+  StoreSettings hidden_store_;
   int64_t max_k_ = 0;
   int64_t history_length_ = 0;
   int64_t padding_id_ = -1;
@@ -173,6 +231,9 @@ ModelState::Create(TRITONBACKEND_Model* triton_model, ModelState** state)
   TRITONSERVER_Error* err = (*state)->ReadContract();
   if (err == nullptr) {
     err = (*state)->ReadParameters();
+  }
+  if (err == nullptr && (*state)->rules_) {
+    err = (*state)->ReadRules();
   }
   if (err != nullptr) {
     delete *state;
@@ -201,12 +262,15 @@ ModelState::ReadContract()
     }
     history_length_ = length;
   }
+  rules_ = !StringParameter(ModelConfig(), "rules_file").empty();
   const char* contract = by_session_ ? "recommender_native_session" : "recommender_native";
   const char* kinds[2] = {"input", "output"};
   const TRITONSERVER_DataType* types[2] = {
       by_session_ ? kSessionInputTypes : kInputTypes, by_session_ ? kSessionOutputTypes : kOutputTypes};
   const size_t counts[2] = {
-      size_t(by_session_ ? kSessionInputs : kInputs), size_t(by_session_ ? kSessionOutputs : kOutputs)};
+      size_t((by_session_ ? kSessionInputs : kInputs) + (rules_ ? kRuleInputs : 0)),
+      size_t(by_session_ ? kSessionOutputs : kOutputs)};
+  const size_t rule_input = by_session_ ? kSessionInputs : kInputs;
   std::string* names[2] = {inputs_, outputs_};
   for (int side = 0; side < 2; ++side) {
     common::TritonJson::Value tensors;
@@ -222,12 +286,14 @@ ModelState::ReadContract()
       RETURN_IF_ERROR(tensor.MemberAsString("name", &names[side][i]));
       std::string type;
       RETURN_IF_ERROR(tensor.MemberAsString("data_type", &type));
-      if (ModelConfigDataTypeToTritonServerDataType(type) != types[side][i]) {
+      const bool rule = side == 0 && i >= rule_input;  // a business rule's input (rules_file)
+      const TRITONSERVER_DataType want = rule ? kRuleInputTypes[i - rule_input] : types[side][i];
+      if (ModelConfigDataTypeToTritonServerDataType(type) != want) {
         return Error(
             std::string(kinds[side]) + " " + std::to_string(i) + " ('" + names[side][i] + "') is " + type + "; the " +
-            contract + " contract has " + TRITONSERVER_DataTypeString(types[side][i]) + " there");
+            contract + " contract has " + TRITONSERVER_DataTypeString(want) + " there");
       }
-      if (side == 0 && !(by_session_ && i == 1)) {  // by session, item_ids are as wide as a request's
+      if (side == 0 && !rule && !(by_session_ && i == 1)) {  // by session, item_ids are as wide as a request's
         std::vector<int64_t> dims;
         RETURN_IF_ERROR(ParseShape(tensor, "dims", &dims));
         const bool history = !by_session_ && i == 0;
@@ -280,6 +346,37 @@ ModelState::ReadParameters()
   if (intra_op_threads_ < 1 || warmup_ < 1) {
     return Error("parameters intra_op_thread_count and warmup must be at least 1");
   }
+  const std::string hidden = StringParameter(ModelConfig(), "hidden_store");
+  if (!hidden.empty()) {
+    const std::string problem = ParseStoreRecord(hidden, &hidden_store_);
+    if (!problem.empty()) {
+      return Error("parameter hidden_store: " + problem);
+    }
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+ModelState::ReadRules()
+{
+  const std::string path = ModelPath(StringParameter(ModelConfig(), "rules_file"));
+  try {
+    torch::jit::Module file = torch::jit::load(path, at::kCPU);
+    at::Tensor ids = file.attr("item_ids").toTensor().to(at::kLong).contiguous();
+    bank_.item_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+    for (const c10::IValue& name : file.attr("names").toListRef()) {
+      bank_.names.push_back(name.toStringRef());
+    }
+    bank_.masks = file.attr("masks").toTensor().to(at::kBool).contiguous();
+  }
+  catch (const std::exception& ex) {
+    return Error("reading the rule bank " + path + ": " + ex.what());
+  }
+  const int64_t items = static_cast<int64_t>(bank_.item_ids.size());
+  if (bank_.masks.dim() != 2 || bank_.masks.size(0) != int64_t(bank_.names.size()) + 1 ||
+      bank_.masks.size(1) != items + 2 || !std::is_sorted(bank_.item_ids.begin(), bank_.item_ids.end())) {
+    return Error("the rule bank " + path + " does not fit its catalogue: write the repository again (recserve repo)");
+  }
   return nullptr;
 }
 
@@ -319,10 +416,18 @@ class ModelInstanceState : public BackendModelInstance {
       TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found);
   // By session: the store's histories of the batch staged as the graph takes them (slots it fails marked).
   void StageHistories(const SessionRows& batch, std::vector<Slot>* slots);
+  // Business rules: the request's rows' mask and listed items staged (rows [first_row, first_row + rows)).
+  TRITONSERVER_Error* StageRules(TRITONBACKEND_Request* request, int64_t first_row, int64_t rows);
+  // The hidden items brought to the store's (`version`: by session, as the sessions' round trip read it).
+  void RefreshHidden(int64_t version);
   TRITONSERVER_Error* Respond(const Slot& slot);
-  // Runs rows [0, rows) of the staged inputs; the answers land in outputs_ (host tensors).
-  void Run(int64_t rows);
-  std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& inputs);
+  // Runs rows [0, rows) of the staged inputs (under their rules where `ruled`); the answers land in outputs_
+  // (host tensors).
+  void Run(int64_t rows, bool ruled);
+  // The rows' rules as the graph's `ruled` takes them after the bank: mask_of_row (rows), excluded and
+  // included (rows, width), on the host (pinned where `pinned`).
+  std::vector<at::Tensor> RuleTensors(int64_t rows, int64_t width, bool pinned) const;
+  std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& inputs, bool ruled = false);
 
   ModelState* model_;
   torch::jit::Module module_;
@@ -331,15 +436,28 @@ class ModelInstanceState : public BackendModelInstance {
   at::Tensor outputs_[kOutputs];  // host answers of the last Run
   std::unique_ptr<SessionStore> store_;  // by session
   at::Tensor session_out_[2];  // by session: history_source and history_length, max_batch_size rows
+  // business rules: each staged row's mask (its stored rule's row, 0 for none) and listed items (vocabulary
+  // indices: excluded, included); whether a row of the batch has any, and its longest list
+  std::vector<int64_t> mask_of_row_;
+  std::vector<std::vector<int64_t>> listed_[2];
+  bool ruled_ = false;
+  int64_t widest_ = 0;
+  // the stored masks, the items not hidden, and the masks the graph reads (their product), on the device
+  at::Tensor named_, visible_, bank_;
+  std::unique_ptr<SessionStore> hidden_store_;  // where hidden items are read without sessions
+  int64_t hidden_version_ = -1;  // -1: never read
+  int64_t hidden_count_ = 0;
+  std::string hidden_problem_;  // the last problem logged
 #ifdef TRITON_ENABLE_GPU
   struct Captured {
     int64_t batch;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
-    at::Tensor inputs[kInputs];  // device, static
+    at::Tensor inputs[kInputs + kRuleInputs];  // device, static (the rules' only where ruled)
     std::vector<at::Tensor> outputs;  // device, static
   };
   TRITONSERVER_Error* Capture();
-  std::vector<Captured> captured_;
+  TRITONSERVER_Error* CaptureOne(int64_t batch, bool ruled, const at::cuda::MempoolId_t& pool, Captured* c);
+  std::vector<Captured> captured_, captured_ruled_;
   std::unique_ptr<c10::cuda::CUDAStream> capture_stream_;
   at::Tensor host_out_[kOutputs];  // pinned, max_batch_size rows
 #endif
@@ -364,13 +482,16 @@ ModelInstanceState::Create(
 }
 
 std::vector<at::Tensor>
-ModelInstanceState::Forward(const std::vector<at::Tensor>& inputs)
+ModelInstanceState::Forward(const std::vector<at::Tensor>& inputs, bool ruled)
 {
   // as Triton's PyTorch backend runs a model with DISABLE_OPTIMIZED_EXECUTION: no profiling executor
   // re-optimising the graph for each new batch size
   torch::jit::GraphOptimizerEnabledGuard no_optimizer(false);
   std::vector<c10::IValue> args(inputs.begin(), inputs.end());
-  c10::IValue result = module_.forward(args);
+  if (ruled) {
+    args.insert(args.begin() + kInputs, bank_);  // the masks, before each row's
+  }
+  c10::IValue result = ruled ? module_.get_method("ruled")(args) : module_.forward(args);
   if (!result.isTuple() || result.toTupleRef().elements().size() != kOutputs) {
     throw std::runtime_error("the graph must return 3 tensors (item IDs, scores, unknown_ids)");
   }
@@ -413,6 +534,20 @@ ModelInstanceState::Load()
         out = at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kInt));
       }
     }
+    if (model_->Rules()) {
+      if (module_.find_method("ruled") == c10::nullopt) {
+        throw std::runtime_error("the graph has no ruled method: export it again (recserve export)");
+      }
+      mask_of_row_.assign(max_batch, 0);
+      listed_[0].assign(max_batch, {});
+      listed_[1].assign(max_batch, {});
+      named_ = model_->Bank().masks.to(device_);
+      visible_ = at::ones({named_.size(1)}, at::TensorOptions(device_).dtype(at::kBool));
+      bank_ = named_.clone();
+      if (!model_->BySession() && model_->HiddenStore() != nullptr) {
+        hidden_store_ = std::make_unique<SessionStore>(*model_->HiddenStore());
+      }
+    }
   }
   catch (const std::exception& ex) {
     return Error("loading " + path + " on " + (gpu ? "cuda:" + std::to_string(DeviceId()) : std::string("cpu")) +
@@ -428,6 +563,53 @@ ModelInstanceState::Load()
 
 #ifdef TRITON_ENABLE_GPU
 TRITONSERVER_Error*
+ModelInstanceState::CaptureOne(int64_t batch, bool ruled, const at::cuda::MempoolId_t& pool, Captured* c)
+{
+  c->batch = batch;
+  try {
+    const auto on_device = at::TensorOptions(device_);
+    c->inputs[0] = at::full({batch, model_->HistoryLength()}, model_->PaddingId(), on_device.dtype(at::kLong));
+    c->inputs[1] = at::ones({batch, 1}, on_device.dtype(at::kInt));
+    c->inputs[2] = at::zeros({batch, 1}, on_device.dtype(at::kBool));
+    std::vector<at::Tensor> inputs(c->inputs, c->inputs + kInputs);
+    if (ruled) {  // every row: no rule of its own, no listed item
+      c->inputs[3] = at::zeros({batch}, on_device.dtype(at::kLong));
+      c->inputs[4] = at::zeros({batch, kListed}, on_device.dtype(at::kLong));
+      c->inputs[5] = at::zeros({batch, kListed}, on_device.dtype(at::kLong));
+      inputs.assign(c->inputs, c->inputs + kInputs + kRuleInputs);
+    }
+    for (int64_t i = 0; i < model_->Warmup(); ++i) {
+      Forward(inputs, ruled);
+    }
+    capture_stream_->synchronize();
+    c->graph = std::make_unique<at::cuda::CUDAGraph>();
+    // thread-local: other instances load (and allocate) on other threads meanwhile
+    c->graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    c->outputs = Forward(inputs, ruled);
+    c->graph->capture_end();
+    c->graph->replay();
+    capture_stream_->synchronize();
+  }
+  catch (const std::exception& ex) {
+    return Error(
+        std::string("capturing the CUDA graph") + (ruled ? " under rules" : "") + " of batch size " +
+            std::to_string(batch) + " on cuda:" + std::to_string(device_.index()) + " failed: " + ex.what() +
+            " (set the parameter buckets to the sizes that capture, or serve with --native-runtime pytorch)",
+        TRITONSERVER_ERROR_INTERNAL);
+  }
+  const std::vector<Captured>& before = captured_.empty() ? captured_ruled_ : captured_;
+  if (!before.empty() && c->outputs[0].size(1) != before.front().outputs[0].size(1)) {
+    return Error(
+        "the graph answers " + std::to_string(c->outputs[0].size(1)) + " items wide at batch size " +
+            std::to_string(batch) + " and " + std::to_string(before.front().outputs[0].size(1)) + " at " +
+            std::to_string(before.front().batch) + ": replayed graphs need one width (export with --device cuda: "
+            "max_k wide)",
+        TRITONSERVER_ERROR_INTERNAL);
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error*
 ModelInstanceState::Capture()
 {
   c10::cuda::CUDAGuard device_guard(device_);
@@ -436,42 +618,14 @@ ModelInstanceState::Capture()
   c10::InferenceMode inference;
   const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
   for (int64_t batch : model_->Buckets()) {
-    Captured c;
-    c.batch = batch;
-    try {
-      c.inputs[0] = at::full({batch, model_->HistoryLength()}, model_->PaddingId(),
-                             at::TensorOptions(device_).dtype(at::kLong));
-      c.inputs[1] = at::ones({batch, 1}, at::TensorOptions(device_).dtype(at::kInt));
-      c.inputs[2] = at::zeros({batch, 1}, at::TensorOptions(device_).dtype(at::kBool));
-      std::vector<at::Tensor> inputs(c.inputs, c.inputs + kInputs);
-      for (int64_t i = 0; i < model_->Warmup(); ++i) {
-        Forward(inputs);
+    for (bool ruled : {false, true}) {
+      if (ruled && !model_->Rules()) {
+        continue;
       }
-      capture_stream_->synchronize();
-      c.graph = std::make_unique<at::cuda::CUDAGraph>();
-      // thread-local: other instances load (and allocate) on other threads meanwhile
-      c.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-      c.outputs = Forward(inputs);
-      c.graph->capture_end();
-      c.graph->replay();
-      capture_stream_->synchronize();
+      Captured c;
+      RETURN_IF_ERROR(CaptureOne(batch, ruled, pool, &c));
+      (ruled ? captured_ruled_ : captured_).push_back(std::move(c));
     }
-    catch (const std::exception& ex) {
-      return Error(
-          "capturing the CUDA graph of batch size " + std::to_string(batch) + " on cuda:" +
-          std::to_string(device_.index()) + " failed: " + ex.what() +
-          " (set the parameter buckets to the sizes that capture, or serve with --native-runtime pytorch)",
-          TRITONSERVER_ERROR_INTERNAL);
-    }
-    if (!captured_.empty() && c.outputs[0].size(1) != captured_.front().outputs[0].size(1)) {
-      return Error(
-          "the graph answers " + std::to_string(c.outputs[0].size(1)) + " items wide at batch size " +
-              std::to_string(batch) + " and " + std::to_string(captured_.front().outputs[0].size(1)) +
-              " at " + std::to_string(captured_.front().batch) +
-              ": replayed graphs need one width (export with --device cuda: max_k wide)",
-          TRITONSERVER_ERROR_INTERNAL);
-    }
-    captured_.push_back(std::move(c));
   }
   for (int i = 0; i < kOutputs; ++i) {
     const at::Tensor& out = captured_.back().outputs[i];
@@ -479,8 +633,9 @@ ModelInstanceState::Capture()
   }
   LOG_MESSAGE(
       TRITONSERVER_LOG_INFO,
-      (std::string("recserve backend: ") + Name() + " captured " + std::to_string(captured_.size()) +
-       " CUDA graphs (batch sizes up to " + std::to_string(model_->MaxBatchSize()) + ")")
+      (std::string("recserve backend: ") + Name() + " captured " +
+       std::to_string(captured_.size() + captured_ruled_.size()) + " CUDA graphs (batch sizes up to " +
+       std::to_string(model_->MaxBatchSize()) + (model_->Rules() ? ", each also under rules)" : ")"))
           .c_str());
   return nullptr;
 }
@@ -574,7 +729,7 @@ ModelInstanceState::Stage(TRITONBACKEND_Request* request, int64_t first_row, int
     RETURN_IF_ERROR(Gather(
         view, name, static_cast<char*>(staged_[i].data_ptr()) + first_row * width * staged_[i].element_size()));
   }
-  return nullptr;
+  return model_->Rules() ? StageRules(request, first_row, *rows) : nullptr;
 }
 
 TRITONSERVER_Error*
@@ -647,7 +802,147 @@ ModelInstanceState::StageSession(
     }
     *width = std::max<int64_t>(*width, ks[r]);
   }
+  return model_->Rules() ? StageRules(request, first_row, *rows) : nullptr;
+}
+
+TRITONSERVER_Error*
+ModelInstanceState::StageRules(TRITONBACKEND_Request* request, int64_t first_row, int64_t rows)
+{
+  const RuleBank& bank = model_->Bank();
+  const int first = model_->RuleInput();
+  std::vector<int64_t> mask_of_row(rows, 0);
+  std::vector<std::vector<int64_t>> listed[2] = {std::vector<std::vector<int64_t>>(rows), std::vector<std::vector<int64_t>>(rows)};
+  InputView rule;
+  const std::string& rule_name = model_->InputName(first);
+  RETURN_IF_ERROR(ViewInput(request, rule_name, true, &rule));
+  if (rule.input != nullptr) {
+    if (rule.type != TRITONSERVER_TYPE_BYTES || rule.shape.size() != 2 || rule.shape[0] != rows || rule.shape[1] != 1) {
+      return Error("input '" + rule_name + "': expected BYTES [rows, 1] (a stored rule's name a row)");
+    }
+    std::string text(rule.bytes, '\0');
+    RETURN_IF_ERROR(Gather(rule, rule_name, text.data()));
+    size_t at = 0;
+    for (int64_t r = 0; r < rows; ++r) {  // each element: its length (4 bytes, little-endian), then its bytes
+      uint32_t length = 0;
+      if (at + 4 > text.size() || (std::memcpy(&length, text.data() + at, 4), at + 4 + length > text.size())) {
+        return Error("input '" + rule_name + "': malformed BYTES");
+      }
+      const std::string name(text.data() + at + 4, length);
+      at += 4 + length;
+      if (!name.empty()) {
+        mask_of_row[r] = bank.Row(name);
+        if (mask_of_row[r] < 0) {
+          return Error(rule_name + ": no rule named '" + name + "'; the repository stores " + bank.Stored());
+        }
+      }
+    }
+  }
+  // the mask token's index: no rule allows it, so a list of unknown items alone keeps its row to nothing
+  const int64_t never = static_cast<int64_t>(bank.item_ids.size()) + 1;
+  for (int side = 0; side < 2; ++side) {
+    InputView view;
+    const std::string& name = model_->InputName(first + 1 + side);
+    RETURN_IF_ERROR(ViewInput(request, name, true, &view));
+    if (view.input == nullptr) {
+      continue;
+    }
+    if (view.type != TRITONSERVER_TYPE_INT64 || view.shape.size() != 2 || view.shape[0] != rows) {
+      return Error("input '" + name + "': expected INT64 [rows, items] (item IDs, padded with -1)");
+    }
+    if (view.shape[1] > kMaxRuleItems) {
+      return Error(name + ": " + std::to_string(view.shape[1]) + " items; at most " + std::to_string(kMaxRuleItems));
+    }
+    std::vector<int64_t> ids(view.bytes / sizeof(int64_t));
+    RETURN_IF_ERROR(Gather(view, name, reinterpret_cast<char*>(ids.data())));
+    for (int64_t r = 0; r < rows; ++r) {
+      bool any = false;
+      for (int64_t c = 0; c < view.shape[1]; ++c) {
+        const int64_t id = ids[r * view.shape[1] + c];
+        if (id == model_->PaddingId()) {
+          continue;
+        }
+        any = true;
+        const int64_t index = bank.Index(id);
+        if (index > 0) {
+          listed[side][r].push_back(index);
+        }
+      }
+      if (side == 1 && any && listed[side][r].empty()) {
+        listed[side][r].push_back(never);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // staged only now: a refused request leaves no trace in the batch
+    mask_of_row_[first_row + r] = mask_of_row[r];
+    for (int side = 0; side < 2; ++side) {
+      widest_ = std::max<int64_t>(widest_, listed[side][r].size());
+      ruled_ = ruled_ || mask_of_row[r] != 0 || !listed[side][r].empty();
+      listed_[side][first_row + r] = std::move(listed[side][r]);
+    }
+  }
   return nullptr;
+}
+
+void
+ModelInstanceState::RefreshHidden(int64_t version)
+{
+  SessionStore* store = model_->BySession() ? store_.get() : hidden_store_.get();
+  if (store == nullptr || (model_->BySession() && version == hidden_version_)) {
+    return;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
+  }
+  int64_t now = hidden_version_;
+  std::vector<int64_t> ids;
+  bool changed = false;
+  const std::string problem = store->Hidden(hidden_version_, &now, &ids, &changed, model_->BySession());
+  if (!problem.empty()) {  // the items read last stay hidden; said once a problem
+    if (problem != hidden_problem_) {
+      LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
+    }
+    hidden_problem_ = problem;
+    return;
+  }
+  hidden_problem_.clear();
+  if (!changed) {
+    return;
+  }
+  at::Tensor visible = at::ones({named_.size(1)}, at::TensorOptions().dtype(at::kBool));
+  bool* flags = visible.data_ptr<bool>();
+  int64_t count = 0;
+  for (int64_t id : ids) {
+    const int64_t index = model_->Bank().Index(id);  // 0: the catalogue does not hold it, which hides nothing
+    if (index > 0 && flags[index]) {
+      flags[index] = false;
+      ++count;
+    }
+  }
+#ifdef TRITON_ENABLE_GPU
+  std::unique_ptr<c10::cuda::CUDAStreamGuard> on_stream;
+  if (device_.is_cuda()) {  // ordered before the next replay on the same stream
+    on_stream = std::make_unique<c10::cuda::CUDAStreamGuard>(*capture_stream_);
+  }
+#endif
+  c10::InferenceMode inference;
+  visible_.copy_(visible);
+  at::logical_and_out(bank_, named_, visible_.unsqueeze(0));
+  hidden_version_ = now;
+  hidden_count_ = count;
+}
+
+std::vector<at::Tensor>
+ModelInstanceState::RuleTensors(int64_t rows, int64_t width, bool pinned) const
+{
+  const auto options = at::TensorOptions().dtype(at::kLong).pinned_memory(pinned);
+  std::vector<at::Tensor> out = {
+      at::from_blob(const_cast<int64_t*>(mask_of_row_.data()), {rows}, at::TensorOptions().dtype(at::kLong))
+          .clone(),
+      at::zeros({rows, width}, options), at::zeros({rows, width}, options)};
+  for (int side = 0; side < 2; ++side) {
+    int64_t* target = out[1 + side].data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(listed_[side][r].begin(), listed_[side][r].end(), target + r * width);
+    }
+  }
+  return out;
 }
 
 void
@@ -656,7 +951,12 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
   const int64_t length = model_->HistoryLength();
   const int64_t count = std::min<int64_t>(length, model_->Store().window);
   std::vector<std::vector<int64_t>> histories;
-  const std::string problem = store_->AppendAndRead(batch.sessions, batch.events, count, &histories);
+  int64_t version = hidden_version_;  // the hidden items' version, read in the same round trip under rules
+  const std::string problem =
+      store_->AppendAndRead(batch.sessions, batch.events, count, &histories, model_->Rules() ? &version : nullptr);
+  if (model_->Rules()) {
+    RefreshHidden(version);
+  }
   const int32_t source = problem.empty() ? 0 : 1;
   if (!problem.empty()) {
     LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: " + problem).c_str());
@@ -684,13 +984,14 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
 }
 
 void
-ModelInstanceState::Run(int64_t rows)
+ModelInstanceState::Run(int64_t rows, bool ruled)
 {
   c10::InferenceMode inference;
 #ifdef TRITON_ENABLE_GPU
-  if (device_.is_cuda()) {
-    Captured* c = &captured_.back();
-    for (Captured& candidate : captured_) {
+  if (device_.is_cuda() && !(ruled && widest_ > kListed)) {  // longer lists run the graph as it is, below
+    std::vector<Captured>& graphs = ruled ? captured_ruled_ : captured_;
+    Captured* c = &graphs.back();
+    for (Captured& candidate : graphs) {
       if (candidate.batch >= rows) {
         c = &candidate;
         break;
@@ -706,25 +1007,38 @@ ModelInstanceState::Run(int64_t rows)
       c->inputs[1].narrow(0, rows, c->batch - rows).fill_(1);
       c->inputs[2].narrow(0, rows, c->batch - rows).fill_(false);
     }
+    std::vector<at::Tensor> rules;
+    if (ruled) {  // this batch's rows' rules, the rest of the bucket none
+      rules = RuleTensors(rows, kListed, true);
+      for (int i = 0; i < kRuleInputs; ++i) {
+        c->inputs[kInputs + i].narrow(0, 0, rows).copy_(rules[i], true);
+        c->inputs[kInputs + i].narrow(0, rows, c->batch - rows).zero_();
+      }
+    }
     c->graph->replay();
     for (int i = 0; i < kOutputs; ++i) {
       host_out_[i].narrow(0, 0, rows).copy_(c->outputs[i].narrow(0, 0, rows), true);
       outputs_[i] = host_out_[i].narrow(0, 0, rows);
     }
-    capture_stream_->synchronize();
+    capture_stream_->synchronize();  // the pinned rule tensors outlive their copies
     return;
   }
 #endif
-  if (at::get_num_threads() != model_->IntraOpThreads()) {
+  if (!device_.is_cuda() && at::get_num_threads() != model_->IntraOpThreads()) {
     at::set_num_threads(model_->IntraOpThreads());  // this thread's (the instance's) intra-op threads
   }
   std::vector<at::Tensor> inputs;
   for (int i = 0; i < kInputs; ++i) {
-    inputs.push_back(staged_[i].narrow(0, 0, rows));
+    inputs.push_back(staged_[i].narrow(0, 0, rows).to(device_));
   }
-  std::vector<at::Tensor> out = Forward(inputs);
+  if (ruled) {
+    for (const at::Tensor& t : RuleTensors(rows, std::max<int64_t>(widest_, 1), false)) {
+      inputs.push_back(t.to(device_));
+    }
+  }
+  std::vector<at::Tensor> out = Forward(inputs, ruled);
   for (int i = 0; i < kOutputs; ++i) {
-    outputs_[i] = out[i].contiguous();
+    outputs_[i] = out[i].to(at::kCPU).contiguous();
   }
 }
 
@@ -786,6 +1100,8 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
   std::vector<bool> succeeded(request_count, false);
   int64_t rows = 0;
   SessionRows batch;  // by session
+  ruled_ = false;
+  widest_ = 0;
   for (uint32_t r = 0; r < request_count; ++r) {
     TRITONBACKEND_Response* response = nullptr;
     TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
@@ -812,7 +1128,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
   std::string failure;
   if (rows > 0 && model_->BySession()) {
     try {
-      StageHistories(batch, &slots);
+      StageHistories(batch, &slots);  // the hidden items too, under rules
     }
     catch (const std::exception& ex) {
       failure = std::string("recserve backend: reading the sessions failed: ") + ex.what();
@@ -820,7 +1136,10 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
   }
   if (rows > 0 && failure.empty()) {
     try {
-      Run(rows);
+      if (model_->Rules() && !model_->BySession()) {
+        RefreshHidden(-1);
+      }
+      Run(rows, ruled_ || hidden_count_ > 0);
     }
     catch (const std::exception& ex) {
       failure = std::string("recserve backend: running the graph failed: ") + ex.what();

@@ -114,6 +114,26 @@ std::string Resolve(const std::string& host, double timeout_s, std::string* why)
   return lookup->address;
 }
 
+// The hidden items' version from a GET's reply (nil: 0, before any hide); false where it is not one.
+bool ParseVersion(const redisReply* reply, int64_t* version)
+{
+  if (reply->type == REDIS_REPLY_NIL) {
+    *version = 0;
+    return true;
+  }
+  if (reply->type != REDIS_REPLY_STRING) {
+    return false;
+  }
+  char* end = nullptr;
+  const std::string text(reply->str, reply->len);
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') {
+    return false;
+  }
+  *version = value;
+  return true;
+}
+
 }  // namespace
 
 bool
@@ -455,7 +475,7 @@ SessionStore::Dial()
 std::string
 SessionStore::RoundTrip(
     const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
-    std::vector<std::vector<int64_t>>* histories, bool* retryable)
+    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable)
 {
   *retryable = false;
   const double deadline = Monotonic() + s_.timeout_s;  // one deadline for the whole call, not one a reply
@@ -511,6 +531,9 @@ SessionStore::RoundTrip(
   for (const std::string& key : keys) {
     send({"ZRANGE", key, first, "-1"});
   }
+  if (hidden_version != nullptr) {
+    send({"GET", s_.prefix + "items:version"});  // store_contract.HIDDEN_VERSION_KEY: the last reply
+  }
   if (!sent) {
     Drop();
     return "the session store at " + s_.url + ": a command could not be queued (out of memory)";
@@ -546,6 +569,10 @@ SessionStore::RoundTrip(
       }
       continue;
     }
+    if (hidden_version != nullptr && n + 1 == expected) {
+      ParseVersion(reply.get(), hidden_version);
+      continue;
+    }
     if (n > transaction + waited || (!appending && n >= transaction)) {
       const size_t row = n - (appending ? transaction + 1 + waited : 0);
       if (reply->type != REDIS_REPLY_ARRAY) {
@@ -569,7 +596,7 @@ SessionStore::RoundTrip(
 std::string
 SessionStore::AppendAndRead(
     const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
-    std::vector<std::vector<int64_t>>* histories)
+    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version)
 {
   // one retry at most, on a fresh connection, and only where an old one was found closed before any answer
   // (as a restarted store leaves it): a call the store answered in part, or was slow to, is not sent twice
@@ -582,12 +609,76 @@ SessionStore::AppendAndRead(
       }
     }
     bool retryable = false;
-    std::string problem = RoundTrip(sessions, events, count, histories, &retryable);
+    std::string problem = RoundTrip(sessions, events, count, histories, hidden_version, &retryable);
     if (problem.empty() || !retryable || fresh) {
       return problem;
     }
   }
   return "the session store at " + s_.url + " cannot be reached";
+}
+
+std::string
+SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids, bool* changed, bool version_read)
+{
+  *changed = false;
+  *version = known;
+  if (c_ == nullptr) {
+    const std::string problem = Connect();
+    if (!problem.empty()) {
+      return problem;
+    }
+  }
+  redisSetTimeout(c_, Timeval(s_.timeout_s));  // a round trip before may have left a shorter one
+  const std::string version_key = s_.prefix + "items:version", hidden_key = s_.prefix + "items:hidden";
+  auto failed = [&](const char* what) {
+    const std::string why = c_->errstr;
+    Drop();
+    return "the session store at " + s_.url + ": " + what + " failed: " + why;
+  };
+  if (!version_read) {
+    Reply reply = Command(c_, {"GET", version_key});
+    if (reply == nullptr) {
+      return failed("reading the hidden items' version");
+    }
+    int64_t now = known;
+    if (!ParseVersion(reply.get(), &now) || now == known) {
+      return "";
+    }
+  }
+  // the items and their version together, so that a hide between the two reads is never half seen
+  for (const std::vector<std::string>& command : {std::vector<std::string>{"MULTI"}, {"GET", version_key},
+                                                   {"SMEMBERS", hidden_key}, {"EXEC"}}) {
+    Argv argv(command);
+    if (redisAppendCommandArgv(c_, argv.argc(), argv.argv.data(), argv.lengths.data()) != REDIS_OK) {
+      return failed("reading the hidden items");
+    }
+  }
+  Reply exec;
+  for (int n = 0; n < 4; ++n) {  // MULTI's OK and two QUEUED, then EXEC's [version, members]
+    void* raw = nullptr;
+    if (redisGetReply(c_, &raw) != REDIS_OK) {
+      return failed("reading the hidden items");
+    }
+    exec.reset(static_cast<redisReply*>(raw));
+  }
+  if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 2 || exec->element[1]->type != REDIS_REPLY_ARRAY) {
+    const std::string why = exec->type == REDIS_REPLY_ERROR ? std::string(exec->str, exec->len) : "an unexpected reply";
+    return "the session store at " + s_.url + " refused the read of hidden items: " + why;
+  }
+  int64_t now = 0;
+  ParseVersion(exec->element[0], &now);
+  ids->clear();
+  const redisReply* members = exec->element[1];
+  for (size_t e = 0; e < members->elements; ++e) {
+    int64_t id;
+    const redisReply* member = members->element[e];
+    if (member->type == REDIS_REPLY_STRING && ParseItemId(member->str, member->len, &id)) {
+      ids->push_back(id);
+    }
+  }
+  *version = now;
+  *changed = true;
+  return "";
 }
 
 }}}  // namespace triton::backend::recserve

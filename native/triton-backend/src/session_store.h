@@ -60,9 +60,19 @@ class SessionStore {
   // `histories` (unknown to the model either way); a key the store cannot read as a session reads empty.
   // Returns "" or the store's problem (a timeout, a refused password, no connection): then nothing is read,
   // and the events are acknowledged only if a later call says so.
+  // `hidden_version`, where given: the hidden items' version read in the same round trip (unchanged where the
+  // store did not answer it).
   std::string AppendAndRead(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
-      std::vector<std::vector<int64_t>>* histories);
+      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version = nullptr);
+
+  // The items hidden catalogue-wide (`recserve items hide`, store_contract.HIDDEN_KEY): where the store's
+  // version (HIDDEN_VERSION_KEY, 0 before any hide) is not `known`, the items and their version read together
+  // (one MULTI/EXEC); `*changed` says whether they were. `known_read`: the version was just read (by
+  // AppendAndRead) and is `known`'s rival, so no GET is sent first. Integer IDs only; others hide nothing.
+  // Returns "" or the store's problem (then nothing changes).
+  std::string Hidden(
+      int64_t known, int64_t* version, std::vector<int64_t>* ids, bool* changed, bool version_read = false);
 
   const StoreSettings& Settings() const { return s_; }
 
@@ -72,7 +82,7 @@ class SessionStore {
   std::string AskSentinels(std::string* host, int* port);  // the primary of s_.service: "" or the problem
   std::string RoundTrip(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
-      std::vector<std::vector<int64_t>>* histories, bool* retryable);
+      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable);
   void Drop();
 
   StoreSettings s_;

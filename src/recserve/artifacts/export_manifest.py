@@ -18,7 +18,7 @@ from recserve.errors import ExportError
 
 EXPORT_FORMAT_VERSION = 1
 # what a backend's save may add
-BACKEND_FIELDS = {"fixed_length", "batch_buckets", "native_model", "native_absent", "seed_model"}
+BACKEND_FIELDS = {"fixed_length", "batch_buckets", "native_model", "native_rules", "native_absent", "seed_model"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class ExportManifest:
     fixed_length: int | None = None  # backends compiled for one padded history length
     batch_buckets: tuple[int, ...] = ()  # cudagraph: the batch sizes captured
     native_model: str | None = None  # the native layout's model file (torchscript, onnx), if the catalogue allows
+    native_rules: bool = False  # the native model also answers under business rules (its ``ruled`` method)
     native_absent: str | None = None  # a torchscript or onnx export without a native model: why the catalogue
     # does not allow one
     seed_model: str | None = None  # the seed layout's TorchScript model step (torchscript)

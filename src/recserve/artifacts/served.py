@@ -114,16 +114,19 @@ def by_session(id_type: str) -> Contract:
     return _by_session(recommender(id_type))
 
 
-def native(history_length: int, onnx: bool = False) -> Contract:
+def native(history_length: int, onnx: bool = False, ruled: bool = False) -> Contract:
     """The ``recommender`` contract as native batching allows it: integer histories padded on the left to one
     length (with ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or
     ``max_k``), padded with ``NATIVE_PAD_ID`` past each request's k. An ONNX graph cannot name an output like
-    its input, so its IDs come out as ``NATIVE_ONNX_OUTPUT_IDS``."""
+    its input, so its IDs come out as ``NATIVE_ONNX_OUTPUT_IDS``. ``ruled`` (recserve's backend): the
+    business rules that need no parsing: a stored rule's name and the items to exclude or keep to (padded
+    with ``NATIVE_PAD_ID``)."""
     return Contract(
         (
             TensorSpec(INPUT_ITEM_IDS, "INT64", (history_length,)),
             TensorSpec(INPUT_K, "INT32", (1,)),
             TensorSpec(INPUT_EXCLUDE_SEEN, "BOOL", (1,)),
+            *(spec for spec in rules("INT64") if ruled and spec.name != INPUT_WHERE),
         ),
         (
             TensorSpec(NATIVE_ONNX_OUTPUT_IDS if onnx else OUTPUT_ITEM_IDS, "INT64", (-1,)),
@@ -133,9 +136,9 @@ def native(history_length: int, onnx: bool = False) -> Contract:
     )
 
 
-def native_by_session(history_length: int) -> Contract:
+def native_by_session(history_length: int, ruled: bool = False) -> Contract:
     """The native contract by session (recserve's backend): the items to append as wide as a request's."""
-    contract = _by_session(native(history_length))
+    contract = _by_session(native(history_length, ruled=ruled))
     item_ids = dataclasses.replace(contract.inputs[1], dims=(-1,))
     return dataclasses.replace(contract, inputs=(contract.inputs[0], item_ids, *contract.inputs[2:]))
 
@@ -192,12 +195,13 @@ LAYOUTS: dict[str, ServedLayout] = {
 @dataclass(frozen=True)
 class NativeShape:
     """What a native-layout model takes (read from its config): the fixed history length, the padding ID,
-    the largest k and the name of its item-ID output."""
+    the largest k, the name of its item-ID output and whether it takes business rules."""
 
     length: int
     padding_id: int
     max_k: int
     ids_output: str
+    rules: bool = False
 
     @classmethod
     def from_config(cls, config: dict) -> NativeShape | None:
@@ -207,7 +211,9 @@ class NativeShape:
         if "padding_id" not in parameters:
             return None
         dims = next(i["dims"] for i in config["input"] if i["name"] == INPUT_ITEM_IDS)
-        return cls(int(dims[0]), int(parameters["padding_id"]), int(parameters["max_k"]), config["output"][0]["name"])
+        rules = any(i["name"] == INPUT_RULE for i in config["input"])
+        padding, max_k = int(parameters["padding_id"]), int(parameters["max_k"])
+        return cls(int(dims[0]), padding, max_k, config["output"][0]["name"], rules)
 
     def history(self, ids: np.ndarray) -> np.ndarray:
         """The most recent ``length`` IDs, left-padded with the padding ID to ``length``: (1, length) int64.

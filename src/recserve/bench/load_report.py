@@ -15,7 +15,13 @@ PAIRS = (
 )
 
 
-def _level(row: dict) -> tuple[str, float]:
+def row_label(row: dict) -> str:
+    """A row's name in reports and plots: its variant (GPU runs) or layout, and the rules it ran under."""
+    name = row.get("variant", row["layout"])
+    return f"{name} [{row['rules']}]" if row.get("rules") else name
+
+
+def row_level(row: dict) -> tuple[str, float]:
     return ("concurrency", row["concurrency"]) if "concurrency" in row else ("request_rate", row["request_rate"])
 
 
@@ -24,7 +30,7 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
     level (throughput and p99 as ratios, p50 as milliseconds more); the best throughput within the SLO per
     layout, and best over best."""
     ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
-    by = {(r["layout"], _level(r)): r for r in ok}
+    by = {(r["layout"], row_level(r)): r for r in ok}
     out: dict = {f"{a}_over_{b}": {} for a, b in PAIRS} | {"best_within_slo": {}}
     for (layout, level), row in by.items():
         key = f"{level[0]}={level[1]:g}"
@@ -44,7 +50,7 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
             else {
                 "throughput_rps": best["throughput_rps"],
                 "p99_ms": best["p99_ms"],
-                "level": "=".join(map(str, _level(best))),
+                "level": "=".join(map(str, row_level(best))),
             }
         )
     best = {
@@ -70,7 +76,7 @@ def write_report(summary: dict, path: Path) -> None:
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in summary["results"]:
-        kind, value = _level(r)
+        kind, value = row_level(r)
         steps = "; ".join(
             f"{name}: queue {v['queue_ms']:.2f}, infer {v['compute_infer_ms']:.2f}"
             + (f", batch {v['avg_batch']:.1f}" if v.get("avg_batch") else "")
@@ -78,12 +84,11 @@ def write_report(summary: dict, path: Path) -> None:
         )
         if "throughput_rps" not in r:
             lines.append(
-                f"| {r.get('variant', r['layout'])} | {kind} {value:g} | failed: {r.get('error', '')} | | | | "
-                f"{r['errors']} | |"
+                f"| {row_label(r)} | {kind} {value:g} | failed: {r.get('error', '')} | | | | {r['errors']} | |"
             )
             continue
         lines.append(
-            f"| {r.get('variant', r['layout'])} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
+            f"| {row_label(r)} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |"
         )
     lines += ["", "## Ratios", ""]
@@ -113,6 +118,20 @@ def write_report(summary: dict, path: Path) -> None:
                 else f"{best['throughput_rps']:,.0f} req/s at {best['level']} (p99 {best['p99_ms']:.2f} ms)"
             )
         )
+    if summary.get("rule_overhead"):
+        lines += ["", "## Business rules beside none", ""]
+        for layout, variants in summary["rule_overhead"].items():
+            for rules, v in variants.items():
+                levels = ", ".join(
+                    f"{level} p50 {x['p50_ms_more']:+.2f} ms, throughput x{x['throughput']:.2f}"
+                    for level, x in v["levels"].items()
+                )
+                best = v["best_within_slo_over_none"]
+                lines.append(
+                    f"- {layout} [{rules}]: {levels}; best within the SLO x{best:.2f} of none's"
+                    if best is not None
+                    else f"- {layout} [{rules}]: {levels}; no level within the SLO"
+                )
     measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
     if measured:
         lines += [
@@ -124,10 +143,10 @@ def write_report(summary: dict, path: Path) -> None:
             "",
         ]
         for r in measured:
-            kind, value = _level(r)
+            kind, value = row_level(r)
             cpu = r["cpu_us_per_request"]
             lines.append(
-                f"- {r.get('variant', r['layout'])} at {kind} {value:g}: client {cpu['client']:.0f}, "
+                f"- {row_label(r)} at {kind} {value:g}: client {cpu['client']:.0f}, "
                 f"server {cpu['server']:.0f}, models {cpu['models']:.0f}"
             )
     path.write_text("\n".join(lines) + "\n")

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,12 +53,14 @@ def write_input_data(
     limit: int = 1000,
     native: NativeShape | None = None,
     events_every: int = 0,
+    extra: Callable[[int], dict] | None = None,
 ) -> int:
     """perf_analyzer's JSON input from real histories: the seed layout takes exactly 39 IDs per request; the
     native layout (``native``: its model's shape) padded histories with k 10 and seen items excluded, as
     ``RecommenderClient`` sends them. By session, the sessions ``load_bench_sessions`` loaded, by ID; with
     ``events_every`` N, every Nth request also carries an event (its history's last item again), which the
-    model appends to the session before answering: a load of events and requests mixed."""
+    model appends to the session before answering: a load of events and requests mixed. ``extra``: request
+    n's further inputs (its business rules: ``rule_variants.RuleVariant.inputs``)."""
     rows = []
     served_layout = LAYOUTS[layout]
     if served_layout.by_session:
@@ -68,6 +71,7 @@ def write_input_data(
             if events_every and n % events_every == 0 and len(histories[n]):
                 item = histories[n][-1]
                 rows[-1][INPUT_ITEM_IDS] = {"content": [str(item) if string_ids else int(item)], "shape": [1]}
+            rows[-1] |= extra(n) if extra else {}
         path.write_text(json.dumps({"data": rows}))
         return count
     for history in histories:
@@ -82,7 +86,7 @@ def write_input_data(
         if native is not None:  # native models take every input
             row[INPUT_K] = {"content": [DEFAULT_K], "shape": [1]}
             row[INPUT_EXCLUDE_SEEN] = {"content": [True], "shape": [1]}
-        rows.append(row)
+        rows.append(row | (extra(len(rows)) if extra else {}))
         if len(rows) == limit:
             break
     if not rows:

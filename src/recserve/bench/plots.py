@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from recserve.bench.load_report import row_label
+
 
 def _pyplot():
     import matplotlib
@@ -19,12 +21,11 @@ def _pyplot():
 def plot_latency_throughput(rows: list[dict], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    name = lambda r: r.get("variant", r["layout"])  # noqa: E731 - GPU runs label rows by variant
-    for layout in dict.fromkeys(name(r) for r in rows):
+    for layout in dict.fromkeys(row_label(r) for r in rows):
         points = sorted(
             (r["throughput_rps"], r["p99_ms"], r.get("concurrency", r.get("request_rate")))
             for r in rows
-            if name(r) == layout and "throughput_rps" in r
+            if row_label(r) == layout and "throughput_rps" in r
         )
         if not points:
             continue
@@ -49,7 +50,7 @@ def plot_steps(rows: list[dict], path: Path) -> None:
     for r in rows:
         for name, step in r.get("steps", {}).items():
             bars.append([step[p] for p in parts])
-            labels.append(f"{r.get('variant', r['layout'])}@{r.get('concurrency', r.get('request_rate')):g}\n{name}")
+            labels.append(f"{row_label(r)}@{r.get('concurrency', r.get('request_rate')):g}\n{name}")
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(bars)), 4.5))
     bottom = [0.0] * len(bars)
     for i, part in enumerate(parts):

@@ -130,6 +130,7 @@ def sweep(
     compare_with_fused: bool = False,
     client_cpus: tuple[int, ...] = (),
     events_every: int = 0,
+    rules: str | None = None,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -142,8 +143,18 @@ def sweep(
             when only the native one is swept (they are compared whenever both are).
         client_cpus: cores to pin perf_analyzer to (the server keeps to this process's others); () shares.
         events_every: by session, every Nth request carries an event to append first (0: none).
+        rules: business rules to load each layout under besides none (``rule_variants.parse_variants``:
+            rule:NAME, exclude:N, include:N, hidden:PCT), each run level by level beside no rule.
     """
     from recserve.bench.load_report import ratios, write_report
+    from recserve.bench.rule_variants import NONE, hidden_for, parse_variants, repository_catalogue, rule_overhead
+
+    variants = parse_variants(rules)
+    catalogue = np.zeros(0, dtype=np.int64)  # the repository's, where a variant lists or hides items
+    if len(variants) > 1:
+        if repo is None:
+            raise ServingError("--rules needs --repo: its catalogue makes the listed items, its store the hidden")
+        catalogue = repository_catalogue(repo)
 
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:
@@ -158,7 +169,8 @@ def sweep(
         meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
-            inputs = {}
+            inputs: dict[tuple[str, str], Path] = {}
+            store_record = None
             by_session = [x for x in layouts if LAYOUTS[x].by_session]
             if by_session:  # the store (the repository's record names it) holds the same histories
                 if repo is None:
@@ -172,50 +184,73 @@ def sweep(
                     stores[json.dumps(store, sort_keys=True)] = store  # layouts of one store load it once
                 for store in stores.values():
                     pa.load_bench_sessions(store, histories)
+            if repo is not None and any(v.kind == "hidden" for v in variants):
+                records = read_repository_info(repo)["layouts"].values()
+                store_record = next((r["session_store"] for r in records if r.get("session_store")), None)
             for layout in layouts:
                 history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
                 check_answers(layout, http_url, grpc_url, history, string_ids)
-                inputs[layout] = Path(tmp) / f"{layout}.json"
                 native = None
                 if LAYOUTS[layout].request == "native":
                     with _client(grpc_url, layout) as client:
                         native = client.native_shape()
-                pa.write_input_data(
-                    histories, layout, inputs[layout], string_ids, native=native, events_every=events_every
-                )
+                for variant in variants:
+                    if variant.name == NONE:
+                        extra = None
+                    else:  # a native model's lists are its IDs as integers, like its histories
+                        extra = lambda n, v=variant: v.inputs(n, catalogue, string_ids)  # noqa: E731
+                    inputs[layout, variant.name] = Path(tmp) / f"{layout}-{len(inputs)}.json"
+                    pa.write_input_data(
+                        histories,
+                        layout,
+                        inputs[layout, variant.name],
+                        string_ids,
+                        native=native,
+                        events_every=events_every,
+                        extra=extra,
+                    )
             compare = "native" in layouts and ("fused" in layouts or compare_with_fused)
             agreement = compare_native(grpc_url, histories) if compare else None
             # level by level, every layout in turn: the runs a ratio compares are minutes apart at most,
             # so a shared host's drift moves both sides of it
+            total = len(layouts) * len(levels) * len(variants)
+
+            def measure(layout: str, level: LoadLevel, input_file: Path) -> dict:
+                before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
+                result = pa.run(
+                    LAYOUTS[layout].entry,
+                    target,
+                    protocol,
+                    level,
+                    input_file,
+                    measurement_ms,
+                    Path(tmp) / "pa.csv",
+                    timeout_s=measurement_ms / 1000 * 10 + 60,
+                    client_threads=client_threads,
+                    client_cpus=client_cpus,
+                )
+                steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
+                cpu = meter.per_request(cpu_before, steps.get(LAYOUTS[layout].entry, {}).get("requests", 0))
+                failures = sum(s["failures"] for s in steps.values())
+                return {
+                    "layout": layout,
+                    level.kind: level.value,
+                    **result,
+                    "errors": result["errors"] + failures,
+                    "steps": steps,
+                    "cpu_us_per_request": cpu,
+                }
+
             for level in levels:
-                for layout in layouts:
-                    progress(f"{layout} {level.kind} {level.value:g}", len(rows), len(layouts) * len(levels))
-                    before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
-                    result = pa.run(
-                        LAYOUTS[layout].entry,
-                        target,
-                        protocol,
-                        level,
-                        inputs[layout],
-                        measurement_ms,
-                        Path(tmp) / "pa.csv",
-                        timeout_s=measurement_ms / 1000 * 10 + 60,
-                        client_threads=client_threads,
-                        client_cpus=client_cpus,
-                    )
-                    steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
-                    cpu = meter.per_request(cpu_before, steps.get(LAYOUTS[layout].entry, {}).get("requests", 0))
-                    failures = sum(s["failures"] for s in steps.values())
-                    rows.append(
-                        {
-                            "layout": layout,
-                            level.kind: level.value,
-                            **result,
-                            "errors": result["errors"] + failures,
-                            "steps": steps,
-                            "cpu_us_per_request": cpu,
-                        }
-                    )
+                for variant in variants:
+                    with hidden_for(variant, store_record, catalogue) as hidden:
+                        for layout in layouts:
+                            label = f"{layout} {level.kind} {level.value:g}"
+                            progress(label + ("" if variant.name == NONE else f" {variant.name}"), len(rows), total)
+                            row = measure(layout, level, inputs[layout, variant.name])
+                            if variant.name != NONE:
+                                row |= {"rules": variant.name, "hidden_items": hidden}
+                            rows.append(row)
         metrics = pa.metrics_text(metrics_url)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
@@ -228,12 +263,15 @@ def sweep(
             "layouts": layouts,
             "requests_from": f"{len(histories)} histories",
             "events_every": events_every,
+            **({"rules": [v.name for v in variants]} if len(variants) > 1 else {}),
         },
         "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUTS[layout].entry) for layout in layouts},
     }
     if agreement is not None:
         summary["native_vs_fused"] = agreement
-    summary["ratios"] = ratios(rows, slo_p99_ms)
+    summary["ratios"] = ratios([r for r in rows if "rules" not in r], slo_p99_ms)
+    if len(variants) > 1:
+        summary["rule_overhead"] = rule_overhead(rows, slo_p99_ms)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_report(summary, out / "report.md")
     try:

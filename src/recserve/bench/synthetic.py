@@ -17,12 +17,14 @@ import numpy as np
 import torch
 
 from recserve.artifacts.catalogue import write_catalogue
+from recserve.artifacts.item_table import Attribute, ItemAttributes, write_attributes
 from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.model_configs import Bert4RecConfig, SASRecConfig
 from recserve.models.registry import model_entry
 
 ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
+CATEGORIES = 20  # a synthetic run's items' category attribute: "c00".."c19", item ID modulo 20
 
 
 def make_random_run(
@@ -37,7 +39,7 @@ def make_random_run(
     **options,
 ) -> Path:
     """A run folder of ``model`` (bert4rec or sasrec; ``options``: more of its config's fields) with random
-    weights, item IDs 1..N and Zipf-like popularity."""
+    weights, item IDs 1..N, Zipf-like popularity and a ``category`` attribute for rules (``CATEGORIES``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -53,6 +55,9 @@ def make_random_run(
     counts = (1e6 / np.arange(1, num_items + 1)).astype(np.int64)
     np.save(out / POPULARITY_FILE, np.concatenate([[0], counts, [0]]))
     (out / METRICS_FILE).write_text(json.dumps({"model": model, "random_weights": True}) + "\n")
+    names = np.array([f"c{n:02d}" for n in range(CATEGORIES)])
+    codes = (np.arange(1, num_items + 1) % CATEGORIES).astype(np.int32)
+    write_attributes(out, ItemAttributes(num_items, {"category": Attribute("category", "string", codes, names)}))
     return out
 
 

@@ -68,6 +68,14 @@ def bench(
             "load of events and requests mixed; 0 for none.",
         ),
     ] = 0,
+    rules: Annotated[
+        str | None,
+        typer.Option(
+            help="Business rules to load each layout under too, beside none (docs/rules.md), comma-separated: "
+            "rule:NAME (a rule the repository stores), exclude:N or include:N (N catalogue items a request), "
+            "hidden:PCT (that share of the catalogue hidden through the repository's store for those runs).",
+        ),
+    ] = None,
 ) -> None:
     """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -118,6 +126,7 @@ def bench(
             client_threads=client_threads,
             progress=progress,
             events_every=events_every,
+            rules=rules,
         )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

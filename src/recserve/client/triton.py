@@ -34,6 +34,7 @@ from recserve.constants import (
     INPUT_ITEM_IDS,
     INPUT_K,
     INPUT_SESSION_ID,
+    NATIVE_SESSION_MODEL,
     OUTPUT_HISTORY_LENGTH,
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
@@ -133,10 +134,9 @@ def _inputs(
             ids = native.history(ids.reshape(-1))
         except RequestError as err:  # refused here, before sending: the native model cannot fail one request
             raise RecommendError(str(err)) from err
-        if extra:
-            raise RecommendError(
-                "the native layout takes no business rules yet; ask the fused or session layout for them"
-            )
+        if rules is not None and extra:
+            _check_native_rules(rules, native.rules)
+            extra = [(name, value.astype(np.int64) if value.dtype != object else value) for name, value in extra]
     ids = ids.reshape(1, -1)
     tensors = [
         (INPUT_ITEM_IDS, ids),
@@ -145,6 +145,25 @@ def _inputs(
         *extra,
     ]
     return [_tensor(module, name, value) for name, value in tensors]
+
+
+def _check_native_rules(rules: Rules, takes_rules: bool = True) -> None:
+    """A native model takes the rules that need no parsing, and only on recserve's backend (``takes_rules``).
+
+    Raises:
+        RecommendError: rules it cannot take, naming what it can.
+    """
+    if not takes_rules:
+        raise RecommendError(
+            "this native model takes no business rules (Triton's own backends run it): serve it on recserve's "
+            "backend (recserve repo --native-runtime recserve, from a torchscript export), or ask the fused or "
+            "session layout"
+        )
+    if rules.where is not None:
+        raise RecommendError(
+            "the native layout takes rules stored by name, not written out: store it with recserve repo --rules "
+            "FILE and ask for it with rule=NAME (--rule NAME), or ask the fused or session layout"
+        )
 
 
 def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendError:
@@ -161,9 +180,10 @@ def _error(err: InferenceServerException, url: str, protocol: str) -> RecommendE
 def _result(reply, native: NativeShape | None = None, k: int = 0) -> Recommendations:
     ids = reply.as_numpy(native.ids_output if native else OUTPUT_ITEM_IDS)[0]
     scores = reply.as_numpy(OUTPUT_SCORES)[0]
-    if native is not None:  # the batch's widest k; padding where fewer items remain
+    if native is not None:  # the batch's widest k
         ids, scores = ids[:k], scores[:k]
-        ids, scores = ids[ids != native.padding_id], scores[ids != native.padding_id]
+    kept = scores > -np.inf  # padding where fewer items remain (past a row's k, or its rules let fewer through)
+    ids, scores = ids[kept], scores[kept]
     if ids.dtype == object:
         ids = as_str_ids(ids)
     return Recommendations(ids, scores, int(reply.as_numpy(OUTPUT_UNKNOWN_IDS)[0, 0]))
@@ -263,6 +283,8 @@ class RecommenderClient(_ModelClient):
         Raises:
             SessionStoreError: the store is down and no ``item_ids`` were given.
         """
+        if model == NATIVE_SESSION_MODEL and rules is not None and rules.given:
+            _check_native_rules(rules)
         tensors = [(INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_))]
         if item_ids is not None and len(item_ids):
             tensors.append((INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)))

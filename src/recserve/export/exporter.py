@@ -96,6 +96,8 @@ def export_run(
                 native_export.load(tmp, manifest.native_model, device), spec.window - 1, max_k
             )
             validation["native"] = check_parity(reference, served, spec, precision, spec.window - 1, rules=False)
+            if manifest.native_rules:  # its ruled method, under business rules (recserve's backend)
+                validation["native_ruled"] = check_parity(reference, served, spec, precision, spec.window - 1)
         if precision != "fp32":
             validation |= _quality_change(reference, runner, spec, run_dir, data_dir)
         manifest = dataclasses.replace(manifest, validation=validation)

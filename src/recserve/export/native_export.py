@@ -15,7 +15,7 @@ import numpy as np
 from recserve.constants import NATIVE_ONNX_FILE, NATIVE_PAD_ID
 from recserve.export.spec import GraphSpec
 
-NativeFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+NativeFn = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]  # (ids, k, exclude_seen[, *rules])
 
 
 def unsupported(spec: GraphSpec) -> str | None:
@@ -58,11 +58,12 @@ def example(batch: int, length: int, spec: GraphSpec, seed: int = 0):
 
 
 def as_runner(native: NativeFn, length: int, max_k: int):
-    """The native model as an export ``Runner`` (fused-graph inputs), for ``validate.check_parity``."""
+    """The native model as an export ``Runner`` (fused-graph inputs, the business rules after them where
+    given: its ``ruled`` method), for ``validate.check_parity``."""
 
-    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, k: int | None = None):
+    def run(ids: np.ndarray, lengths: np.ndarray, exclude: np.ndarray, *rules: np.ndarray, k: int | None = None):
         ks = np.full((len(ids), 1), max_k if k is None else k, dtype=np.int32)
-        top_ids, scores, _ = native(padded(ids, lengths, length), ks, np.ascontiguousarray(exclude)[:, None])
+        top_ids, scores, _ = native(padded(ids, lengths, length), ks, np.ascontiguousarray(exclude)[:, None], *rules)
         return top_ids, scores
 
     return run
@@ -77,7 +78,9 @@ def load(export_dir: Path, file: str, device: str = "cpu") -> NativeFn:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
 
-        def run_onnx(ids, k, exclude):
+        def run_onnx(ids, k, exclude, *rules):
+            if rules:
+                raise ValueError("an ONNX native model takes no business rules")
             ids, scores, unknown = session.run(None, dict(zip(names, (ids, k, exclude))))
             return ids, scores, unknown
 
@@ -86,9 +89,10 @@ def load(export_dir: Path, file: str, device: str = "cpu") -> NativeFn:
 
     module = torch.jit.load(str(path), map_location=device).eval()
 
-    def run_torch(ids, k, exclude):
+    def run_torch(ids, k, exclude, *rules):
+        method = module.ruled if rules else module.forward  # ruled: under business rules (``NativeGraph``)
         with torch.inference_mode():
-            out = module(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (ids, k, exclude)))
+            out = method(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (ids, k, exclude, *rules)))
         return tuple(t.cpu().numpy() if t.dtype != torch.bfloat16 else t.float().cpu().numpy() for t in out)
 
     return run_torch

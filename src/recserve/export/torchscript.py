@@ -47,18 +47,24 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
             inputs = tuple(t.to(device) for t in native_export.example(4, spec.window - 1, spec))
             # on a GPU the answer is max_k wide: choosing the batch's k would wait for the GPU mid-graph
             model = NativeGraph(graph, dynamic_k=device == "cpu")
-            torch.jit.save(trace_frozen(model, inputs), out / NATIVE_TORCHSCRIPT_FILE)
-            added["native_model"] = NATIVE_TORCHSCRIPT_FILE
+            rules = tuple(t.to(device) for t in example_inputs(spec, batch=4, length=1)[3:])
+            methods = {"forward": inputs, "ruled": inputs + rules}  # ruled: recserve's backend, under rules
+            torch.jit.save(trace_frozen(model, methods), out / NATIVE_TORCHSCRIPT_FILE)
+            added |= {"native_model": NATIVE_TORCHSCRIPT_FILE, "native_rules": True}
         else:
             log.info("no native model: %s", reason)
             added["native_absent"] = reason
     return added
 
 
-def trace_frozen(module: torch.nn.Module, example: tuple) -> torch.jit.ScriptModule:
+def trace_frozen(module: torch.nn.Module, example: tuple | dict[str, tuple]) -> torch.jit.ScriptModule:
     """Traced and frozen: weights become constants of the graph, so Triton's PyTorch backend runs no attribute
-    lookups (a third of the unfrozen graph's nodes) on each call."""
-    return torch.jit.freeze(torch.jit.trace(module.eval(), example, check_trace=False))
+    lookups (a third of the unfrozen graph's nodes) on each call. ``example``: forward's inputs, or each
+    method's by name (every one kept)."""
+    if not isinstance(example, dict):
+        return torch.jit.freeze(torch.jit.trace(module.eval(), example, check_trace=False))
+    traced = torch.jit.trace_module(module.eval(), example, check_trace=False)
+    return torch.jit.freeze(traced, preserved_attrs=[name for name in example if name != "forward"])
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:

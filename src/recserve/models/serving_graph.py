@@ -270,18 +270,52 @@ class NativeGraph(nn.Module):
             item IDs (B, K) int64, scores (B, K) float32 and unknown IDs (B, 1) int32 (history IDs that are
             neither padding nor in the catalogue).
         """
+        tokens, unknown = self._tokens(item_ids)
+        g = self.fused
+        scores = g.head.scores(tokens, exclude_seen[:, 0])
+        top_scores, top_indices = g.head.popular(tokens, *self._top(scores, k))
+        return (*self._answer(top_scores, top_indices, k), unknown)
+
+    def ruled(
+        self,
+        item_ids: torch.Tensor,
+        k: torch.Tensor,
+        exclude_seen: torch.Tensor,
+        masks: torch.Tensor,
+        mask_of_row: torch.Tensor,
+        excluded: torch.Tensor,
+        included: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward`` under business rules (recserve's backend calls it; Triton's own backends only
+        ``forward``): the rules as ``allowed_items`` takes them, vocabulary indices that the backend maps from
+        IDs. Where fewer than k items are allowed, the rest of the row is padding (``NATIVE_PAD_ID``, -inf)."""
+        tokens, unknown = self._tokens(item_ids)
+        allowed = allowed_items(masks, mask_of_row, excluded, included)
+        top_scores, top_indices = self._top(self.fused.head.scores(tokens, exclude_seen[:, 0], allowed), k)
+        top_scores = top_scores.float()
+        return (*self._answer(top_scores, top_indices, k, top_scores > float("-inf")), unknown)
+
+    def _tokens(self, item_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens (B, L + 1), the mask token last, and the count of unknown IDs (B, 1) int32."""
         g = self.fused
         valid = item_ids != NATIVE_PAD_ID
         indices = ids_to_indices(g.table, g.lut, item_ids, valid, g.lut_last)
         unknown = (valid & (indices == PAD_INDEX)).sum(1, keepdim=True).to(torch.int32)
-        tokens = F.pad(indices, (0, 1), value=g.mask_index)
-        scores = g.head.scores(tokens, exclude_seen[:, 0])
+        return F.pad(indices, (0, 1), value=g.mask_index), unknown
+
+    def _top(self, scores: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.dynamic_k:
-            top_scores, top_indices = g.head.popular(tokens, *_top_k(scores, k, self.max_k))
-        else:
-            top_scores, top_indices = g.head.popular(tokens, *scores.topk(self.max_k, dim=1))
+            return _top_k(scores, k, self.max_k)
+        return scores.topk(self.max_k, dim=1)
+
+    def _answer(
+        self, top_scores: torch.Tensor, top_indices: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The IDs and scores of each row's first k (``allowed`` ones), padding past them."""
         rank = torch.ones_like(top_scores).cumsum(1)  # 1..K without a shape constant (ONNX edits K)
         usable = (k >= 1) & (k <= self.k_limit)
         keep = (rank <= k) & usable
-        ids = torch.where(keep, g.index_to_id[top_indices], torch.full_like(top_indices, NATIVE_PAD_ID))
-        return ids, torch.where(keep, top_scores, torch.full_like(top_scores, float("-inf"))), unknown
+        if allowed is not None:
+            keep = keep & allowed
+        ids = torch.where(keep, self.fused.index_to_id[top_indices], torch.full_like(top_indices, NATIVE_PAD_ID))
+        return ids, torch.where(keep, top_scores, torch.full_like(top_scores, float("-inf")))

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from recserve.artifacts.catalogue import TRITON_DTYPES
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.item_table import read_attributes
@@ -110,9 +112,9 @@ def store_parameter(settings: RepositorySettings) -> dict[str, str]:
     return {STORE_PARAMETER: json.dumps(store_record(settings), sort_keys=True)}
 
 
-def rules_parameter(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
-    """The config parameter of the rules stored by name (``served_model.RULES_PARAMETER``), each checked
-    against the export's item attributes; none without ``settings.rules``.
+def stored_rules(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, np.ndarray]:
+    """The rules stored by name (``settings.rules``), each compiled against the export's item attributes: the
+    items it lets through, (N,) bool in catalogue order; none without ``settings.rules``.
 
     Raises:
         ConfigError: a file that cannot be read, or a name that is not one.
@@ -122,12 +124,22 @@ def rules_parameter(export_dir: Path, manifest: ExportManifest, settings: Reposi
         return {}
     named = read_named_rules(Path(settings.rules))
     attributes = read_attributes(export_dir, manifest.num_items)
+    masks = {}
     for name, text in named.items():
         try:
-            compile_rule(text, attributes)
+            masks[name] = compile_rule(text, attributes)
         except RuleError as err:
             raise ServingError(f"--rules {settings.rules}: rule {name!r}: {err}") from err
-    return {RULES_PARAMETER: json.dumps(named, sort_keys=True)}
+    return masks
+
+
+def rules_parameter(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
+    """The config parameter of the rules stored by name (``served_model.RULES_PARAMETER``), each checked
+    against the export's item attributes (``stored_rules``); none without ``settings.rules``."""
+    if not settings.rules:
+        return {}
+    stored_rules(export_dir, manifest, settings)
+    return {RULES_PARAMETER: json.dumps(read_named_rules(Path(settings.rules)), sort_keys=True)}
 
 
 def python_parameters(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:

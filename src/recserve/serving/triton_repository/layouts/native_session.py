@@ -10,8 +10,8 @@ from pathlib import Path
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_SESSION_MODEL
-from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record
-from recserve.serving.triton_repository.layouts.native import history_length, write_native_model
+from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record, stored_rules
+from recserve.serving.triton_repository.layouts.native import history_length, ruled, write_native_model
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND, check_native_session
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
@@ -19,13 +19,15 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:
     check_native_session(export_dir, manifest, settings.native_runtime, settings.device)
     store_record(settings)
+    if ruled(manifest, dataclasses.replace(settings, native_runtime=RECSERVE_BACKEND)):
+        stored_rules(export_dir, manifest, settings)
 
 
 def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
     on_recserve = dataclasses.replace(settings, native_runtime=RECSERVE_BACKEND)
     width = history_length(manifest)
     parameters = store_parameter(settings) | {"history_length": str(width)}
-    contract = served.native_by_session(width)
+    contract = served.native_by_session(width, ruled=ruled(manifest, on_recserve))
     write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, on_recserve, version, contract, parameters)
 
 
