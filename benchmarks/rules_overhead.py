@@ -14,6 +14,12 @@ rule variant, checked item by item against the rule, and timed against the same 
 Figures printed and written to --out as JSON (p50 and p99 milliseconds a call, and the ratio to `none` in the
 same run).
 
+With --native, the native graph that recserve's Triton backend runs is timed instead, as the backend calls
+it: its plain method (`none`) against its `ruled` method under each variant (the stored rule as the rule
+bank's row, listed items as vocabulary indices padded to the 128 columns a captured graph takes, hidden items
+out of the bank), the calls interleaved round by round so that a noisy host moves every variant alike;
+medians and quartiles of the rounds.
+
     python benchmarks/rules_overhead.py --items 100000,1000000 --device cuda --backends eager,cudagraph \
         --out runs/rules-overhead.json
 """
@@ -113,6 +119,106 @@ def measure(items: int, backend: str, device: str, batches: list[int], work: Pat
     return rows
 
 
+LISTED = 128  # the listed items a captured graph of recserve's backend takes (recserve.cc's kListed)
+
+
+def measure_native(items: int, device: str, batches: list[int], work: Path, rounds: int) -> list[dict]:
+    import torch
+
+    from recserve.export.exporter import export_run
+    from recserve.export.native_export import padded
+
+    run = work / f"run-{items}"
+    if not run.exists():
+        make_random_run(run, num_items=items)
+        _with_attributes(run, items)
+    export = work / f"export-{items}-torchscript-{device}"
+    export_run(run, "torchscript", "fp32" if device == "cpu" else "bf16", export, device=device)
+    module = torch.jit.load(str(export / "native.pt"), map_location=device).eval()
+    if device == "cpu":
+        torch.set_num_threads(1)  # as the backend's CPU instances run (intra_op_thread_count 1)
+    rng = np.random.default_rng(0)
+    vocab = items + 2
+    bank = np.zeros((2, vocab), dtype=bool)
+    bank[:, 1:-1] = True
+    bank[1, 1:-1] = (np.arange(items)) % CATEGORIES == 3  # the stored rule: category == "c3"
+    hidden = bank.copy()
+    hidden[:, 1:-1] &= rng.random(items) >= 0.1
+    rows = []
+    as_t = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
+    for batch in batches:
+        histories = synthetic_histories(items, count=batch, seed=batch)
+        lengths = np.array([len(h) for h in histories])
+        ids = np.zeros((batch, max(lengths)), dtype=np.int64)
+        for r, h in enumerate(histories):
+            ids[r, ids.shape[1] - len(h) :] = h
+        history = as_t(padded(ids, lengths, _native_length(export)))
+        k, exclude = as_t(np.full((batch, 1), 10, np.int32)), as_t(np.ones((batch, 1), bool))
+        none = as_t(np.zeros((batch, LISTED), np.int64))
+        listed = np.zeros((batch, LISTED), np.int64)
+        listed[:, :100] = rng.choice(items, 100, replace=False) + 1
+        kept = np.zeros((batch, LISTED), np.int64)
+        kept[:, :50] = rng.choice(items, 50, replace=False) + 1
+        row0, row1 = as_t(np.zeros(batch, np.int64)), as_t(np.ones(batch, np.int64))
+        as_bank, as_hidden = as_t(bank), as_t(hidden)
+        calls = _native_calls(
+            module, (history, k, exclude), as_bank, as_hidden, (row0, row1), none, as_t(listed), as_t(kept)
+        )
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        with torch.inference_mode(), torch.jit.optimized_execution(False):
+            for call in calls.values():
+                for _ in range(5):
+                    call()
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+                    started = time.perf_counter()
+                    call()
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+                    times[name].append((time.perf_counter() - started) * 1e3)
+            answers = {name: call()[0].cpu().numpy() for name, call in calls.items()}
+        checks = {
+            "category": lambda a: (a - 1) % CATEGORIES == 3,
+            "exclude-100": lambda a, listed=listed: ~np.isin(a, listed),
+            "hidden-10pc": lambda a: hidden[0, a],
+            "include-50": lambda a, kept=kept: np.isin(a, kept),
+        }
+        base = float(np.median(times["none"]))
+        for name, values in times.items():
+            held = answers[name][answers[name] >= 0]
+            ok = bool(checks[name](held).all()) if name in checks else True
+            row = {"items": items, "backend": "native (recserve's backend's graph)", "device": device, "batch": batch}
+            row |= {"variant": name, "keeps_to_rules": ok, "rounds": rounds}
+            row |= {"p50_ms": float(np.median(values)), "p25_ms": float(np.percentile(values, 25))}
+            row |= {"p50_minus_none_ms": float(np.median(values)) - base}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if not ok:
+                raise SystemExit(f"the native graph at {items} items broke the rule {name}")
+    return rows
+
+
+def _native_calls(module, inputs: tuple, bank, hidden, rows: tuple, none, listed, kept) -> dict:
+    """Each variant's call of the native graph, as recserve's backend makes it (``inputs``: histories, k and
+    exclude_seen; ``rows``: every row on the bank's row 0, and on row 1, the stored rule)."""
+    every, stored = rows
+    return {
+        "none": lambda: module(*inputs),
+        "category": lambda: module.ruled(*inputs, bank, stored, none, none),
+        "exclude-100": lambda: module.ruled(*inputs, bank, every, listed, none),
+        "hidden-10pc": lambda: module.ruled(*inputs, hidden, every, none, none),
+        "include-50": lambda: module.ruled(*inputs, bank, every, none, kept),
+    }
+
+
+def _native_length(export: Path) -> int:
+    from recserve.artifacts.export_manifest import ExportManifest
+
+    return ExportManifest.read(export).window - 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", default="10000,100000", help="Catalogue sizes, comma-separated.")
@@ -122,10 +228,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="Timing per variant and batch.")
     parser.add_argument("--work", type=Path, default=Path("runs/rules-work"), help="Runs and exports.")
     parser.add_argument("--out", type=Path, default=Path("runs/rules-overhead.json"), help="JSON results.")
+    parser.add_argument("--native", action="store_true", help="Time recserve's backend's native graph instead.")
+    parser.add_argument("--rounds", type=int, default=300, help="--native: interleaved rounds of every variant.")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for items in (int(x) for x in args.items.split(",")):
+        if args.native:
+            rows += measure_native(
+                items, args.device, [int(b) for b in args.batches.split(",")], args.work, args.rounds
+            )
+            continue
         for backend in args.backends.split(","):
             rows += measure(
                 items, backend, args.device, [int(b) for b in args.batches.split(",")], args.work, args.seconds

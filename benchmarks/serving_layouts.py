@@ -294,7 +294,7 @@ def main() -> None:
         "results": rows,
         "ratios": per_variant,
         "native_checks": checks,
-        "rule_overhead": overheads,
+        "rule_overhead_by_variant": overheads,
         "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

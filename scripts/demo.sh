@@ -54,14 +54,10 @@ print(" ".join(str(x) for x in data.vocab.to_ids(items)))
 PY
 )
 
-$rs serve --repo "$out/repo" --http-port 18000 --grpc-port 18001 --metrics-port 18002 &
-server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true; $rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
-for _ in $(seq 1 120); do
-  curl -sf 127.0.0.1:18000/v2/health/ready >/dev/null && break
-  kill -0 $server 2>/dev/null || { echo "server failed to start" >&2; exit 1; }
-  sleep 1
-done
+# in the background: it returns once every model is ready; `recserve status` says what runs
+trap '$rs stop --http-port 18000 >/dev/null 2>&1 || true; $rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
+$rs serve --repo "$out/repo" --http-port 18000 --grpc-port 18001 --metrics-port 18002 --detach
+$rs status
 echo "history of user 1 (oldest first): $history"
 $rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
 # the same shopper by session: the store holds user 1's whole history (the newest 200 items); then a click,
@@ -82,8 +78,11 @@ answer = json.load(sys.stdin)["item_id"]
 assert int(sys.argv[1]) not in answer, "a hidden item was recommended"
 print(f"item {sys.argv[1]} hidden: the next answer is {answer}")' "$top"
 $rs items show "$top" --store "$out/store"
-if [ -d "$out/repo/recommender_native_session" ]; then  # the same session from recserve's own backend
+if [ -d "$out/repo/recommender_native_session" ]; then  # the same session from recserve's own backend,
+  # then with its top item excluded there (recserve's backend keeps to a request's rules too)
   $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session --json
+  $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session \
+    --exclude "$top" --json
 fi
 if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
   $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
@@ -103,7 +102,7 @@ result = client.infer("bert4rec_ensemble", inputs, outputs=outputs)
 print("seed layout (the PoC's client):", result.as_numpy("output__0").tolist())
 PY
 fi
-kill -TERM $server; wait $server 2>/dev/null || true
+$rs stop --http-port 18000
 mark "served every layout"
 
 # A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md), the

@@ -7,6 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from recserve.client import RecommenderClient, RecommendError, ServerBusyError, ServerUnreachableError
+from recserve.serving.triton_server.detached import servers_dir
 from tests.conftest import start_serve
 
 LOAD_S = 4.0
@@ -87,7 +88,8 @@ def test_sigterm_under_load_answers_accepted_requests_and_exits_zero(int_repo, t
             f"shutdown: answered {outcomes['ok']}, refused after SIGTERM {outcomes['refused']}, "
             f"failed {len(outcomes['failed'])}, exit code {code} after {exit_s:.1f} s"
         )
-        assert code == 0, serve.stdout.read() + _shutdown_lines(int_repo.parent / f"tritonserver-{http}.log")
+        logs = sorted((servers_dir() / "logs").glob(f"triton-{http}-*.log"))  # serve's, kept with the last runs'
+        assert code == 0, serve.stdout.read() + _shutdown_lines(logs[-1])
         assert outcomes["ok"] > 0 and outcomes["failed"] == []
         # it exits by itself once in-flight requests are done: within its exit timeout and the stubs' stop
         assert exit_s < EXIT_TIMEOUT_S + 15

@@ -1,13 +1,13 @@
 """A model repository's record (``recserve.json``): the run it serves and, for each layout written, the export it
-was built from (backend, precision, device) and, by session, its store's record (never a password). Written
-by ``recserve repo`` and read by ``recserve bench`` and ``recserve deploy``, only through this module."""
+was built from (backend, precision, device) and, where it was given one, its store's record (never a
+password): the sessions of a layout by session, the hidden items of any. Written by ``recserve repo`` and read
+by ``recserve bench`` and ``recserve deploy``, only through this module."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from recserve.artifacts.served import LAYOUTS
 from recserve.constants import REPOSITORY_FILE
 
 
@@ -15,12 +15,11 @@ def record_layouts(
     repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str, session_store: dict | None = None
 ) -> None:
     """Adds the layouts just written to the repository's record, with the export each was built from
-    (``export``: its backend, precision and device) and the run it came from; a layout by session's with
-    its store's record (``session_store``)."""
+    (``export``: its backend, precision and device), the run it came from and the store they were given
+    (``session_store``: its record), if any."""
     info = read_repository_info(repo)
     for layout in layouts:
-        by_session = {"session_store": session_store} if LAYOUTS[layout].by_session else {}
-        info["layouts"][layout] = dict(export) | by_session
+        info["layouts"][layout] = dict(export) | ({"session_store": session_store} if session_store else {})
     info["run"] = run
     (Path(repo) / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
@@ -40,12 +39,5 @@ def has_record(repo: Path) -> bool:
 
 
 def store_of(info: dict) -> dict | None:
-    """The store record of the first layout by session in a repository's record, if any."""
-    return next(
-        (
-            record["session_store"]
-            for name, record in info["layouts"].items()
-            if name in LAYOUTS and LAYOUTS[name].by_session
-        ),
-        None,
-    )
+    """The store record of a repository's record (its sessions, its hidden items), if any layout has one."""
+    return next((record["session_store"] for record in info["layouts"].values() if record.get("session_store")), None)

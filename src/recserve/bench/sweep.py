@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.artifacts.repository_record import read_repository_info
+from recserve.artifacts.repository_record import read_repository_info, store_of
 from recserve.artifacts.served import LAYOUTS
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.cpu import CpuMeter
@@ -185,8 +185,7 @@ def sweep(
                 for store in stores.values():
                     pa.load_bench_sessions(store, histories)
             if repo is not None and any(v.kind == "hidden" for v in variants):
-                records = read_repository_info(repo)["layouts"].values()
-                store_record = next((r["session_store"] for r in records if r.get("session_store")), None)
+                store_record = store_of(read_repository_info(repo))
             for layout in layouts:
                 history = next(h for h in histories if len(h) >= SEED_HISTORY_LENGTH)
                 check_answers(layout, http_url, grpc_url, history, string_ids)

@@ -17,8 +17,10 @@ from recserve.cli.export import export
 from recserve.cli.items import app as items_app
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
+from recserve.cli.runs import runs
 from recserve.cli.sagemaker import app as sagemaker_app
 from recserve.cli.serve import serve
+from recserve.cli.status import status, stop
 from recserve.cli.store import app as store_app
 from recserve.cli.train import train
 
@@ -50,7 +52,7 @@ def main(
     setup_logging(verbose)
 
 
-for command in (data, train, evaluate, export, repo, serve, recommend, bench, env):
+for command in (data, train, runs, evaluate, export, repo, serve, recommend, bench, env, status, stop):
     app.command()(command)
 app.add_typer(sagemaker_app, name="sagemaker")
 app.add_typer(deploy_app, name="deploy")

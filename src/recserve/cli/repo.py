@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from recserve.artifacts.served import LAYOUTS
 from recserve.cli.console import console, export_or_run, handle_errors
 from recserve.cli.options import Settings, takes
 from recserve.constants import DEFAULT_MAX_K
@@ -67,6 +69,16 @@ def repo(
 
     export_or_run(export, run)  # exactly one of them
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
+    if settings.session_store is None and any(LAYOUTS.get(x, LAYOUTS["fused"]).by_session for x in layouts):
+        from recserve.cli.store import store_dir
+        from recserve.sessions import embedded_store
+
+        folder = store_dir(None)  # a laptop's default: recserve's embedded store, no root, started if need be
+        store = embedded_store.start(folder)
+        console.print(
+            f"session store: recserve's embedded one in {folder} ({store.url}); --session-store names another"
+        )
+        settings = dataclasses.replace(settings, session_store=str(folder))
     with console.status(f"writing {', '.join(layouts)} into {out}"):
         summary = repository(
             out, layouts, settings, version, export=export, run=run, backend=backend, precision=precision, max_k=max_k

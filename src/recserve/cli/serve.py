@@ -34,9 +34,18 @@ def serve(
             "--model-control none, where model processes never change on purpose."
         ),
     ] = 5,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            help="Run in the background: return once every model is ready; `recserve status` lists it, "
+            "`recserve stop` stops it."
+        ),
+    ] = False,
     settings: ServerSettings = ServerSettings(),
 ) -> None:
-    """Start Triton on the repository; print the endpoints once every model is ready."""
+    """Start Triton on the repository; print the endpoints once every model is ready. Its log is kept with
+    the last runs' in recserve's cache folder (servers/logs)."""
+    from recserve.serving.triton_server.detached import new_log, start_detached
     from recserve.serving.triton_server.launcher import TritonServer
     from recserve.serving.triton_server.supervisor import supervise
 
@@ -45,7 +54,17 @@ def serve(
 
         if not torch.cuda.is_available():
             raise typer.BadParameter("no CUDA device is visible here", param_hint="--gpu")
-    server = TritonServer(repo, settings, gpu=gpu)
+    _start_embedded_store(repo)
+    if detach:
+        with console.status("starting Triton in the background"):
+            record = start_detached(repo, settings, gpu, ready_timeout_s, watch_secs)
+        console.print(
+            f"ready: HTTP {record.host}:{record.http_port}, gRPC {record.host}:{record.grpc_port}, metrics "
+            f"{record.host}:{record.metrics_port} (detached, process {record.pid}; log {record.triton_log}). "
+            f"`recserve stop --http-port {record.http_port}` stops it."
+        )
+        return
+    server = TritonServer(repo, settings, gpu=gpu, log_path=new_log("triton", settings.http_port))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -64,3 +83,15 @@ def serve(
     console.print("stopping: letting in-flight requests finish")
     code = server.stop()
     raise typer.Exit(0 if code in (0, None, -signal.SIGTERM) else 1)
+
+
+def _start_embedded_store(repo: Path) -> None:
+    """Starts the repository's store where it is recserve's embedded one and does not run (after a reboot,
+    say): its sessions are answered from the first request."""
+    from recserve.artifacts.repository_record import read_repository_info, store_of
+    from recserve.sessions import embedded_store
+
+    folder = embedded_store.folder_of(store_of(read_repository_info(repo))) if repo.is_dir() else None
+    if folder is not None and not embedded_store.running(folder):
+        settings = embedded_store.start(folder)
+        console.print(f"started the repository's session store in {folder} ({settings.url})")

@@ -37,12 +37,22 @@ def train(
     data: Annotated[Path, typer.Option("--data", "-d", help="Folder written by `recserve data`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (a second run on it resumes).")],
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="sasrec (causal, next item at every position; the default: it ranks best on every data set "
-            "measured), bert4rec (bidirectional, Cloze task; the PoC's model) or multvae (items from a bag)."
+            "measured), bert4rec (bidirectional, Cloze task; the PoC's model) or multvae (items from a bag). "
+            "[default: sasrec]"
         ),
-    ] = "sasrec",
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help='A TOML, YAML or JSON file of settings by their options\' names (model = "bert4rec", epochs = '
+            "40, relative_positions = true, ...); an option given here overrides the file's.",
+        ),
+    ] = None,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -68,6 +78,15 @@ def train(
     from recserve.train.train_config import model_settings
     from recserve.train.trainer import train as run_training
 
+    if config is not None:
+        from recserve.cli.config_file import read_settings_file
+
+        model_fields, train_fields = MODEL_OPTIONS.fields(), TRAIN_OPTIONS.fields()
+        values = read_settings_file(config, model_fields | train_fields, {"model": str})
+        model = model or values.pop("model", None)
+        model_options = {k: v for k, v in values.items() if k in model_fields} | (model_options or {})
+        training = {k: v for k, v in values.items() if k in train_fields} | (training or {})
+    model = model or "sasrec"
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")
     cfg = TrainConfig(**(MODEL_DEFAULTS[model] | (training or {})))

@@ -62,10 +62,11 @@ def allowed_items(
     Returns:
         (B, V) bool.
     """
-    allowed = masks.index_select(0, mask_of_row)
-    allowed = allowed.scatter(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
-    listed = torch.zeros_like(allowed).scatter(1, included, torch.ones_like(included, dtype=torch.bool))
-    return allowed & (listed | (included[:, :1] == 0))
+    allowed = masks.index_select(0, mask_of_row)  # a fresh tensor: changed in place from here (a copy less)
+    allowed.scatter_(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
+    listed = torch.zeros_like(allowed).scatter_(1, included, torch.ones_like(included, dtype=torch.bool))
+    listed |= included[:, :1] == 0
+    return allowed.logical_and_(listed)
 
 
 class TopKHead(nn.Module):
@@ -113,8 +114,7 @@ class TopKHead(nn.Module):
         scores = scores + self.special.to(scores.dtype)
         if allowed is not None:
             known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
-            scores = torch.where(known, scores, self.popularity.to(scores.dtype))
-            scores = scores.masked_fill(~allowed, float("-inf"))
+            scores = torch.where(allowed, torch.where(known, scores, self.popularity.to(scores.dtype)), float("-inf"))
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
 

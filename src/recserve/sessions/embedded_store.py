@@ -230,6 +230,15 @@ def running(folder: Path) -> bool:
     return _server_pid(Path(folder)) is not None
 
 
+def folder_of(record: dict | None) -> Path | None:
+    """The folder of an embedded store from a store's record (its password file lies there beside its
+    ``store.json``), or None for a store of another kind (a team's Valkey or Redis) or none."""
+    if not record or not record.get("password_file"):
+        return None
+    folder = Path(record["password_file"]).parent
+    return folder if (folder / RECORD_FILE).is_file() else None
+
+
 def admin_settings(folder: Path) -> StoreSettings:
     """The store of ``folder`` as its operator reaches it (user ``ADMIN``: every command and key), for upkeep
     and tests; recserve's serving and events never use it."""

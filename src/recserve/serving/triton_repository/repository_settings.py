@@ -84,7 +84,9 @@ class RepositorySettings:
         None,
         "The session store: a folder of `recserve store start`, or a JSON file of its settings (url, username, "
         "password_file, prefix, window, ttl_s, timeout_s; never the password itself). The session layouts read "
-        "sessions from it; with it, the fused layout too keeps out the items `recserve items hide` hides.",
+        "sessions from it; with it, the fused layout too keeps out the items `recserve items hide` hides. "
+        "[default: a layout by session gets recserve's embedded store (store/ in recserve's cache folder), "
+        "started if need be]",
         cli_type=Path,
         parse=str,
     )

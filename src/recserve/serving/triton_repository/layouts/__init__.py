@@ -55,7 +55,7 @@ def write_repository(
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
     export = {"backend": manifest.backend, "precision": manifest.precision, "device": manifest.device}
-    store = store_record(settings) if any(layout.served.by_session for layout in chosen) else None
+    store = store_record(settings) if settings.session_store else None  # sessions' and hidden items' store
     record_layouts(repo, layouts, export, manifest.run, store)
     return summary
 
