@@ -68,6 +68,7 @@ def configured_run(ml100k_dir, tmp_path_factory):
         app, ["train", "--data", str(ml100k_dir), "--out", str(out), "--config", str(config), "--epochs", "1"]
     )
     assert result.exit_code == 0, result.output
+    assert "Epoch 1/1" in result.output and "Epoch 0/" not in result.output  # the bar counts from 1, as curves.png
     return out
 
 
