@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
+from recserve.bench.load_settings import LoadSettings
 from recserve.cli.console import console, handle_errors
+from recserve.cli.options import Settings, takes
 from recserve.errors import ServingError
 
 
@@ -32,6 +34,7 @@ def _data_of(repo: Path | None) -> Path | None:
 
 
 @handle_errors
+@takes(Settings("load", (LoadSettings,)))
 def bench(
     out: Annotated[Path, typer.Option("--out", "-o", help="Report folder: summary.json, report.md, PNGs.")],
     repo: Annotated[Path | None, typer.Option(help="Repository to serve for the run (free loopback ports).")] = None,
@@ -46,36 +49,10 @@ def bench(
     ] = None,
     concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
     request_rate: Annotated[str | None, typer.Option(help="Comma-separated request rates (instead).")] = None,
-    protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
-    measurement_ms: Annotated[int, typer.Option(help="perf_analyzer measurement window (3 per level).")] = 2000,
-    slo_p99_ms: Annotated[float, typer.Option(help="p99 latency objective for the best-within-SLO figure.")] = 50.0,
     data: Annotated[
         Path | None, typer.Option(help="Data folder whose histories make the load (default: the repository's run's).")
     ] = None,
-    client_threads: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="perf_analyzer threads keeping the requests in flight (async); default one per usable core, "
-            "at most 16: on a shared host more threads than cores take CPU from the server.",
-        ),
-    ] = None,
-    events_every: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="By session: every Nth request also carries an event (an item to append before answering), a "
-            "load of events and requests mixed; 0 for none.",
-        ),
-    ] = 0,
-    rules: Annotated[
-        str | None,
-        typer.Option(
-            help="Business rules to load each layout under too, beside none (docs/rules.md), comma-separated: "
-            "rule:NAME (a rule the repository stores), exclude:N or include:N (N catalogue items a request), "
-            "hidden:PCT (that share of the catalogue hidden through the repository's store for those runs).",
-        ),
-    ] = None,
+    load: LoadSettings = LoadSettings(),
 ) -> None:
     """Load-test layouts side by side with perf_analyzer: throughput, p50/p90/p99, per-step server time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -120,13 +97,13 @@ def bench(
             string_ids,
             repo=repo,
             url=url,
-            protocol=protocol,
-            measurement_ms=measurement_ms,
-            slo_p99_ms=slo_p99_ms,
-            client_threads=client_threads,
+            protocol=load.protocol,
+            measurement_ms=load.measurement_ms,
+            slo_p99_ms=load.slo_p99_ms,
+            client_threads=load.client_threads,
             progress=progress,
-            events_every=events_every,
-            rules=rules,
+            events_every=load.events_every,
+            rules=load.rules,
         )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

@@ -34,14 +34,29 @@ def start(
     persist: Annotated[
         bool, typer.Option(help="Every acknowledged event on disk first (append-only file, fsync always).")
     ] = True,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Its port on 127.0.0.1 [default: the one it had before, else a free one]", min=1, max=65535),
+    ] = None,
 ) -> None:
     """Start the store in the background (its data, password and port kept across restarts)."""
     from recserve.sessions import embedded_store
 
-    settings = embedded_store.start(store_dir(folder), prefix=prefix, persist=persist)
+    where = store_dir(folder)
+    already = (where / embedded_store.RECORD_FILE).is_file() and embedded_store.running(where)
+    settings = embedded_store.start(where, prefix=prefix, persist=persist, port=port)
+    if already:
+        console.print(
+            f"already running: session store at {settings.url}; its record: {where / embedded_store.RECORD_FILE}"
+        )
+        if port is not None and settings.url.rsplit(":", 1)[-1].split("/")[0] != str(port):
+            console.print(
+                f"[yellow]it keeps its port; `recserve store stop --dir {where}` first to move it to {port}[/]"
+            )
+        return
     console.print(
         f"session store at {settings.url} (user {settings.username}, prefix {settings.prefix!r}); "
-        f"its record: {store_dir(folder) / embedded_store.RECORD_FILE}"
+        f"its record: {where / embedded_store.RECORD_FILE}"
     )
 
 
@@ -57,12 +72,24 @@ def stop(folder: FolderOption = None) -> None:
 
 @app.command()
 @handle_errors
-def status(folder: FolderOption = None) -> None:
-    """Say whether the store answers."""
+def status(
+    folder: FolderOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Say whether the store answers, and what it holds: sessions, hidden items (and their version)."""
+    import json
+
     from recserve.sessions import embedded_store
     from recserve.sessions.session_store import SessionStore
 
     settings = embedded_store.settings_of(store_dir(folder))
     with SessionStore(settings) as store:
         store.ping()
-    console.print(f"session store at {settings.url} answers")
+    held = embedded_store.counts(store_dir(folder))
+    if as_json:
+        print(json.dumps({"url": settings.url, "folder": str(store_dir(folder)), "answers": True, **held}))
+        return
+    console.print(
+        f"session store at {settings.url} answers: {held['sessions']:,} sessions, {held['hidden_items']:,} hidden "
+        f"items (version {held['hidden_version']})"
+    )

@@ -72,11 +72,31 @@ UNREACHABLE_SIGNS = ("failed to connect", "connection refused", "name resolution
 
 
 def _unreachable(url: str, protocol: str, detail: str) -> ServerUnreachableError:
+    if protocol == "grpc" and _answers_http(url):  # Triton's HTTP port asked over gRPC, the usual slip
+        return ServerUnreachableError(
+            f"{url} answers HTTP, not gRPC: pass --protocol http for this port, or its gRPC port ({GRPC_PORT} by "
+            f"default; `recserve serve` prints both)",
+            "UNAVAILABLE",
+        )
     return ServerUnreachableError(
         f"no server answers at {url} ({protocol}): start one with `recserve serve --repo REPO` (gRPC on "
         f"{GRPC_PORT}, HTTP on {HTTP_PORT} by default) or pass --url host:port; {detail}",
         "UNAVAILABLE",
     )
+
+
+def _answers_http(url: str) -> bool:
+    """Whether an HTTP server answers at ``url`` (any status: it spoke HTTP), within a second."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/live", timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

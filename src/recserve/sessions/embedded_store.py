@@ -239,6 +239,41 @@ def folder_of(record: dict | None) -> Path | None:
     return folder if (folder / RECORD_FILE).is_file() else None
 
 
+def counts(folder: Path, scan_limit: int = 1_000_000) -> dict:
+    """What the running store of ``folder`` holds, read as its operator (recserve's own user may not SCAN):
+    its sessions (up to ``scan_limit`` counted), the hidden items and their version.
+
+    Raises:
+        StoreError: the store does not answer.
+    """
+    import redis
+
+    from recserve.sessions import store_contract
+
+    settings = admin_settings(folder)
+    prefix = settings_of(folder).prefix
+    client = redis.Redis.from_url(
+        settings.url,
+        username=ADMIN,
+        password=settings.secret(),
+        socket_timeout=settings.timeout_s,
+        decode_responses=True,
+    )
+    try:
+        sessions = 0
+        for _ in client.scan_iter(match=store_contract.history_key(prefix, "*"), count=10_000):
+            sessions += 1
+            if sessions >= scan_limit:
+                break
+        hidden = client.scard(store_contract.HIDDEN_KEY.format(prefix=prefix))
+        version = int(client.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix)) or 0)
+    except redis.RedisError as err:
+        raise StoreError(f"the session store at {settings.url} does not answer: {err}") from err
+    finally:
+        client.close()
+    return {"sessions": sessions, "hidden_items": int(hidden), "hidden_version": version}
+
+
 def admin_settings(folder: Path) -> StoreSettings:
     """The store of ``folder`` as its operator reaches it (user ``ADMIN``: every command and key), for upkeep
     and tests; recserve's serving and events never use it."""

@@ -1,0 +1,33 @@
+"""How `recserve bench` loads a server: the protocol, perf_analyzer's windows and threads, the SLO it judges
+by, and what the requests carry (events by session, business rules); a field with a help is an option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recserve.option_fields import option
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    protocol: str = option("grpc", "grpc or http.")
+    measurement_ms: int = option(2000, "perf_analyzer measurement window (3 per level).")
+    slo_p99_ms: float = option(50.0, "p99 latency objective for the best-within-SLO figure.")
+    client_threads: int | None = option(
+        None,
+        "perf_analyzer threads keeping the requests in flight (async); default one per usable core, at most 16: "
+        "on a shared host more threads than cores take CPU from the server.",
+        min=1,
+    )
+    events_every: int = option(
+        0,
+        "By session: every Nth request also carries an event (an item to append before answering), a load of "
+        "events and requests mixed; 0 for none.",
+        min=0,
+    )
+    rules: str | None = option(
+        None,
+        "Business rules to load each layout under too, beside none (docs/rules.md), comma-separated: rule:NAME "
+        "(a rule the repository stores), exclude:N or include:N (N catalogue items a request), hidden:PCT (that "
+        "share of the catalogue hidden through the repository's store for those runs).",
+    )
