@@ -196,7 +196,7 @@ def sweep(
                 for variant in variants:
                     if variant.name == NONE:
                         extra = None
-                    else:  # a native model's lists are its IDs as integers, like its histories
+                    else:  # request n's rule inputs beside its history
                         extra = lambda n, v=variant: v.inputs(n, catalogue, string_ids)  # noqa: E731
                     inputs[layout, variant.name] = Path(tmp) / f"{layout}-{len(inputs)}.json"
                     pa.write_input_data(

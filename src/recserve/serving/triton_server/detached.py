@@ -19,13 +19,15 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recserve.errors import ServingError
 from recserve.files import cache_dir
+
+if TYPE_CHECKING:
+    from recserve.serving.triton_server.launcher import ServerSettings
 
 LOGS_KEPT = 20  # the logs of each kind kept (the newest)
 SPEC_ENV = "RECSERVE_DETACHED_SPEC"  # what the detached process serves (JSON; in the environment, not argv)
@@ -77,11 +79,9 @@ class ServerRecord:
         return b"recserve" in command
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        from recserve.serving.triton_server.launcher import answers_ready
+
+        return answers_ready(f"{self.host}:{self.http_port}")
 
     def status(self) -> dict:
         state = ("ready" if self.ready() else "starting or not ready") if self.alive() else "exited"
@@ -99,7 +99,9 @@ def read_records() -> list[ServerRecord]:
     return sorted(records, key=lambda r: r.http_port)
 
 
-def start_detached(repo: Path, settings, gpu: bool, ready_timeout_s: float, watch_secs: float) -> ServerRecord:
+def start_detached(
+    repo: Path, settings: ServerSettings, gpu: bool, ready_timeout_s: float, watch_secs: float
+) -> ServerRecord:
     """Starts the Triton server on ``repo`` in a process of its own, and waits until every model is ready.
 
     Raises:

@@ -149,6 +149,15 @@ def check_repository(repo: Path) -> None:
     raise ServingError(f"{repo}: not a model repository, {what}")
 
 
+def answers_ready(http_url: str) -> bool:
+    """Whether a Triton server at ``http_url`` (host:port) says every model is ready."""
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver; a context manager that waits for readiness and stops on exit."""
@@ -194,11 +203,7 @@ class TritonServer:
         return exit_code(self.process, "the server")
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ready(self.http_url)
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         """Waits until every model is ready; raises with the server's own words if it exits or times out."""
