@@ -705,6 +705,24 @@ Gather(const InputView& view, const std::string& name, char* target)
   return nullptr;
 }
 
+// A BYTES input's first `count` elements (each its length, 4 bytes little-endian, then its bytes) into `out`.
+TRITONSERVER_Error*
+GatherStrings(const InputView& view, const std::string& name, int64_t count, std::vector<std::string>* out)
+{
+  std::string text(view.bytes, '\0');
+  RETURN_IF_ERROR(Gather(view, name, text.data()));
+  size_t at = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    uint32_t length = 0;
+    if (at + 4 > text.size() || (std::memcpy(&length, text.data() + at, 4), at + 4 + length > text.size())) {
+      return Error("input '" + name + "': malformed BYTES");
+    }
+    out->emplace_back(text.data() + at + 4, length);
+    at += 4 + length;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 TRITONSERVER_Error*
@@ -747,17 +765,9 @@ ModelInstanceState::StageSession(
   if (first_row + *rows > model_->MaxBatchSize()) {
     return Error("the batch holds more than max_batch_size rows");
   }
-  std::string text(sessions.bytes, '\0');
-  RETURN_IF_ERROR(Gather(sessions, session_name, text.data()));
-  size_t at = 0;
-  for (int64_t r = 0; r < *rows; ++r) {  // each element: its length (4 bytes, little-endian), then its bytes
-    uint32_t length = 0;
-    if (at + 4 > text.size() || (std::memcpy(&length, text.data() + at, 4), at + 4 + length > text.size())) {
-      return Error("input '" + session_name + "': malformed BYTES");
-    }
-    found->sessions.emplace_back(text.data() + at + 4, length);
-    at += 4 + length;
-    const std::string problem = SessionIdProblem(found->sessions.back());
+  RETURN_IF_ERROR(GatherStrings(sessions, session_name, *rows, &found->sessions));
+  for (const std::string& session : found->sessions) {
+    const std::string problem = SessionIdProblem(session);
     if (!problem.empty()) {
       return Error("input '" + session_name + "': " + problem);
     }
@@ -819,20 +829,13 @@ ModelInstanceState::StageRules(TRITONBACKEND_Request* request, int64_t first_row
     if (rule.type != TRITONSERVER_TYPE_BYTES || rule.shape.size() != 2 || rule.shape[0] != rows || rule.shape[1] != 1) {
       return Error("input '" + rule_name + "': expected BYTES [rows, 1] (a stored rule's name a row)");
     }
-    std::string text(rule.bytes, '\0');
-    RETURN_IF_ERROR(Gather(rule, rule_name, text.data()));
-    size_t at = 0;
-    for (int64_t r = 0; r < rows; ++r) {  // each element: its length (4 bytes, little-endian), then its bytes
-      uint32_t length = 0;
-      if (at + 4 > text.size() || (std::memcpy(&length, text.data() + at, 4), at + 4 + length > text.size())) {
-        return Error("input '" + rule_name + "': malformed BYTES");
-      }
-      const std::string name(text.data() + at + 4, length);
-      at += 4 + length;
-      if (!name.empty()) {
-        mask_of_row[r] = bank.Row(name);
+    std::vector<std::string> names;
+    RETURN_IF_ERROR(GatherStrings(rule, rule_name, rows, &names));
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!names[r].empty()) {
+        mask_of_row[r] = bank.Row(names[r]);
         if (mask_of_row[r] < 0) {
-          return Error(rule_name + ": no rule named '" + name + "'; the repository stores " + bank.Stored());
+          return Error(rule_name + ": no rule named '" + names[r] + "'; the repository stores " + bank.Stored());
         }
       }
     }
