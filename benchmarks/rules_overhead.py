@@ -7,7 +7,8 @@ rule variant, checked item by item against the rule, and timed against the same 
 
     none         no rule (the hidden-items mask, empty)
     exclude-100  100 excluded item IDs a request
-    category     a written rule, category == "c3" (a tenth of the catalogue)
+    category     a written rule, category in ("c03", "c13") (a tenth of the catalogue: the synthetic run's
+                 category is the item ID modulo 20, `recserve.bench.synthetic.CATEGORIES`)
     hidden-10pc  a tenth of the catalogue hidden
     include-50   a list of 50 items to keep to
 
@@ -33,22 +34,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from recserve.bench.synthetic import make_random_run, synthetic_histories
-from recserve.constants import ITEMS_FILE
 from recserve.rules.rule_book import RequestRules
 from recserve.serving.predictor import Predictor
 
-CATEGORIES = 10
+CATEGORY_RULE = 'category in ("c03", "c13")'  # item IDs 3 modulo 10: a tenth of a synthetic run's catalogue
 
 
-def _with_attributes(run: Path, items: int) -> None:
-    """The synthetic run's item table: its IDs and a category of ten (``c0``..``c9``, item i in ``c{i % 10}``)."""
-    ids = np.arange(1, items + 1)
-    table = pl.DataFrame({"index": ids, "item_id": ids, "count": np.ones(items, dtype=np.int64)})
-    table = table.with_columns(pl.Series("category", [f"c{i % CATEGORIES}" for i in range(items)]))
-    table.write_parquet(run / ITEMS_FILE)
+def _in_category(ids: np.ndarray) -> np.ndarray:
+    """Whether items are ones ``CATEGORY_RULE`` lets through."""
+    return ids % 10 == 3
 
 
 def _variants(items: int, batch: int, rng: np.random.Generator) -> dict:
@@ -59,7 +55,7 @@ def _variants(items: int, batch: int, rng: np.random.Generator) -> dict:
     return {
         "none": ([None] * batch, None, lambda ids: np.ones(ids.shape, dtype=bool)),
         "exclude-100": ([RequestRules(exclude=excluded)] * batch, None, lambda ids: ~np.isin(ids, excluded)),
-        "category": ([RequestRules(where='category == "c3"')] * batch, None, lambda ids: (ids - 1) % CATEGORIES == 3),
+        "category": ([RequestRules(where=CATEGORY_RULE)] * batch, None, _in_category),
         "hidden-10pc": ([None] * batch, hidden, lambda ids: ~hidden[ids - 1]),
         "include-50": ([RequestRules(include=included)] * batch, None, lambda ids: np.isin(ids, included)),
     }
@@ -82,8 +78,7 @@ def measure(items: int, backend: str, device: str, batches: list[int], work: Pat
 
     run = work / f"run-{items}"
     if not run.exists():
-        make_random_run(run, num_items=items)
-        _with_attributes(run, items)
+        make_random_run(run, num_items=items)  # its items carry a category attribute
     export = work / f"export-{items}-{backend}-{device}"
     started = time.perf_counter()
     manifest = export_run(run, backend, "fp32" if device == "cpu" else "bf16", export, device=device)
@@ -130,8 +125,7 @@ def measure_native(items: int, device: str, batches: list[int], work: Path, roun
 
     run = work / f"run-{items}"
     if not run.exists():
-        make_random_run(run, num_items=items)
-        _with_attributes(run, items)
+        make_random_run(run, num_items=items)  # its items carry a category attribute
     export = work / f"export-{items}-torchscript-{device}"
     export_run(run, "torchscript", "fp32" if device == "cpu" else "bf16", export, device=device)
     module = torch.jit.load(str(export / "native.pt"), map_location=device).eval()
@@ -141,7 +135,7 @@ def measure_native(items: int, device: str, batches: list[int], work: Path, roun
     vocab = items + 2
     bank = np.zeros((2, vocab), dtype=bool)
     bank[:, 1:-1] = True
-    bank[1, 1:-1] = (np.arange(items)) % CATEGORIES == 3  # the stored rule: category == "c3"
+    bank[1, 1:-1] = _in_category(np.arange(1, items + 1))  # the stored rule: CATEGORY_RULE
     hidden = bank.copy()
     hidden[:, 1:-1] &= rng.random(items) >= 0.1
     rows = []
@@ -180,7 +174,7 @@ def measure_native(items: int, device: str, batches: list[int], work: Path, roun
                     times[name].append((time.perf_counter() - started) * 1e3)
             answers = {name: call()[0].cpu().numpy() for name, call in calls.items()}
         checks = {
-            "category": lambda a: (a - 1) % CATEGORIES == 3,
+            "category": _in_category,
             "exclude-100": lambda a, listed=listed: ~np.isin(a, listed),
             "hidden-10pc": lambda a: hidden[0, a],
             "include-50": lambda a, kept=kept: np.isin(a, kept),
