@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -47,7 +45,7 @@ def serve(
     the last runs' in recserve's cache folder (servers/logs)."""
     from recserve.serving.triton_server.detached import new_log, start_detached
     from recserve.serving.triton_server.launcher import TritonServer
-    from recserve.serving.triton_server.supervisor import supervise
+    from recserve.serving.triton_server.supervisor import serve_until_signalled
 
     if gpu:
         import torch
@@ -65,24 +63,20 @@ def serve(
         )
         return
     server = TritonServer(repo, settings, gpu=gpu, log_path=new_log("triton", settings.http_port))
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    with console.status("starting Triton"):
-        server.start()
-        server.wait_ready(ready_timeout_s)
     host, ports = settings.host, (settings.http_port, settings.grpc_port, settings.metrics_port)
-    console.print(
-        f"ready: HTTP {host}:{ports[0]}, gRPC {host}:{ports[1]}, metrics {host}:{ports[2]} "
-        f"(log {server.log_path}){', models on the GPU' if gpu else ''}"
+    code = serve_until_signalled(
+        server,
+        watch_secs,
+        ready_timeout_s,
+        ready=lambda: console.print(
+            f"ready: HTTP {host}:{ports[0]}, gRPC {host}:{ports[1]}, metrics {host}:{ports[2]} "
+            f"(log {server.log_path}){', models on the GPU' if gpu else ''}"
+        ),
+        report=lambda m: console.print(f"[yellow]{m}[/]"),
+        failed=lambda m: console.print(f"[red]{m}[/]"),
+        starting=console.status("starting Triton"),
     )
-    exited = supervise(server, stop, watch_secs, ready_timeout_s, report=lambda m: console.print(f"[yellow]{m}[/]"))
-    if exited is not None:
-        console.print(f"[red]tritonserver exited with code {exited}[/]\n{server.failure_summary()}")
-        raise typer.Exit(1)
-    console.print("stopping: letting in-flight requests finish")
-    code = server.stop()
-    raise typer.Exit(0 if code in (0, None, -signal.SIGTERM) else 1)
+    raise typer.Exit(code)
 
 
 def _start_embedded_store(repo: Path) -> None:

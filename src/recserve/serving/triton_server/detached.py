@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +148,7 @@ def start_detached(
 def run_detached() -> None:
     """The detached process: serves the spec in ``SPEC_ENV`` until SIGTERM, its record written once ready."""
     from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
-    from recserve.serving.triton_server.supervisor import supervise
+    from recserve.serving.triton_server.supervisor import serve_until_signalled
 
     spec = json.loads(os.environ.pop(SPEC_ENV))
     fields = spec["settings"] | {
@@ -159,39 +158,35 @@ def run_detached() -> None:
     settings = ServerSettings(**fields)
     triton_log = new_log("triton", settings.http_port)
     server = TritonServer(Path(spec["repo"]), settings, log_path=triton_log, gpu=spec["gpu"])
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    path = servers_dir() / f"{settings.http_port}.json"
+
+    def ready() -> None:  # the record, whole or not at all: the starting command waits for it
+        record = ServerRecord(
+            os.getpid(),
+            spec["repo"],
+            settings.host,
+            settings.http_port,
+            settings.grpc_port,
+            settings.metrics_port,
+            str(triton_log),
+            spec["log"],
+            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(dataclasses.asdict(record), indent=2) + "\n")
+        staging.replace(path)
+        print(f"ready: {record.host} HTTP {record.http_port}, gRPC {record.grpc_port}", flush=True)
+
+    say = lambda message: print(message, flush=True)  # noqa: E731 - into its log, which status names
     try:
-        server.start()
-        server.wait_ready(spec["ready_timeout_s"])
+        code = serve_until_signalled(server, spec["watch_secs"], spec["ready_timeout_s"], ready, report=say)
     except ServingError as err:  # said in its log, which the starting command shows
-        print(f"error: {err}", flush=True)
+        say(f"error: {err}")
         server.stop()
-        sys.exit(1)
-    record = ServerRecord(
-        os.getpid(),
-        spec["repo"],
-        settings.host,
-        settings.http_port,
-        settings.grpc_port,
-        settings.metrics_port,
-        str(triton_log),
-        spec["log"],
-        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )
-    staging = record.path.with_suffix(".tmp")
-    staging.write_text(json.dumps(dataclasses.asdict(record), indent=2) + "\n")
-    staging.replace(record.path)  # whole, or not at all: the starting command waits for it
-    print(f"ready: {record.host} HTTP {record.http_port}, gRPC {record.grpc_port}", flush=True)
-    try:
-        exited = supervise(server, stop, spec["watch_secs"], spec["ready_timeout_s"], report=print)
-        if exited is not None:
-            print(f"tritonserver exited with code {exited}\n{server.failure_summary()}", flush=True)
-        print("stopping: letting in-flight requests finish", flush=True)
-        server.stop()
+        code = 1
     finally:
-        record.path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    sys.exit(code)
 
 
 def stop_server(record: ServerRecord, timeout_s: float = 60) -> bool:

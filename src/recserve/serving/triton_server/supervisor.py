@@ -4,9 +4,11 @@ nor reaps it) and restarts the whole server when one is gone."""
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from recserve.processes import child_pids, cmdline, proc_name, proc_stat
 from recserve.serving.triton_server.launcher import TritonServer
@@ -57,3 +59,39 @@ def supervise(
                 alive = stub_count(server)
             stubs, next_check = alive, time.monotonic() + watch_secs
     return None
+
+
+def serve_until_signalled(
+    server: TritonServer,
+    watch_secs: float,
+    ready_timeout_s: float,
+    ready: Callable[[], None],
+    report: Callable[[str], None] = log.warning,
+    failed: Callable[[str], None] | None = None,
+    starting: AbstractContextManager | None = None,
+) -> int:
+    """Serves until SIGINT or SIGTERM, as `recserve serve` does in the foreground and detached: starts the
+    server (inside ``starting``: a progress line), calls ``ready()`` once every model is, keeps it up
+    (``supervise``, restarts told through ``report``), then stops it letting in-flight requests finish.
+
+    Returns:
+        The exit status for the caller: 0 for a clean stop, 1 where tritonserver exited on its own (told
+        through ``failed``, with the log lines that say why) or did not stop cleanly.
+
+    Raises:
+        ServingError: the server exited or was not ready within ``ready_timeout_s`` at the start.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with starting or nullcontext():
+        server.start()
+        server.wait_ready(ready_timeout_s)
+    ready()
+    exited = supervise(server, stop, watch_secs, ready_timeout_s, report=report)
+    if exited is not None:
+        (failed or report)(f"tritonserver exited with code {exited}\n{server.failure_summary()}")
+        return 1
+    report("stopping: letting in-flight requests finish")
+    code = server.stop()
+    return 0 if code in (0, None, -signal.SIGTERM) else 1
