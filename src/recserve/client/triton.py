@@ -156,7 +156,6 @@ def _inputs(
             raise RecommendError(str(err)) from err
         if rules is not None and extra:
             _check_native_rules(rules, native.rules)
-            extra = [(name, value.astype(np.int64) if value.dtype != object else value) for name, value in extra]
     ids = ids.reshape(1, -1)
     tensors = [
         (INPUT_ITEM_IDS, ids),
