@@ -88,8 +88,11 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
   echo "$deps" > "$("$STUB_ENV/bin/python" -c 'import site; print(site.getsitepackages()[0])')/recserve-deps.pth"
   export PERF_ANALYZER=/tmp/gpu-bundle/bin/perf_analyzer RECSERVE_TRITON_BACKENDS="$TRITON_BACKEND_DIR"
   if [ -f .gpu/bin/valkey-server.xz ]; then  # the carried Valkey server, for the layouts by session
-    mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/valkey-server.xz > /tmp/gpu-bundle/bin/valkey-server
-    chmod +x /tmp/gpu-bundle/bin/valkey-server && export PATH="/tmp/gpu-bundle/bin:$PATH"
+    if [ ! -x /tmp/gpu-bundle/bin/valkey-server ]; then  # once: a store of an earlier call may still run it
+      mkdir -p /tmp/gpu-bundle/bin && xz -dc .gpu/bin/valkey-server.xz > /tmp/gpu-bundle/bin/valkey-server
+      chmod +x /tmp/gpu-bundle/bin/valkey-server
+    fi
+    export PATH="/tmp/gpu-bundle/bin:$PATH"
   fi
   if [ -d .gpu/native ]; then  # the native layout: Triton's PyTorch backend and recserve's, with CUDA, against this torch
     started=$(date +%s)
