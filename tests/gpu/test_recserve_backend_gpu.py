@@ -130,7 +130,7 @@ def test_replayed_graphs_under_rules_answer_what_the_ruled_graph_answers_eagerly
             excluded = rng.choice(ids, (rows, count))
             included = np.where(np.arange(rows)[:, None] % 2 == 1, rng.choice(ids, (rows, count)), NATIVE_PAD_ID)
             inputs = []
-            for name, value in arrays | {"exclude_item_ids": excluded, "include_item_ids": included}.items():
+            for name, value in (arrays | {"exclude_item_ids": excluded, "include_item_ids": included}).items():
                 dtype = {"k": "INT32", "exclude_seen": "BOOL"}.get(name, "INT64")
                 tensor = grpcclient.InferInput(name, list(value.shape), dtype)
                 tensor.set_data_from_numpy(value)

@@ -37,6 +37,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -83,6 +84,7 @@ constexpr int kRuleInputs = 3;
 const TRITONSERVER_DataType kRuleInputTypes[kRuleInputs] = {
     TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT64};
 constexpr int64_t kMaxRuleItems = 1024;  // excluded, or included, items of a request (constants.MAX_RULE_ITEMS)
+constexpr double kHiddenRetryS = 0.5;  // after a failed read of the hidden items, the next try at the soonest
 constexpr int64_t kListed = 128;  // listed items a row may bring to a captured graph (more: it runs uncaptured)
 
 TRITONSERVER_Error*
@@ -426,7 +428,10 @@ class ModelInstanceState : public BackendModelInstance {
   void Run(int64_t rows, bool ruled);
   // The rows' rules as the graph's `ruled` takes them after the bank: mask_of_row (rows), excluded and
   // included (rows, width), on the host (pinned where `pinned`).
-  std::vector<at::Tensor> RuleTensors(int64_t rows, int64_t width, bool pinned) const;
+  std::vector<at::Tensor> RuleTensors(int64_t rows, int64_t width) const;
+#ifdef TRITON_ENABLE_GPU
+  void StageRuleTensors(int64_t rows);  // this batch's rules into rule_staged_, what the last batch left cleared
+#endif
   std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& inputs, bool ruled = false);
 
   ModelState* model_;
@@ -447,7 +452,8 @@ class ModelInstanceState : public BackendModelInstance {
   std::unique_ptr<SessionStore> hidden_store_;  // where hidden items are read without sessions
   int64_t hidden_version_ = -1;  // -1: never read
   int64_t hidden_count_ = 0;
-  std::string hidden_problem_;  // the last problem logged
+  std::string hidden_problem_;  // the last read's problem ("" once the items were read)
+  double hidden_retry_at_ = 0, hidden_logged_at_ = 0;  // steady-clock seconds
 #ifdef TRITON_ENABLE_GPU
   struct Captured {
     int64_t batch;
@@ -460,6 +466,10 @@ class ModelInstanceState : public BackendModelInstance {
   std::vector<Captured> captured_, captured_ruled_;
   std::unique_ptr<c10::cuda::CUDAStream> capture_stream_;
   at::Tensor host_out_[kOutputs];  // pinned, max_batch_size rows
+  // under rules, pinned: each row's mask (max_batch_size), its excluded and its included items (max_batch_size,
+  // kListed); zero past the rows a batch wrote, so that a bucket's copy brings its empty rows no rule
+  at::Tensor rule_staged_[kRuleInputs];
+  int64_t rule_rows_written_ = 0;
 #endif
 };
 
@@ -630,6 +640,12 @@ ModelInstanceState::Capture()
   for (int i = 0; i < kOutputs; ++i) {
     const at::Tensor& out = captured_.back().outputs[i];
     host_out_[i] = at::empty({model_->MaxBatchSize(), out.size(1)}, out.options().device(at::kCPU).pinned_memory(true));
+  }
+  if (model_->Rules()) {
+    const auto pinned = at::TensorOptions().dtype(at::kLong).pinned_memory(true);
+    rule_staged_[0] = at::zeros({model_->MaxBatchSize()}, pinned);
+    rule_staged_[1] = at::zeros({model_->MaxBatchSize(), kListed}, pinned);
+    rule_staged_[2] = at::zeros({model_->MaxBatchSize(), kListed}, pinned);
   }
   LOG_MESSAGE(
       TRITONSERVER_LOG_INFO,
@@ -893,20 +909,26 @@ ModelInstanceState::RefreshHidden(int64_t version)
   if (store == nullptr || (model_->BySession() && version == hidden_version_)) {
     return;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
   }
+  const double clock = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (!hidden_problem_.empty() && clock < hidden_retry_at_) {
+    return;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
+  }
   int64_t now = hidden_version_;
   std::vector<int64_t> ids;
   bool changed = false;
   const std::string problem = store->Hidden(hidden_version_, &now, &ids, &changed, model_->BySession());
-  if (!problem.empty()) {  // the items read last stay hidden; said once a problem
-    if (problem != hidden_problem_) {
+  if (!problem.empty()) {  // the items read last stay hidden; said once a problem (again every minute it lasts)
+    if (problem != hidden_problem_ || clock >= hidden_logged_at_ + 60) {
       LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
+      hidden_logged_at_ = clock;
     }
     hidden_problem_ = problem;
+    hidden_retry_at_ = clock + kHiddenRetryS;
     return;
   }
   hidden_problem_.clear();
   if (!changed) {
-    return;
+    return;  // the version has not moved: what was read last holds
   }
   at::Tensor visible = at::ones({named_.size(1)}, at::TensorOptions().dtype(at::kBool));
   bool* flags = visible.data_ptr<bool>();
@@ -932,9 +954,9 @@ ModelInstanceState::RefreshHidden(int64_t version)
 }
 
 std::vector<at::Tensor>
-ModelInstanceState::RuleTensors(int64_t rows, int64_t width, bool pinned) const
+ModelInstanceState::RuleTensors(int64_t rows, int64_t width) const
 {
-  const auto options = at::TensorOptions().dtype(at::kLong).pinned_memory(pinned);
+  const auto options = at::TensorOptions().dtype(at::kLong);
   std::vector<at::Tensor> out = {
       at::from_blob(const_cast<int64_t*>(mask_of_row_.data()), {rows}, at::TensorOptions().dtype(at::kLong))
           .clone(),
@@ -947,6 +969,24 @@ ModelInstanceState::RuleTensors(int64_t rows, int64_t width, bool pinned) const
   }
   return out;
 }
+
+#ifdef TRITON_ENABLE_GPU
+void
+ModelInstanceState::StageRuleTensors(int64_t rows)
+{
+  int64_t* marks = rule_staged_[0].data_ptr<int64_t>();
+  std::fill(marks, marks + rule_rows_written_, 0);
+  std::copy(mask_of_row_.begin(), mask_of_row_.begin() + rows, marks);
+  for (int side = 0; side < 2; ++side) {
+    int64_t* table = rule_staged_[1 + side].data_ptr<int64_t>();
+    std::fill(table, table + rule_rows_written_ * kListed, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(listed_[side][r].begin(), listed_[side][r].end(), table + r * kListed);
+    }
+  }
+  rule_rows_written_ = rows;
+}
+#endif
 
 void
 ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* slots)
@@ -1010,12 +1050,10 @@ ModelInstanceState::Run(int64_t rows, bool ruled)
       c->inputs[1].narrow(0, rows, c->batch - rows).fill_(1);
       c->inputs[2].narrow(0, rows, c->batch - rows).fill_(false);
     }
-    std::vector<at::Tensor> rules;
-    if (ruled) {  // this batch's rows' rules, the rest of the bucket none
-      rules = RuleTensors(rows, kListed, true);
+    if (ruled) {  // this batch's rows' rules, the rest of the bucket none: one copy an input
+      StageRuleTensors(rows);
       for (int i = 0; i < kRuleInputs; ++i) {
-        c->inputs[kInputs + i].narrow(0, 0, rows).copy_(rules[i], true);
-        c->inputs[kInputs + i].narrow(0, rows, c->batch - rows).zero_();
+        c->inputs[kInputs + i].copy_(rule_staged_[i].narrow(0, 0, c->batch), true);
       }
     }
     c->graph->replay();
@@ -1023,7 +1061,7 @@ ModelInstanceState::Run(int64_t rows, bool ruled)
       host_out_[i].narrow(0, 0, rows).copy_(c->outputs[i].narrow(0, 0, rows), true);
       outputs_[i] = host_out_[i].narrow(0, 0, rows);
     }
-    capture_stream_->synchronize();  // the pinned rule tensors outlive their copies
+    capture_stream_->synchronize();  // the pinned staging is written again only after its copies
     return;
   }
 #endif
@@ -1035,7 +1073,7 @@ ModelInstanceState::Run(int64_t rows, bool ruled)
     inputs.push_back(staged_[i].narrow(0, 0, rows).to(device_));
   }
   if (ruled) {
-    for (const at::Tensor& t : RuleTensors(rows, std::max<int64_t>(widest_, 1), false)) {
+    for (const at::Tensor& t : RuleTensors(rows, std::max<int64_t>(widest_, 1))) {
       inputs.push_back(t.to(device_));
     }
   }

@@ -450,8 +450,7 @@ SessionStore::Dial()
     return where + " cannot be reached: " + why;
   }
   redisSetTimeout(c_, Timeval(s_.timeout_s));
-  // no reply of ours holds more elements than a read's window or a transaction's commands
-  c_->reader->maxelements = static_cast<long long>(std::max<int64_t>(4 * s_.window, 1024) + 3 * 4096);
+  c_->reader->maxelements = ReplyGuard();
   std::vector<std::string> hello;
   if (!password.empty()) {
     hello = s_.username.empty() ? std::vector<std::string>{"AUTH", password}
@@ -645,7 +644,10 @@ SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids,
       return "";
     }
   }
-  // the items and their version together, so that a hide between the two reads is never half seen
+  // the items and their version together, so that a hide between the two reads is never half seen; the set
+  // is the shop's own (written by `recserve items hide`, up to the whole catalogue), not a shopper's: the
+  // guard on replies' lengths is lifted for this read alone
+  c_->reader->maxelements = 0;
   for (const std::vector<std::string>& command : {std::vector<std::string>{"MULTI"}, {"GET", version_key},
                                                    {"SMEMBERS", hidden_key}, {"EXEC"}}) {
     Argv argv(command);
@@ -661,6 +663,7 @@ SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids,
     }
     exec.reset(static_cast<redisReply*>(raw));
   }
+  c_->reader->maxelements = ReplyGuard();
   if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 2 || exec->element[1]->type != REDIS_REPLY_ARRAY) {
     const std::string why = exec->type == REDIS_REPLY_ERROR ? std::string(exec->str, exec->len) : "an unexpected reply";
     return "the session store at " + s_.url + " refused the read of hidden items: " + why;

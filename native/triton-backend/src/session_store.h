@@ -4,6 +4,7 @@
 
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -84,6 +85,9 @@ class SessionStore {
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
       std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable);
   void Drop();
+  // The most elements a reply of ours may hold: a read's window or a transaction's commands (a session
+  // written past any sense is refused, not read); the hidden items' read alone lifts it.
+  long long ReplyGuard() const { return std::max<int64_t>(4 * s_.window, 1024) + 3 * 4096; }
 
   StoreSettings s_;
   redisContext* c_ = nullptr;
