@@ -327,7 +327,7 @@ def test_a_stored_rule_that_does_not_fit_the_export_is_refused_before_anything_i
 def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each_costs(shop, ml100k_dir, tmp_path):
     """`recserve bench --rules`: the fused and native layouts under a stored rule, 20 excluded items a request
     and a tenth of the catalogue hidden, each level beside no rule; every request answered, the hidden items
-    shown again after their runs."""
+    shown again after their runs, and no answer after a hidden run showed one."""
     from recserve.bench.perf_analyzer import LoadLevel
     from recserve.bench.sweep import real_histories, sweep
 
@@ -355,6 +355,10 @@ def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each
     overhead = result["rule_overhead"]
     assert set(overhead) == {"fused", "native"} and set(overhead["native"]) == set(rules.split(","))
     assert set(overhead["native"]["exclude:20"]["levels"]) == {"concurrency=2"}
+    for layout in ("fused", "native"):  # answers after each hidden run were checked, and none showed one
+        assert overhead[layout]["hidden:10"]["answers_probed"] == 50
+        assert overhead[layout]["hidden:10"]["answers_showing_hidden"] == 0
+    assert "0 of 50 answers after it showed a hidden item" in (tmp_path / "report.md").read_text()
     assert "## Business rules beside none" in (tmp_path / "report.md").read_text()
     with _store(store_dir) as store:
         assert store.hidden()[1] == []  # shown again after the hidden variant's runs

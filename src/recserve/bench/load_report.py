@@ -132,6 +132,9 @@ def write_report(summary: dict, path: Path) -> None:
                     if best is not None
                     else f"- {layout} [{rules}]: {levels}; no level within the SLO"
                 )
+                if "answers_probed" in v:  # the hide held: answers after each run's load, checked
+                    shown, probed = v["answers_showing_hidden"], v["answers_probed"]
+                    lines[-1] += f"; {shown} of {probed} answers after it showed a hidden item"
     measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
     if measured:
         lines += [

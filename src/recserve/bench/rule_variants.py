@@ -21,6 +21,7 @@ from recserve.errors import ServingError
 
 NONE = "none"
 KINDS = ("none", "rule", "exclude", "include", "hidden")
+HIDE_PROBES = 50  # answers checked after each run under a hide (none may show a hidden item)
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,15 @@ def repository_catalogue(repo: Path) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def hidden_for(variant: RuleVariant, store_record: dict | None, catalogue: np.ndarray) -> Iterator[int]:
+def hidden_for(variant: RuleVariant, store_record: dict | None, catalogue: np.ndarray) -> Iterator[set[str]]:
     """Hides ``variant``'s share of the catalogue (a fixed random choice) for the length of the block; yields
-    how many items it hid (0 for the other kinds).
+    the items it hid, as text (none for the other kinds).
 
     Raises:
         ServingError: a ``hidden`` variant without a store.
     """
     if variant.kind != "hidden":
-        yield 0
+        yield set()
         return
     if store_record is None:
         raise ServingError(f"--rules {variant.name}: hides items through the repository's store; it has none")
@@ -108,7 +109,7 @@ def hidden_for(variant: RuleVariant, store_record: dict | None, catalogue: np.nd
     with SessionStore(StoreSettings.from_record(store_record)) as store:
         store.hide(chosen)
         try:
-            yield count
+            yield set(chosen)
         finally:
             store.hide(chosen, hidden=False)
 
@@ -136,8 +137,14 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
                     "throughput": row["throughput_rps"] / base["throughput_rps"],
                 }
         mine, theirs = best(layout, rules), best(layout, NONE)
+        probed = [
+            r["answers_showing_hidden"]
+            for r in ok
+            if (r["layout"], r.get("rules")) == (layout, rules) and r.get("answers_showing_hidden") is not None
+        ]
         out.setdefault(layout, {})[rules] = {
             "levels": levels,
             "best_within_slo_over_none": None if not mine or not theirs else mine / theirs,
+            **({"answers_showing_hidden": sum(probed), "answers_probed": HIDE_PROBES * len(probed)} if probed else {}),
         }
     return out

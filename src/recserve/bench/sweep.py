@@ -85,6 +85,27 @@ def _client(grpc_url: str, layout: str):
     return RecommenderClient(grpc_url, "grpc", model=LAYOUTS[layout].entry, timeout_s=60)
 
 
+def answers_showing(
+    grpc_url: str, layout: str, histories: list[np.ndarray], hidden: set[str], count: int
+) -> int | None:
+    """Of ``count`` answers to real histories (by session: each in a session of its own), how many show an
+    item of ``hidden``: 0 where the hide holds; None for a layout that does not rank (echo, seed)."""
+    request = LAYOUTS[layout].request
+    if request not in ("items", "native", "session") or layout == "echo":
+        return None
+    with _client(grpc_url, layout) as client:
+        shown = 0
+        for n, history in enumerate(histories[:count]):
+            if request == "session":
+                answer = client.recommend_session(
+                    f"hide-probe-{n}", history.tolist(), k=TOP, model=LAYOUTS[layout].entry
+                )
+            else:
+                answer = client.recommend(history, k=TOP)
+            shown += bool({str(x) for x in answer.item_ids.tolist()} & hidden)
+        return shown
+
+
 def compare_native(grpc_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
     """The native layout's top 10 against the fused layout's for ``count`` real histories.
 
@@ -147,7 +168,14 @@ def sweep(
             rule:NAME, exclude:N, include:N, hidden:PCT), each run level by level beside no rule.
     """
     from recserve.bench.load_report import ratios, write_report
-    from recserve.bench.rule_variants import NONE, hidden_for, parse_variants, repository_catalogue, rule_overhead
+    from recserve.bench.rule_variants import (
+        HIDE_PROBES,
+        NONE,
+        hidden_for,
+        parse_variants,
+        repository_catalogue,
+        rule_overhead,
+    )
 
     variants = parse_variants(rules)
     catalogue = np.zeros(0, dtype=np.int64)  # the repository's, where a variant lists or hides items
@@ -248,7 +276,11 @@ def sweep(
                             progress(label + ("" if variant.name == NONE else f" {variant.name}"), len(rows), total)
                             row = measure(layout, level, inputs[layout, variant.name])
                             if variant.name != NONE:
-                                row |= {"rules": variant.name, "hidden_items": hidden}
+                                row |= {"rules": variant.name, "hidden_items": len(hidden)}
+                            if hidden:  # what was measured kept to the hide: answers after it never show one
+                                row["answers_showing_hidden"] = answers_showing(
+                                    grpc_url, layout, histories, hidden, HIDE_PROBES
+                                )
                             rows.append(row)
         metrics = pa.metrics_text(metrics_url)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
