@@ -4,6 +4,7 @@ given."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Callable
@@ -15,8 +16,9 @@ import numpy as np
 
 from recserve.artifacts.catalogue import TRITON_DTYPES
 from recserve.artifacts.export_manifest import ExportManifest
-from recserve.artifacts.item_table import read_attributes
+from recserve.artifacts.item_table import ATTRIBUTES_FILE, read_attributes
 from recserve.artifacts.served import Contract, ServedLayout
+from recserve.constants import ITEMS_FILE
 from recserve.errors import ConfigError, ServingError
 from recserve.files import replaced_on_success
 from recserve.rules.language import RuleError, compile_rule
@@ -122,14 +124,29 @@ def stored_rules(export_dir: Path, manifest: ExportManifest, settings: Repositor
     """
     if not settings.rules:
         return {}
-    named = read_named_rules(Path(settings.rules))
-    attributes = read_attributes(export_dir, manifest.num_items)
+    # every layout of a repository asks: compiled once while the files are the ones compiled
+    files = (Path(settings.rules), Path(export_dir) / ATTRIBUTES_FILE, Path(export_dir) / ITEMS_FILE)
+    return dict(_compiled_rules(str(export_dir), manifest.num_items, settings.rules, tuple(map(_stamp, files))))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        return path.stat().st_mtime_ns, path.stat().st_size
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_rules(export_dir: str, num_items: int, rules: str, stamps: tuple) -> dict[str, np.ndarray]:
+    named = read_named_rules(Path(rules))
+    attributes = read_attributes(Path(export_dir), num_items)
     masks = {}
     for name, text in named.items():
         try:
             masks[name] = compile_rule(text, attributes)
+            masks[name].flags.writeable = False  # shared by every caller
         except RuleError as err:
-            raise ServingError(f"--rules {settings.rules}: rule {name!r}: {err}") from err
+            raise ServingError(f"--rules {rules}: rule {name!r}: {err}") from err
     return masks
 
 
