@@ -62,11 +62,42 @@ def allowed_items(
     Returns:
         (B, V) bool.
     """
-    allowed = masks.index_select(0, mask_of_row)  # a fresh tensor: changed in place from here (a copy less)
-    allowed.scatter_(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
+    return _kept_to_lists(_masked_rows(masks, mask_of_row, excluded), included)
+
+
+def _masked_rows(masks: torch.Tensor, mask_of_row: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
+    """Each row's mask less its excluded items (``allowed_items``): a fresh tensor, changed in place."""
+    allowed = masks.index_select(0, mask_of_row)
+    return allowed.scatter_(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
+
+
+def _kept_to_lists(allowed: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """``allowed`` less, in each row that lists items to include, every item it does not list (in place)."""
     listed = torch.zeros_like(allowed).scatter_(1, included, torch.ones_like(included, dtype=torch.bool))
     listed |= included[:, :1] == 0
     return allowed.logical_and_(listed)
+
+
+@torch.jit.script_if_tracing
+def _rule_scores_on_host(
+    scores: torch.Tensor,
+    masks: torch.Tensor,
+    mask_of_row: torch.Tensor,
+    excluded: torch.Tensor,
+    included: torch.Tensor,
+    known: torch.Tensor,
+    popularity: torch.Tensor,
+) -> torch.Tensor:
+    """``TopKHead.scores``' rule step (``allowed_items``, then the select) for a graph that runs on the host:
+    the work over batch x catalogue that the batch does not need is left out (the list to keep to where no row
+    has one; popularity where every row has a known item). The same answer; a CPU's select and logical
+    operations over every item are most of what a rule costs there."""
+    allowed = _masked_rows(masks, mask_of_row, excluded)
+    if bool((included[:, 0] != 0).any()):
+        allowed = _kept_to_lists(allowed, included)
+    if not bool(known.all()):
+        scores = torch.where(known, scores, popularity)
+    return torch.where(allowed, scores, float("-inf"))
 
 
 class TopKHead(nn.Module):
@@ -99,10 +130,15 @@ class TopKHead(nn.Module):
         self.register_buffer("popularity", pop, persistent=False)  # (V,): the same, before a rule's mask
 
     def scores(
-        self, tokens: torch.Tensor, exclude_seen: torch.Tensor, allowed: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        exclude_seen: torch.Tensor,
+        allowed: torch.Tensor | None = None,
+        host_rules: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """tokens: (B, L) with the mask token last; exclude_seen: (B,) bool; allowed: (B, V) bool, the items
-        each row's rules let through (``allowed_items``), or None for every item.
+        each row's rules let through (``allowed_items``), or None for every item; host_rules instead: the
+        rules as ``allowed_items`` takes them, applied by a graph that runs on the host (``_rule_scores_on_host``).
 
         Returns:
             (B, V) scores in the encoder's precision, -inf for padding, the mask token, (where asked) the
@@ -112,9 +148,13 @@ class TopKHead(nn.Module):
         """
         scores = self.encoder(tokens)  # (B, V): the mask position only
         scores = scores + self.special.to(scores.dtype)
-        if allowed is not None:
+        if allowed is not None or host_rules is not None:
             known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
-            scores = torch.where(allowed, torch.where(known, scores, self.popularity.to(scores.dtype)), float("-inf"))
+            popularity = self.popularity.to(scores.dtype)
+            if host_rules is not None:
+                scores = _rule_scores_on_host(scores, *host_rules, known, popularity)
+            else:
+                scores = torch.where(allowed, torch.where(known, scores, popularity), float("-inf"))
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
 
@@ -290,8 +330,12 @@ class NativeGraph(nn.Module):
         ``forward``): the rules as ``allowed_items`` takes them, vocabulary indices that the backend maps from
         IDs. Where fewer than k items are allowed, the rest of the row is padding (``NATIVE_PAD_ID``, -inf)."""
         tokens, unknown = self._tokens(item_ids)
-        allowed = allowed_items(masks, mask_of_row, excluded, included)
-        top_scores, top_indices = self._top(self.fused.head.scores(tokens, exclude_seen[:, 0], allowed), k)
+        rules = (masks, mask_of_row, excluded, included)
+        if self.dynamic_k:  # a graph for the host (it reads k there already): what the batch needs of the rules
+            scores = self.fused.head.scores(tokens, exclude_seen[:, 0], host_rules=rules)
+        else:  # one graph for every batch (a GPU's replays)
+            scores = self.fused.head.scores(tokens, exclude_seen[:, 0], allowed_items(*rules))
+        top_scores, top_indices = self._top(scores, k)
         top_scores = top_scores.float()
         return (*self._answer(top_scores, top_indices, k, top_scores > float("-inf")), unknown)
 
