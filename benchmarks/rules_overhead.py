@@ -117,7 +117,9 @@ def measure(items: int, backend: str, device: str, batches: list[int], work: Pat
 LISTED = 128  # the listed items a captured graph of recserve's backend takes (recserve.cc's kListed)
 
 
-def measure_native(items: int, device: str, batches: list[int], work: Path, rounds: int) -> list[dict]:
+def measure_native(
+    items: int, device: str, batches: list[int], work: Path, rounds: int, profile: bool = False
+) -> list[dict]:
     import torch
 
     from recserve.export.exporter import export_run
@@ -173,6 +175,7 @@ def measure_native(items: int, device: str, batches: list[int], work: Path, roun
                         torch.cuda.synchronize()
                     times[name].append((time.perf_counter() - started) * 1e3)
             answers = {name: call()[0].cpu().numpy() for name, call in calls.items()}
+            top = {name: _top_ops(call, device) for name, call in calls.items()} if profile else {}
         checks = {
             "category": _in_category,
             "exclude-100": lambda a, listed=listed: ~np.isin(a, listed),
@@ -187,11 +190,32 @@ def measure_native(items: int, device: str, batches: list[int], work: Path, roun
             row |= {"variant": name, "keeps_to_rules": ok, "rounds": rounds}
             row |= {"p50_ms": float(np.median(values)), "p25_ms": float(np.percentile(values, 25))}
             row |= {"p50_minus_none_ms": float(np.median(values)) - base}
+            if profile:
+                row["top_ops"] = top[name]
             rows.append(row)
             print(json.dumps(row), flush=True)
             if not ok:
                 raise SystemExit(f"the native graph at {items} items broke the rule {name}")
     return rows
+
+
+def _top_ops(call, device: str, calls: int = 20, count: int = 12) -> list[dict]:
+    """The operators that took the most time in ``calls`` calls (on the GPU: its kernels' time), each as
+    milliseconds a call: where a variant's extra time goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        if device != "cpu":
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if device != "cpu" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:count]
+    return [
+        {"op": e.key, "ms_per_call": getattr(e, key) / 1e3 / calls, "count_per_call": e.count / calls} for e in events
+    ]
 
 
 def _native_calls(module, inputs: tuple, bank, hidden, rows: tuple, none, listed, kept) -> dict:
@@ -224,13 +248,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/rules-overhead.json"), help="JSON results.")
     parser.add_argument("--native", action="store_true", help="Time recserve's backend's native graph instead.")
     parser.add_argument("--rounds", type=int, default=300, help="--native: interleaved rounds of every variant.")
+    parser.add_argument(
+        "--profile", action="store_true", help="--native: each variant's costliest operators (top_ops in the JSON)."
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for items in (int(x) for x in args.items.split(",")):
         if args.native:
             rows += measure_native(
-                items, args.device, [int(b) for b in args.batches.split(",")], args.work, args.rounds
+                items, args.device, [int(b) for b in args.batches.split(",")], args.work, args.rounds, args.profile
             )
             continue
         for backend in args.backends.split(","):
