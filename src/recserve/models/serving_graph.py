@@ -151,10 +151,10 @@ class TopKHead(nn.Module):
         if allowed is not None or host_rules is not None:
             known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
             popularity = self.popularity.to(scores.dtype)
-            if host_rules is not None:
-                scores = _rule_scores_on_host(scores, *host_rules, known, popularity)
-            else:
+            if allowed is not None:
                 scores = torch.where(allowed, torch.where(known, scores, popularity), float("-inf"))
+            elif host_rules is not None:
+                scores = _rule_scores_on_host(scores, *host_rules, known, popularity)
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
 
