@@ -29,7 +29,7 @@ def graphs(tmp_path_factory):
 @pytest.mark.parametrize("empty_history", [False, True])
 def test_the_host_graph_under_rules_answers_as_the_device_graph(graphs, lists, empty_history):
     host, device, spec = graphs
-    rng = np.random.default_rng(hash((lists, empty_history)) % 2**32)
+    rng = np.random.default_rng([("none", "some", "every").index(lists), empty_history])  # the same every run
     batch = 6
     ids, k, exclude = example(batch, spec.window - 1, spec, seed=int(rng.integers(1000)))
     if empty_history:

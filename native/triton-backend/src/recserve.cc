@@ -429,6 +429,9 @@ class ModelInstanceState : public BackendModelInstance {
   // The rows' rules as the graph's `ruled` takes them after the bank: mask_of_row (rows), excluded and
   // included (rows, width), on the host (pinned where `pinned`).
   std::vector<at::Tensor> RuleTensors(int64_t rows, int64_t width) const;
+  // The rows' rules written into `rules` (mask_of_row (rows), excluded and included (rows, width)), which hold
+  // zeros past them: what RuleTensors and StageRuleTensors both stage.
+  void WriteRules(int64_t rows, int64_t width, const at::Tensor (&rules)[kRuleInputs]) const;
 #ifdef TRITON_ENABLE_GPU
   void StageRuleTensors(int64_t rows);  // this batch's rules into rule_staged_, what the last batch left cleared
 #endif
@@ -957,33 +960,32 @@ std::vector<at::Tensor>
 ModelInstanceState::RuleTensors(int64_t rows, int64_t width) const
 {
   const auto options = at::TensorOptions().dtype(at::kLong);
-  std::vector<at::Tensor> out = {
-      at::from_blob(const_cast<int64_t*>(mask_of_row_.data()), {rows}, at::TensorOptions().dtype(at::kLong))
-          .clone(),
-      at::zeros({rows, width}, options), at::zeros({rows, width}, options)};
+  const at::Tensor rules[kRuleInputs] = {
+      at::zeros({rows}, options), at::zeros({rows, width}, options), at::zeros({rows, width}, options)};
+  WriteRules(rows, width, rules);
+  return std::vector<at::Tensor>(rules, rules + kRuleInputs);
+}
+
+void
+ModelInstanceState::WriteRules(int64_t rows, int64_t width, const at::Tensor (&rules)[kRuleInputs]) const
+{
+  std::copy(mask_of_row_.begin(), mask_of_row_.begin() + rows, rules[0].data_ptr<int64_t>());
   for (int side = 0; side < 2; ++side) {
-    int64_t* target = out[1 + side].data_ptr<int64_t>();
+    int64_t* table = rules[1 + side].data_ptr<int64_t>();
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy(listed_[side][r].begin(), listed_[side][r].end(), target + r * width);
+      std::copy(listed_[side][r].begin(), listed_[side][r].end(), table + r * width);
     }
   }
-  return out;
 }
 
 #ifdef TRITON_ENABLE_GPU
 void
 ModelInstanceState::StageRuleTensors(int64_t rows)
 {
-  int64_t* marks = rule_staged_[0].data_ptr<int64_t>();
-  std::fill(marks, marks + rule_rows_written_, 0);
-  std::copy(mask_of_row_.begin(), mask_of_row_.begin() + rows, marks);
-  for (int side = 0; side < 2; ++side) {
-    int64_t* table = rule_staged_[1 + side].data_ptr<int64_t>();
-    std::fill(table, table + rule_rows_written_ * kListed, 0);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::copy(listed_[side][r].begin(), listed_[side][r].end(), table + r * kListed);
-    }
+  for (int i = 0; i < kRuleInputs; ++i) {  // the rows the last batch wrote, zero again
+    rule_staged_[i].narrow(0, 0, rule_rows_written_).zero_();
   }
+  WriteRules(rows, kListed, rule_staged_);
   rule_rows_written_ = rows;
 }
 #endif

@@ -137,14 +137,17 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
                     "throughput": row["throughput_rps"] / base["throughput_rps"],
                 }
         mine, theirs = best(layout, rules), best(layout, NONE)
-        probed = [
-            r["answers_showing_hidden"]
-            for r in ok
-            if (r["layout"], r.get("rules")) == (layout, rules) and r.get("answers_showing_hidden") is not None
-        ]
+        probed = [r for r in ok if (r["layout"], r.get("rules")) == (layout, rules) and "answers_probed" in r]
         out.setdefault(layout, {})[rules] = {
             "levels": levels,
             "best_within_slo_over_none": None if not mine or not theirs else mine / theirs,
-            **({"answers_showing_hidden": sum(probed), "answers_probed": HIDE_PROBES * len(probed)} if probed else {}),
+            **(
+                {
+                    "answers_showing_hidden": sum(r["answers_showing_hidden"] for r in probed),
+                    "answers_probed": sum(r["answers_probed"] for r in probed),
+                }
+                if probed
+                else {}
+            ),
         }
     return out

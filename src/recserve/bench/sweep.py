@@ -87,15 +87,16 @@ def _client(grpc_url: str, layout: str):
 
 def answers_showing(
     grpc_url: str, layout: str, histories: list[np.ndarray], hidden: set[str], count: int
-) -> int | None:
-    """Of ``count`` answers to real histories (by session: each in a session of its own), how many show an
-    item of ``hidden``: 0 where the hide holds; None for a layout that does not rank (echo, seed)."""
+) -> tuple[int, int] | None:
+    """Of up to ``count`` answers to real histories (by session: each in a session of its own), how many show
+    an item of ``hidden`` (0 where the hide holds), and how many were checked; None for a layout that does not
+    rank (echo, seed)."""
     request = LAYOUTS[layout].request
     if request not in ("items", "native", "session") or layout == "echo":
         return None
     with _client(grpc_url, layout) as client:
-        shown = 0
-        for n, history in enumerate(histories[:count]):
+        shown, probes = 0, histories[:count]
+        for n, history in enumerate(probes):
             if request == "session":
                 answer = client.recommend_session(
                     f"hide-probe-{n}", history.tolist(), k=TOP, model=LAYOUTS[layout].entry
@@ -103,7 +104,7 @@ def answers_showing(
             else:
                 answer = client.recommend(history, k=TOP)
             shown += bool({str(x) for x in answer.item_ids.tolist()} & hidden)
-        return shown
+        return shown, len(probes)
 
 
 def compare_native(grpc_url: str, histories: list[np.ndarray], count: int = 200, tolerance: float = 1e-3) -> dict:
@@ -278,9 +279,9 @@ def sweep(
                             if variant.name != NONE:
                                 row |= {"rules": variant.name, "hidden_items": len(hidden)}
                             if hidden:  # what was measured kept to the hide: answers after it never show one
-                                row["answers_showing_hidden"] = answers_showing(
-                                    grpc_url, layout, histories, hidden, HIDE_PROBES
-                                )
+                                probed = answers_showing(grpc_url, layout, histories, hidden, HIDE_PROBES)
+                                if probed is not None:
+                                    row["answers_showing_hidden"], row["answers_probed"] = probed
                             rows.append(row)
         metrics = pa.metrics_text(metrics_url)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)

@@ -131,9 +131,10 @@ def stored_rules(export_dir: Path, manifest: ExportManifest, settings: Repositor
 
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
-        return path.stat().st_mtime_ns, path.stat().st_size
+        status = path.stat()
     except OSError:
         return None
+    return status.st_mtime_ns, status.st_size
 
 
 @functools.lru_cache(maxsize=4)
