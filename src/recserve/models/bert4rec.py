@@ -21,7 +21,7 @@ class Bert4Rec(ItemTransformer):
     def __init__(self, cfg: Bert4RecConfig):
         super().__init__(cfg, nn.Sequential(nn.Linear(cfg.hidden, cfg.hidden), nn.GELU(), nn.LayerNorm(cfg.hidden)))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) with the mask token last. Returns the scores of the mask position (B, N + 2): the
-        inference fast path."""
-        return self.logits(self.encode_last(tokens))
+    def query(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L) with the mask token last. Returns the mask position's state after the prediction
+        head (B, H): ``forward`` scores it against the item embeddings."""
+        return self.head(self.encode_last(tokens))

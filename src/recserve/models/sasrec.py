@@ -51,7 +51,8 @@ class SASRec(ItemTransformer):
         """
         return F.pad(tokens[:, :-1], (1, 0), value=PAD_INDEX)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def query(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L) with the reserved token last (the serving graph's input, as for BERT4Rec).
-        Returns the next-item scores after the history (B, N + 2): the inference fast path."""
-        return self.logits(self.encode_last(self.history(tokens)))
+        Returns the last hidden state after the history (B, H): ``forward`` scores it against the item
+        embeddings for the next item."""
+        return self.head(self.encode_last(self.history(tokens)))

@@ -78,6 +78,36 @@ def _kept_to_lists(allowed: torch.Tensor, included: torch.Tensor) -> torch.Tenso
     return allowed.logical_and_(listed)
 
 
+def _known(tokens: torch.Tensor) -> torch.Tensor:
+    """tokens: (B, L) with the mask token last. Returns (B, 1) bool: the row holds an item besides it."""
+    return (tokens > PAD_INDEX).sum(1, keepdim=True) > 1
+
+
+def keep_to_lists(
+    scores: torch.Tensor, top_scores: torch.Tensor, top_indices: torch.Tensor, included: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k of each row that lists items to keep to (``allowed_items``' included), taken over its list
+    alone; the other rows keep the top k given. A (B, I) gather and top k, not a pass over the catalogue.
+
+    Args:
+        scores: (B, V) scores that already hold every other rule (-inf where one keeps an item out).
+        top_scores, top_indices: (B, K) the top k of ``scores``.
+        included: (B, I) vocabulary indices as ``allowed_items`` takes them.
+
+    Returns:
+        (B, K) scores and indices, best first; past a short list -inf.
+    """
+    listed = included.sort(1).values
+    repeated = F.pad(listed[:, 1:] == listed[:, :-1], (1, 0), value=False)  # an item listed twice counts once
+    listed = torch.where(repeated, torch.zeros_like(listed), listed)  # padding: -inf, as special tokens score
+    width = top_scores.shape[1]
+    candidates = F.pad(scores.gather(1, listed), (0, width), value=float("-inf"))  # at least K wide
+    best, position = candidates.topk(width, dim=1)
+    best_indices = F.pad(listed, (0, width), value=PAD_INDEX).gather(1, position)
+    keeps = included[:, :1] != PAD_INDEX
+    return torch.where(keeps, best, top_scores), torch.where(keeps, best_indices, top_indices)
+
+
 @torch.jit.script_if_tracing
 def _rule_scores_on_host(
     scores: torch.Tensor,
@@ -149,7 +179,7 @@ class TopKHead(nn.Module):
         scores = self.encoder(tokens)  # (B, V): the mask position only
         scores = scores + self.special.to(scores.dtype)
         if allowed is not None or host_rules is not None:
-            known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+            known = _known(tokens)
             popularity = self.popularity.to(scores.dtype)
             if allowed is not None:
                 scores = torch.where(allowed, torch.where(known, scores, popularity), float("-inf"))
@@ -158,12 +188,48 @@ class TopKHead(nn.Module):
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter(1, seen, float("-inf"))
 
+    def ruled_scores(
+        self,
+        tokens: torch.Tensor,
+        exclude_seen: torch.Tensor,
+        masks: torch.Tensor,
+        mask_of_row: torch.Tensor,
+        excluded: torch.Tensor,
+    ) -> torch.Tensor:
+        """``scores`` under business rules, for one graph that serves every batch (a GPU's replays): the
+        rules as ``allowed_items`` takes them, less the lists to keep to (``keep_to_lists``, after the top k).
+
+        A transformer's rules ride in its output layer's bias. Each mask becomes two bias rows, the layer's
+        own bias and the popularity of rows without a known item, -inf where the mask keeps an item out; each
+        row gathers its own and the product adds to it in place. Over batch x catalogue that is one gather
+        besides the product, where ``allowed_items`` and its selects make seven passes (their bytes, not their
+        arithmetic, are what a rule costs a GPU under load). The masks are few: the two rows each costs are
+        made per call. Excluded and seen items are set to -inf in one scatter.
+
+        Returns:
+            (B, V) scores in the encoder's precision, as ``scores`` returns them under ``allowed_items``.
+        """
+        known = _known(tokens)
+        encoder = self.encoder
+        if isinstance(encoder, (Bert4Rec, SASRec)):
+            query = encoder.query(tokens)
+            dtype = query.dtype
+            bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
+            rows = torch.where(masks[None], bias[:, None], float("-inf"))  # (2, R, V): known, then not
+            scores = rows[(~known[:, 0]).long(), mask_of_row].addmm_(query * known.to(dtype), encoder.item_emb.weight.T)
+        else:
+            scores = self.encoder(tokens)
+            scores = torch.where(known, scores + self.special.to(scores.dtype), self.popularity.to(scores.dtype))
+            scores = torch.where(masks.index_select(0, mask_of_row), scores, float("-inf"))
+        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
+        return scores.scatter_(1, torch.cat([seen, excluded], 1), float("-inf"))
+
     def popular(
         self, tokens: torch.Tensor, top_scores: torch.Tensor, top_indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-k of ``scores`` with float32 scores, and the most popular items in the rows of ``tokens``
         without a known item (only the mask token); as wide as the top-k given."""
-        known = (tokens > PAD_INDEX).sum(1, keepdim=True) > 1  # (B, 1): an item besides the mask token
+        known = _known(tokens)
         rank = torch.ones_like(top_indices).cumsum(1) - 1  # (B, K) 0..K-1 without a shape constant (ONNX edits K)
         return (
             torch.where(known, top_scores.float(), self.popular_scores[rank]),
@@ -333,9 +399,10 @@ class NativeGraph(nn.Module):
         rules = (masks, mask_of_row, excluded, included)
         if self.dynamic_k:  # a graph for the host (it reads k there already): what the batch needs of the rules
             scores = self.fused.head.scores(tokens, exclude_seen[:, 0], host_rules=rules)
-        else:  # one graph for every batch (a GPU's replays)
-            scores = self.fused.head.scores(tokens, exclude_seen[:, 0], allowed_items(*rules))
-        top_scores, top_indices = self._top(scores, k)
+            top_scores, top_indices = self._top(scores, k)
+        else:  # one graph for every batch (a GPU's replays): the rules' bytes over the catalogue kept few
+            scores = self.fused.head.ruled_scores(tokens, exclude_seen[:, 0], masks, mask_of_row, excluded)
+            top_scores, top_indices = keep_to_lists(scores, *self._top(scores, k), included)
         top_scores = top_scores.float()
         return (*self._answer(top_scores, top_indices, k, top_scores > float("-inf")), unknown)
 

@@ -245,6 +245,16 @@ class ItemTransformer(nn.Module):
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
         return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
 
+    def query(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L), the serving graph's input. Returns what the tied output layer scores, (B, H): the
+        scores of ``forward`` are ``query @ item_emb.weight.T + out_bias``."""
+        raise NotImplementedError
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, L), the serving graph's input. Returns the next item's scores (B, N + 2): the inference
+        fast path."""
+        return self.query(tokens) @ self.item_emb.weight.T + self.out_bias
+
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
         last = cast(Block, self.blocks[-1])
