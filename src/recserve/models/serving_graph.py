@@ -203,8 +203,9 @@ class TopKHead(nn.Module):
         own bias and the popularity of rows without a known item, -inf where the mask keeps an item out; each
         row gathers its own and the product adds to it in place. Over batch x catalogue that is one gather
         besides the product, where ``allowed_items`` and its selects make seven passes (their bytes, not their
-        arithmetic, are what a rule costs a GPU under load). The masks are few: the two rows each costs are
-        made per call. Excluded and seen items are set to -inf in one scatter.
+        arithmetic, are what a rule costs a GPU under load). The bias rows are made on every call, two a mask
+        (a bank holds the hidden items' mask and one a stored rule). Excluded and seen items are set to -inf
+        in one scatter.
 
         Returns:
             (B, V) scores in the encoder's precision, as ``scores`` returns them under ``allowed_items``.
