@@ -205,23 +205,20 @@ class TopKHead(nn.Module):
         besides the product, where ``allowed_items`` and its selects make seven passes (their bytes, not their
         arithmetic, are what a rule costs a GPU under load). The bias rows are made on every call, two a mask
         (a bank holds the hidden items' mask and one a stored rule). Excluded and seen items are set to -inf
-        in one scatter.
+        in one scatter. An encoder without that bias (Mult-VAE) takes the rules as ``scores`` does.
 
         Returns:
             (B, V) scores in the encoder's precision, as ``scores`` returns them under ``allowed_items``.
         """
-        known = _known(tokens)
         encoder = self.encoder
-        if isinstance(encoder, (Bert4Rec, SASRec)):
-            query = encoder.query(tokens)
-            dtype = query.dtype
-            bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
-            rows = torch.where(masks[None], bias[:, None], float("-inf"))  # (2, R, V): known, then not
-            scores = rows[(~known[:, 0]).long(), mask_of_row].addmm_(query * known.to(dtype), encoder.item_emb.weight.T)
-        else:
-            scores = self.encoder(tokens)
-            scores = torch.where(known, scores + self.special.to(scores.dtype), self.popularity.to(scores.dtype))
-            scores = torch.where(masks.index_select(0, mask_of_row), scores, float("-inf"))
+        if not isinstance(encoder, (Bert4Rec, SASRec)):
+            return self.scores(tokens, exclude_seen, _masked_rows(masks, mask_of_row, excluded))
+        known = _known(tokens)
+        query = encoder.query(tokens)
+        dtype = query.dtype
+        bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
+        rows = torch.where(masks[None], bias[:, None], float("-inf"))  # (2, R, V): known, then not
+        scores = rows[(~known[:, 0]).long(), mask_of_row].addmm_(query * known.to(dtype), encoder.item_emb.weight.T)
         seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
         return scores.scatter_(1, torch.cat([seen, excluded], 1), float("-inf"))
 
