@@ -20,6 +20,7 @@ import torch
 import recserve.train.leave_one_out as leave_one_out
 from recserve.bench.synthetic import zipf_sequences
 from recserve.models import SASRec, SASRecConfig
+from recserve.train.fused import GpuFused
 from recserve.train.leave_one_out import PROTOCOLS, Ranker
 
 
@@ -56,6 +57,11 @@ def main() -> None:
     parser.add_argument("--budgets", default="27,28,29", help="log2 of the scores a batch")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profile-users", type=int, default=20_000, help="0: no profile")
+    parser.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="then again with the GPU's compiled count and draws off (the plain operations), and check the ranks agree",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     seq = zipf_sequences(args.users, args.items, 50)
@@ -67,31 +73,40 @@ def main() -> None:
         inputs, targets, np.bincount(inputs.items, minlength=args.items + 2), 100, args.items + 1, args.device
     )
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    rows = []
+    rows, answers = [], {}
     with torch.no_grad():
-        ranker.ranks(model, PROTOCOLS, (0, 2_000))  # warm-up
-        for budget in (int(b) for b in args.budgets.split(",")):
-            leave_one_out.SCORES_PER_BATCH[torch.device(args.device).type] = 2**budget
-            for protocols in (PROTOCOLS, ("full",)):
-                sync()
-                started = time.perf_counter()
-                ranks = ranker.ranks(model, protocols)
-                sync()
-                rows.append(
-                    {
-                        "scores_per_batch": 2**budget,
-                        "users_per_batch": leave_one_out.eval_batch_size(args.items + 2, args.device),
-                        "protocols": list(protocols),
-                        "seconds": round(time.perf_counter() - started, 3),
-                        "users": len(ranks["full"]),
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+        for fused in (True, False) if args.compare_plain else (True,):
+            GpuFused.enabled = fused
+            ranker.ranks(model, PROTOCOLS, (0, 2_000))  # warm-up (and on a GPU, compiling)
+            for budget in (int(b) for b in args.budgets.split(",")):
+                leave_one_out.SCORES_PER_BATCH[torch.device(args.device).type] = 2**budget
+                for protocols in (PROTOCOLS, ("full",)):
+                    sync()
+                    started = time.perf_counter()
+                    ranks = ranker.ranks(model, protocols)
+                    sync()
+                    rows.append(
+                        {
+                            "scores_per_batch": 2**budget,
+                            "users_per_batch": leave_one_out.eval_batch_size(args.items + 2, args.device),
+                            "protocols": list(protocols),
+                            "fused": fused,
+                            "seconds": round(time.perf_counter() - started, 3),
+                            "users": len(ranks["full"]),
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+                    answers.setdefault(protocols, []).append(ranks)
+        GpuFused.enabled = True
+        same = all(all(np.array_equal(r[n], runs[0][n]) for n in runs[0]) for runs in answers.values() for r in runs)
+        print(f"every run gave the same ranks: {same}")
         profile = profile_ranking(ranker, model, args.profile_users, sync) if args.profile_users else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     settings = {"items": args.items, "users": args.users, "device": device, "model": "SASRec, random weights"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"settings": settings, "results": rows, "profile": profile}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"settings": settings, "same_ranks": same, "results": rows, "profile": profile}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

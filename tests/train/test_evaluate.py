@@ -244,3 +244,27 @@ def test_a_user_short_of_negatives_ranks_among_the_ones_drawn_alone():
     )
     for name in ("sampled", "sampled_uniform"):
         np.testing.assert_array_equal(ranks[name], [SAMPLED_NEGATIVES] * 3 + [39])
+
+
+def test_a_transformer_ranks_with_its_bias_kept_apart_exactly_as_with_its_scores():
+    """A SASRec is ranked from its query's product with the item table and its bias, added only where read
+    (``bias_apart``): every protocol gives the ranks of its whole scores (``forward``), with a bias large
+    enough to move them, and ties planted by giving items the same vectors."""
+    from recserve.models import SASRec, SASRecConfig
+
+    inputs, targets, popularity = _data()
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig(num_items=N, window=10, hidden=16, dropout=0.0)).eval()
+    with torch.no_grad():
+        model.out_bias.normal_(0, 0.5)
+        model.item_emb.weight[1:N:3] = model.item_emb.weight[2 : N + 1 : 3]  # pairs that tie without their bias
+        model.out_bias[1:N:3] = model.out_bias[2 : N + 1 : 3]  # and with it: both paths must count the ties
+    ranker = Ranker(inputs, targets, popularity, window=10, mask_index=MASK, seed=1)
+    with torch.no_grad():
+        apart = ranker.ranks(model)
+        whole = ranker.ranks(lambda tokens: model(tokens))
+    for name in evaluate.PROTOCOLS:
+        np.testing.assert_array_equal(apart[name], whole[name])
+    assert len(set(apart["full"].tolist())) > 20  # the ranks are spread, not all alike
+    without_bias = ranker.ranks(lambda tokens: model(tokens) - model.out_bias)
+    assert not np.array_equal(without_bias["full"], apart["full"])  # the bias does move them

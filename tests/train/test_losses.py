@@ -30,14 +30,18 @@ def _problem(seed=0, positions=6, hidden=8):
     return query, table, bias, targets, rows, items
 
 
-def _reference(query, table, bias, targets, rows, items, exclude_seen):
-    """The softmax over the catalogue written one position at a time."""
+def _reference(query, table, bias, targets, rows, items, exclude_seen, smoothing=0.0):
+    """The softmax over the catalogue written one position at a time; with label smoothing the target's
+    weight is 1 - smoothing and the rest is spread evenly over the items the position ranks."""
     losses = []
     for m in range(len(targets)):
         logits = query[m] @ table.T + bias
         drop = [PAD_INDEX, MASK] + (items[rows[m]].tolist() if exclude_seen else [])
-        logits[[d for d in drop if d != targets[m]]] = -float("inf")
-        losses.append(-torch.log_softmax(logits, 0)[targets[m]])
+        rankable = torch.ones(N + 2, dtype=torch.bool)
+        rankable[[d for d in drop if d != targets[m]]] = False
+        log_p = torch.log_softmax(logits.masked_fill(~rankable, -float("inf")), 0)
+        spread = log_p[rankable].mean()
+        losses.append(-(1 - smoothing) * log_p[targets[m]] - smoothing * spread)
     return torch.stack(losses)
 
 
@@ -50,18 +54,22 @@ def _call(loss, problem, exclude_seen, per_position=False, generator=None):
     return loss(query, table, bias, targets, items, rows, generator=generator)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("exclude_seen", [True, False])
 @pytest.mark.parametrize("per_position", [True, False])
-def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(exclude_seen, per_position):
+def test_full_loss_is_the_softmax_over_the_catalogue_without_the_sample_items(exclude_seen, per_position, smoothing):
     problem = _problem()
-    loss = CatalogueLoss(LossSettings("full"), np.ones(N + 2), MASK)
-    torch.testing.assert_close(_call(loss, problem, exclude_seen, per_position), _reference(*problem, exclude_seen))
+    loss = CatalogueLoss(LossSettings("full", smoothing=smoothing), np.ones(N + 2), MASK)
+    torch.testing.assert_close(
+        _call(loss, problem, exclude_seen, per_position), _reference(*problem, exclude_seen, smoothing)
+    )
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("exclude_seen", [True, False])
-def test_full_loss_gradients_are_those_of_the_plain_softmax(exclude_seen):
-    """The fused backward pass (softmax minus the target's one-hot) against autograd through the reference,
-    with an unused slot (target padding) that must add nothing."""
+def test_full_loss_gradients_are_those_of_the_plain_softmax(exclude_seen, smoothing):
+    """The fused backward pass (softmax minus the target's one-hot, or its smoothed form) against autograd
+    through the reference, with an unused slot (target padding) that must add nothing."""
     query, table, bias, targets, rows, items = _problem(positions=7)
     targets[-1] = PAD_INDEX
     weights = torch.rand(7, generator=torch.Generator().manual_seed(1))  # a non-uniform upstream gradient
@@ -69,17 +77,30 @@ def test_full_loss_gradients_are_those_of_the_plain_softmax(exclude_seen):
     for fused in (True, False):
         leaves = [t.clone().requires_grad_() for t in (query, table, bias)]
         if fused:
-            loss = CatalogueLoss(LossSettings("full"), np.ones(N + 2), MASK)
+            loss = CatalogueLoss(LossSettings("full", smoothing=smoothing), np.ones(N + 2), MASK)
             per_position = _call(loss, (*leaves, targets, rows, items), exclude_seen)
         else:
             real = targets != PAD_INDEX
             per_position = torch.zeros(7).index_put(
-                (real.nonzero()[:, 0],), _reference(*leaves, targets[real], rows[real], items, exclude_seen)
+                (real.nonzero()[:, 0],),
+                _reference(*leaves, targets[real], rows[real], items, exclude_seen, smoothing),
             )
         (per_position * weights).sum().backward()
         grads.append([t.grad for t in leaves])
     for fused_grad, plain_grad in zip(*grads):
         torch.testing.assert_close(fused_grad, plain_grad)
+
+
+def test_label_smoothing_is_refused_where_it_has_no_meaning():
+    """Out of [0, 1) it is a settings error; with a sampled loss (its softmax ranks a pool, not the catalogue)
+    the loss refuses it, naming the option that works."""
+    assert any("label_smoothing=1.0" in p for p in LossSettings("full", smoothing=1.0).validate())
+    assert any("label_smoothing=-0.1" in p for p in LossSettings("full", smoothing=-0.1).validate())
+    assert any("exact softmax" in p for p in LossSettings("sampled-uniform", smoothing=0.1).validate())
+    auto = LossSettings(smoothing=0.1)
+    assert auto.validate() == []
+    with pytest.raises(ConfigError, match="--loss full"):
+        CatalogueLoss(auto.resolve(FULL_SOFTMAX_MAX_ITEMS + 1), np.ones(N + 2), MASK)
 
 
 def test_unused_slots_cost_nothing():

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
+from recserve.models.transformer import ItemTransformer
+from recserve.train.fused import GpuFused
 from recserve.train.metrics import ranking_metrics
 from recserve.train.tensors import SequenceTensors, first_of_runs, row_contains, widest
 
@@ -74,10 +76,10 @@ class Ranker:
         self.lengths = inputs.lengths  # on the host: batch widths without a device round trip
         self.targets = torch.as_tensor(targets, dtype=torch.int64, device=device)
         weights = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1  # +1: all drawable
-        self.specials = torch.tensor([PAD_INDEX, mask_index], device=device)
+        specials = torch.tensor([PAD_INDEX, mask_index], device=device)
         self.weights = {
-            "sampled": weights.index_fill(0, self.specials, 0.0),
-            "sampled_uniform": torch.ones_like(weights).index_fill(0, self.specials, 0.0),
+            "sampled": weights.index_fill(0, specials, 0.0),
+            "sampled_uniform": torch.ones_like(weights).index_fill(0, specials, 0.0),
         }
         self.cdfs = {name: w.cumsum(0) for name, w in self.weights.items()}
         self.negatives_drawn: dict[str, np.ndarray] = {}  # the last ranking's, per sampled protocol
@@ -130,46 +132,66 @@ class Ranker:
         lengths = self.history.lengths[users]
         window = self.history.windows(users, lengths, self.window - 1)  # what the serving graph is fed
         mask = torch.full((len(users), 1), self.mask_index, device=self.device)
-        scores = score_fn(torch.cat([window, mask], 1)).float()  # (B, V)
+        raw, bias = bias_apart(score_fn, torch.cat([window, mask], 1))  # (B, V), (V,)
         target = self.targets[users]
-        target_score = scores.gather(1, target[:, None])  # (B, 1)
-        bad_rows = self._nonfinite_rows(scores).sum()
-        at_least = scores >= target_score  # (B, V): the one pass over the catalogue
-        # every rankable item but the target itself that scores at least as high
-        above = at_least.sum(1) - at_least[:, self.specials].sum(1) - 1
+        # the one pass over the catalogue: every rankable item but the target itself that scores at least as high
+        target_score, above, bad = _tally(raw, bias, target, self.mask_index)
+        bad_rows = bad.sum()
         out, drawn = {}, {}
         if "full_no_exclusion" in protocols:
             out["full_no_exclusion"] = above
         whole = self.history.windows(users, lengths, widest(self.lengths, start, stop)).sort(1).values
         if "full" in protocols:  # a repeated target stays rankable
-            out["full"] = above - _distinct_at_least(scores, whole, target, target_score)
+            out["full"] = above - _distinct_at_least(raw, bias, whole, target, target_score)
         if "served" in protocols:  # serving never shows an item of the window, the target included
-            served = above - _distinct_at_least(scores, window.sort(1).values, target, target_score)
+            served = above - _distinct_at_least(raw, bias, window.sort(1).values, target, target_score)
             out["served"] = torch.where((window == target[:, None]).any(1), UNRANKABLE, served)
         for name in SAMPLED:
             if name in protocols:
                 negatives, valid = draw_negatives(
                     self.cdfs[name], self.weights[name], whole, target, users, self.seed, STREAMS[name]
                 )
-                out[name] = ((scores.gather(1, negatives) >= target_score) & valid).sum(1)
+                out[name] = ((_scores_at(raw, bias, negatives) >= target_score) & valid).sum(1)
                 drawn[name] = valid.sum(1)
         return out, drawn, bad_rows
 
-    def _nonfinite_rows(self, scores: torch.Tensor) -> torch.Tensor:
-        """(B,) True where a rankable item (any but padding and the mask token) scores NaN or +-inf."""
-        bad = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
-        for part in (scores[:, PAD_INDEX + 1 : self.mask_index], scores[:, self.mask_index + 1 :]):
-            if part.shape[1]:  # amin and amax carry a NaN through
-                low, high = torch.aminmax(part, dim=1)
-                bad |= ~(torch.isfinite(low) & torch.isfinite(high))
-        return bad
+
+def bias_apart(score_fn: ScoreFn, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's scores as (B, V) before the output layer's bias and the (V,) float32 bias: a transformer's
+    product of its query with the item table, with no pass to add the bias; another function's scores and
+    a zero bias."""
+    if isinstance(score_fn, ItemTransformer):
+        return score_fn.query(tokens) @ score_fn.item_emb.weight.T, score_fn.out_bias.float()
+    scores = score_fn(tokens)
+    return scores, torch.zeros(scores.shape[1], dtype=torch.float32, device=scores.device)
 
 
-def _distinct_at_least(scores, ordered, target, target_score) -> torch.Tensor:
+def _tally_plain(raw: torch.Tensor, bias: torch.Tensor, target: torch.Tensor, mask_index: int):
+    """One pass over a batch's scores ``raw + bias`` (float32): each target's score (B, 1); how many rankable
+    items (any but padding and the mask token) other than the target score at least as high (B,); and
+    whether a rankable item scored NaN or +-inf (B,). Fused into one kernel on GPUs."""
+    scores = raw.float() + bias  # the same float32 sum as _scores_at's
+    target_score = scores.gather(1, target[:, None])
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    rankable = (columns != PAD_INDEX) & (columns != mask_index)
+    above = ((scores >= target_score) & rankable).sum(1) - 1
+    bad = (~torch.isfinite(scores) & rankable).any(1)
+    return target_score, above, bad
+
+
+_tally = GpuFused(_tally_plain, "the ranking's count")
+
+
+def _scores_at(raw: torch.Tensor, bias: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """(B, K) float32 scores ``raw + bias`` of ``columns`` (B, K), summed as ``_tally_plain`` sums them."""
+    return raw.gather(1, columns).float() + bias[columns]
+
+
+def _distinct_at_least(raw, bias, ordered, target, target_score) -> torch.Tensor:
     """(B,) how many distinct items of each row of ``ordered`` (B, W), sorted, other than padding and the
     target, score at least the target's: the excluded items that the catalogue count included."""
     counted = first_of_runs(ordered) & (ordered != PAD_INDEX) & (ordered != target[:, None])
-    return ((scores.gather(1, ordered) >= target_score) & counted).sum(1)
+    return ((_scores_at(raw, bias, ordered) >= target_score) & counted).sum(1)
 
 
 def draw_negatives(
@@ -248,9 +270,18 @@ def user_uniforms(seed: int, stream: int, users: torch.Tensor, count: int) -> to
     """
     key = _mix32(torch.tensor((seed * 0x9E3779B9 + stream) & _MASK32, device=users.device))
     key = _mix32(key ^ (users[:, None] & _MASK32))  # (B, 1)
-    key = _mix32(key ^ torch.arange(count, device=users.device)[None, :])  # (B, count)
+    return _draws(key, torch.arange(count, device=users.device))
+
+
+def _draws_plain(key: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """(B, count) float64 uniforms of each row's key (B, 1) and each draw's number ``columns`` (count,): some
+    sixty integer operations a draw, one kernel on GPUs."""
+    key = _mix32(key ^ columns[None, :])  # (B, count)
     high, low = _mix32(key ^ 0x68E31DA4) >> 8, _mix32(key ^ 0x1B56C4E9) >> 8  # 24 bits each
     return (high * 2**24 + low).double() / 2**48
+
+
+_draws = GpuFused(_draws_plain, "the sampled protocols' draws")
 
 
 def _host(parts: list[torch.Tensor]) -> np.ndarray:

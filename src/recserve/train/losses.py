@@ -13,7 +13,6 @@ dense (positions x catalogue) mask. docs/training.md says what each loss costs.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 
@@ -23,9 +22,8 @@ import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.train.train_config import LossSettings
-
-log = logging.getLogger(__name__)
+from recserve.train.fused import fall_back_to
+from recserve.train.train_config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
 
 
 class CatalogueLoss:
@@ -37,6 +35,11 @@ class CatalogueLoss:
         """Args: popularity: (V,) training counts by index (padding and mask included, and ignored)."""
         if settings.name == "auto":
             raise ConfigError("CatalogueLoss needs a resolved loss; call LossSettings.resolve first")
+        if settings.smoothing and settings.name != "full":
+            raise ConfigError(
+                f"--label-smoothing {settings.smoothing}: for the exact softmax only, and this catalogue's loss "
+                f"is {settings.name}; pass --loss full (it fits up to about {FULL_SOFTMAX_MAX_ITEMS:,} items)"
+            )
         self.settings, self.mask_index = settings, mask_index
         counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
         counts[[PAD_INDEX, mask_index]] = 0
@@ -84,7 +87,7 @@ class CatalogueLoss:
         special = torch.tensor([PAD_INDEX, self.mask_index], device=query.device)
         if exclude is not None:  # (C, R): every listed item but the target (padding is out already)
             exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
-        return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude)
+        return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude, self.settings.smoothing)
 
     def _sampled(self, query, table, bias, targets, exclude, rows, upto, generator) -> torch.Tensor:
         drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
@@ -173,25 +176,8 @@ def _kernel(name: str, device: torch.device):
     if device.type != "cuda" or not COMPILE_BLOCKS:
         return plain
     if name not in _compiled:
-        _compiled[name] = _fall_back_to(plain, torch.compile(plain, dynamic=False))
+        _compiled[name] = fall_back_to(plain, torch.compile(plain, dynamic=False), "the sampled loss")
     return _compiled[name]
-
-
-def _fall_back_to(plain, compiled):
-    """``compiled``, or ``plain`` from the first call on if compiling it fails (no GPU compiler, say)."""
-    state = {"fn": compiled}
-
-    def call(*args):
-        try:
-            return state["fn"](*args)
-        except Exception as err:  # torch.compile's errors have no common base class
-            if state["fn"] is plain:
-                raise
-            log.warning("the sampled loss runs uncompiled: torch.compile failed (%s)", err)
-            state["fn"] = plain
-            return plain(*args)
-
-    return call
 
 
 class _PoolLogSumExp(torch.autograd.Function):
@@ -257,31 +243,48 @@ class _ExcludedCrossEntropy(torch.autograd.Function):
     """The exact softmax cross-entropy over the catalogue with some items left out of each row, in one
     (C, V) buffer: the logits become their exponentials in place and the backward pass reads them (softmax
     minus the target's one-hot), where addmm, index_fill, scatter and log_softmax under autograd each kept a
-    copy (tests compare the losses and gradients with a plain softmax)."""
+    copy (tests compare the losses and gradients with a plain softmax).
+
+    With label smoothing e the target's one-hot becomes (1 - e) one-hot + e spread evenly over the row's
+    rankable items (those not left out, the target among them): the loss is logsumexp - (1 - e) x target's
+    logit - e x the rankable logits' mean.
+    """
 
     @staticmethod
-    def forward(ctx, query, table, bias, targets, special, exclude):
+    def forward(ctx, query, table, bias, targets, special, exclude, smoothing=0.0):
         logits = torch.addmm(bias, query, table.T).float()  # (C, V); under autocast a bf16 product, widened
         logits.index_fill_(1, special, -math.inf)
         if exclude is not None:
             logits.scatter_(1, exclude, -math.inf)
         real = targets != PAD_INDEX
         target_logit = logits.gather(1, targets[:, None]).squeeze(1)  # (C,)
+        if smoothing:  # the rankable logits' count and mean, before the buffer turns into exponentials
+            rankable = logits.isfinite()
+            count = rankable.sum(1, dtype=torch.float32)  # (C,)
+            mean = torch.where(rankable, logits, 0.0).sum(1) / count.clamp(min=1.0)
+            target_logit = (1.0 - smoothing) * target_logit + smoothing * mean
+            del rankable
         top = logits.amax(1, keepdim=True)  # (C, 1); logsumexp's own temporaries cost as much as all this
         total = logits.sub_(top).exp_().sum(1, keepdim=True)  # the logits' buffer: exp(logit - top)
         loss = torch.where(real, (top + total.log()).squeeze(1) - target_logit, 0.0)
-        ctx.save_for_backward(query, table, logits, total, targets, real)  # softmax = logits / total
-        ctx.bias_dtype = bias.dtype
+        ctx.save_for_backward(query, table, logits, total, targets, real, special, exclude)  # softmax = logits / total
+        ctx.bias_dtype, ctx.smoothing = bias.dtype, smoothing
+        ctx.count = count if smoothing else None
         return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
-        query, table, exps, total, targets, real = ctx.saved_tensors
+        query, table, exps, total, targets, real, special, exclude = ctx.saved_tensors
         scale = torch.where(real, grad_loss.float(), 0.0)  # (C,): padding slots give no gradient
         grad_logits = exps.mul_(scale[:, None] / total)  # (C, V) softmax x upstream, in place: needed once
-        grad_logits.scatter_add_(1, targets[:, None], -scale[:, None])
+        if ctx.smoothing:  # minus the spread share on every rankable item; left-out items stay at 0
+            grad_logits.sub_((ctx.smoothing * scale / ctx.count.clamp(min=1.0))[:, None])
+            grad_logits.index_fill_(1, special, 0.0)
+            if exclude is not None:
+                grad_logits.scatter_(1, exclude, 0.0)
+        grad_logits.scatter_add_(1, targets[:, None], -(1.0 - ctx.smoothing) * scale[:, None])
         grad_query = (grad_logits @ table.float()).to(query.dtype) if ctx.needs_input_grad[0] else None
         grad_table = (grad_logits.T @ query.float()).to(table.dtype) if ctx.needs_input_grad[1] else None
         grad_bias = grad_logits.sum(0).to(ctx.bias_dtype) if ctx.needs_input_grad[2] else None
-        return grad_query, grad_table, grad_bias, None, None, None
+        return grad_query, grad_table, grad_bias, None, None, None, None

@@ -24,6 +24,7 @@ class LossSettings:
     name: str = "auto"  # one of LOSSES; auto picks full or sampled-uniform by catalogue size
     negatives: int = 8192  # sampled: items drawn per batch, beside as many in-batch targets
     exclude_seen: bool = True  # leave the sample's other items out of each softmax, as serving leaves seen items
+    smoothing: float = 0.0  # label smoothing: this share of a target's weight spread over the rankable items
 
     def validate(self) -> list[str]:
         problems = []
@@ -31,6 +32,10 @@ class LossSettings:
             problems.append(f"loss={self.name!r}: expected one of {', '.join(LOSSES)}")
         if self.negatives < 1:
             problems.append(f"negatives={self.negatives}: must be at least 1")
+        if not 0.0 <= self.smoothing < 1.0:
+            problems.append(f"label_smoothing={self.smoothing}: must be in [0, 1)")
+        elif self.smoothing and self.name.startswith("sampled"):
+            problems.append(f"label_smoothing={self.smoothing}: for the exact softmax (--loss full) only")
         return problems
 
     def resolve(self, num_items: int) -> LossSettings:
@@ -42,6 +47,8 @@ class LossSettings:
     def describe(self) -> dict:
         """What metrics.json records."""
         out = {"name": self.name, "exclude_seen": self.exclude_seen}
+        if self.smoothing:
+            out["label_smoothing"] = self.smoothing
         if self.name.startswith("sampled"):
             out |= {"negatives": self.negatives, "in_batch": True, "log_q_correction": True}
         return out
@@ -70,6 +77,11 @@ class TrainConfig:
         LossSettings.exclude_seen,
         "BERT4Rec: leave a sample's other items out of each softmax; SASRec: the items up to each position; as "
         "serving leaves seen items out.",
+    )
+    label_smoothing: float = option(
+        LossSettings.smoothing,
+        "BERT4Rec, SASRec with the exact softmax: this share of each target's weight spread evenly over the "
+        "items its softmax ranks (Szegedy et al. 2016); 0: off.",
     )
     refit: bool = option(
         False,
@@ -134,7 +146,7 @@ class TrainConfig:
 
     @property
     def loss_settings(self) -> LossSettings:
-        return LossSettings(self.loss, self.negatives, self.loss_exclude_seen)
+        return LossSettings(self.loss, self.negatives, self.loss_exclude_seen, self.label_smoothing)
 
     @property
     def lightning_precision(self) -> str:
