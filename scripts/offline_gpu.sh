@@ -14,8 +14,9 @@
 #                                    an earlier checkout's beside them)
 #   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
 #                                    speed, the served graph's batch-1 replay with relative positions
+#   scripts/offline_gpu.sh speed     there: the ranking fused against plain, BERT4Rec and SASRec compiled
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
-# ddp, quality and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
+# ddp, quality, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
 # Results go to $OUT.
 set -uo pipefail
 
@@ -266,6 +267,24 @@ cmd_lean() {
   python3 benchmarks/rank_speed.py --budgets 29 --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
 }
 
+# One call: the training side's speed targets. The GPU tests of the ranking and the sampled loss (their compiled
+# functions against the plain ones), the ranking of 200,000 users x 1M items with its compiled count beside
+# the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it.
+# Carries .gpu-carry/wheels (polars for Python 3.12).
+cmd_speed() {
+  carried_site
+  start_outputs runs/gpu-speed
+  python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
+    tests/gpu/test_sampled_loss_gpu.py 2>&1 | tail -n 3
+  python3 benchmarks/rank_speed.py --budgets 29 --compare-plain --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
+  for compile in "" --compile; do
+    python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/speed --no-test $compile \
+      --out "$out/bert4rec-100k$compile.json" 2>&1 | grep "windows/s"
+  done
+  python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/speed --no-test --compile \
+    --out "$out/sasrec-1m--compile.json" 2>&1 | grep "windows/s"
+}
+
 # One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and
 # ML-100K (GPU 1), several runs sharing each GPU (quality only: their times are not solo times), then the
 # default SASRec on video.txt trained with DDP on both GPUs (`--devices 2`) for the one-GPU comparison.
@@ -291,6 +310,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|sessions|rules|test|ddp|quality|lean|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|lean|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|sessions|rules|test|ddp|quality|lean|speed|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|lean|speed|sasrec [options]" >&2; exit 2 ;;
 esac
