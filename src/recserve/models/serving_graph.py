@@ -62,7 +62,7 @@ def allowed_items(
     Returns:
         (B, V) bool.
     """
-    return _kept_to_lists(_masked_rows(masks, mask_of_row, excluded), included)
+    return _drop_unlisted(_masked_rows(masks, mask_of_row, excluded), included)
 
 
 def _masked_rows(masks: torch.Tensor, mask_of_row: torch.Tensor, excluded: torch.Tensor) -> torch.Tensor:
@@ -71,11 +71,17 @@ def _masked_rows(masks: torch.Tensor, mask_of_row: torch.Tensor, excluded: torch
     return allowed.scatter_(1, excluded, torch.zeros_like(excluded, dtype=torch.bool))
 
 
-def _kept_to_lists(allowed: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+def _drop_unlisted(allowed: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
     """``allowed`` less, in each row that lists items to include, every item it does not list (in place)."""
     listed = torch.zeros_like(allowed).scatter_(1, included, torch.ones_like(included, dtype=torch.bool))
     listed |= included[:, :1] == 0
     return allowed.logical_and_(listed)
+
+
+def _seen(tokens: torch.Tensor, exclude_seen: torch.Tensor) -> torch.Tensor:
+    """tokens: (B, L); exclude_seen: (B,) bool. Returns (B, L): the indices to score -inf, the tokens where
+    the row excludes its seen items and padding (0, -inf anyway) where it keeps them."""
+    return torch.where(exclude_seen[:, None], tokens, PAD_INDEX)
 
 
 def _known(tokens: torch.Tensor) -> torch.Tensor:
@@ -83,7 +89,7 @@ def _known(tokens: torch.Tensor) -> torch.Tensor:
     return (tokens > PAD_INDEX).sum(1, keepdim=True) > 1
 
 
-def keep_to_lists(
+def top_k_of_lists(
     scores: torch.Tensor, top_scores: torch.Tensor, top_indices: torch.Tensor, included: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top k of each row that lists items to keep to (``allowed_items``' included), taken over its list
@@ -124,7 +130,7 @@ def _rule_scores_on_host(
     operations over every item are most of what a rule costs there."""
     allowed = _masked_rows(masks, mask_of_row, excluded)
     if bool((included[:, 0] != 0).any()):
-        allowed = _kept_to_lists(allowed, included)
+        allowed = _drop_unlisted(allowed, included)
     if not bool(known.all()):
         scores = torch.where(known, scores, popularity)
     return torch.where(allowed, scores, float("-inf"))
@@ -185,7 +191,7 @@ class TopKHead(nn.Module):
                 scores = torch.where(allowed, torch.where(known, scores, popularity), float("-inf"))
             elif host_rules is not None:
                 scores = _rule_scores_on_host(scores, *host_rules, known, popularity)
-        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
+        seen = _seen(tokens, exclude_seen)
         return scores.scatter(1, seen, float("-inf"))
 
     def ruled_scores(
@@ -197,7 +203,7 @@ class TopKHead(nn.Module):
         excluded: torch.Tensor,
     ) -> torch.Tensor:
         """``scores`` under business rules, for one graph that serves every batch (a GPU's replays): the
-        rules as ``allowed_items`` takes them, less the lists to keep to (``keep_to_lists``, after the top k).
+        rules as ``allowed_items`` takes them, less the lists to keep to (``top_k_of_lists``, after the top k).
 
         A transformer's rules ride in its output layer's bias. Each mask becomes two bias rows, the layer's
         own bias and the popularity of rows without a known item, -inf where the mask keeps an item out; each
@@ -219,7 +225,7 @@ class TopKHead(nn.Module):
         bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
         rows = torch.where(masks[None], bias[:, None], float("-inf"))  # (2, R, V): known, then not
         scores = rows[(~known[:, 0]).long(), mask_of_row].addmm_(query * known.to(dtype), encoder.item_emb.weight.T)
-        seen = torch.where(exclude_seen[:, None], tokens, PAD_INDEX)  # rows that keep seen items point at padding
+        seen = _seen(tokens, exclude_seen)
         return scores.scatter_(1, torch.cat([seen, excluded], 1), float("-inf"))
 
     def popular(
@@ -400,7 +406,7 @@ class NativeGraph(nn.Module):
             top_scores, top_indices = self._top(scores, k)
         else:  # one graph for every batch (a GPU's replays): the rules' bytes over the catalogue kept few
             scores = self.fused.head.ruled_scores(tokens, exclude_seen[:, 0], masks, mask_of_row, excluded)
-            top_scores, top_indices = keep_to_lists(scores, *self._top(scores, k), included)
+            top_scores, top_indices = top_k_of_lists(scores, *self._top(scores, k), included)
         top_scores = top_scores.float()
         return (*self._answer(top_scores, top_indices, k, top_scores > float("-inf")), unknown)
 

@@ -243,7 +243,12 @@ class ItemTransformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
-        return self.head(hidden) @ self.item_emb.weight.T + self.out_bias
+        return self.tied_output(self.head(hidden))
+
+    def tied_output(self, query: torch.Tensor) -> torch.Tensor:
+        """query: (..., H), after the head. Returns the output layer's scores (..., N + 2): the product with
+        the item embeddings, plus the output bias."""
+        return query @ self.item_emb.weight.T + self.out_bias
 
     def query(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L), the serving graph's input. Returns what the tied output layer scores, (B, H): the
@@ -253,7 +258,7 @@ class ItemTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L), the serving graph's input. Returns the next item's scores (B, N + 2): the inference
         fast path."""
-        return self.query(tokens) @ self.item_emb.weight.T + self.out_bias
+        return self.tied_output(self.query(tokens))
 
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
