@@ -38,6 +38,30 @@ def assert_matches_eager(run, export_dir, length: int) -> None:
     np.testing.assert_allclose(got[1], reference[1], atol=FP32_SCORE_TOL)
 
 
+@pytest.mark.parametrize("backend", ["torchscript", "onnx"])
+def test_a_ligr_sasrec_exports_with_its_gates(sasrec_run, tmp_path, backend):
+    """SASRec's LiGR option (gated residuals, SwiGLU): the trained run's folder with the option on and weights
+    drawn far from their start (gate biases included), exported and checked against eager fp32."""
+    import shutil
+
+    from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+    from recserve.models import SASRec, SASRecConfig
+
+    run = tmp_path / "ligr-run"
+    shutil.copytree(sasrec_run, run)
+    config = json.loads((run / MODEL_CONFIG_FILE).read_text()) | {"ligr": True}
+    (run / MODEL_CONFIG_FILE).write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = SASRec(SASRecConfig.load(run / MODEL_CONFIG_FILE))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    torch.save(model.state_dict(), run / WEIGHTS_FILE)
+    manifest = exporter.export_run(run, backend, "fp32", tmp_path / "out")
+    assert manifest.validation["max_score_diff"] <= FP32_SCORE_TOL and manifest.validation["top10_overlap"] == 1.0
+    assert_matches_eager(run, tmp_path / "out", length=5)
+
+
 def test_torch_compile_matches_eager(tiny_run, tmp_path):
     manifest = exporter.export_run(tiny_run, "compile", "fp32", tmp_path / "out")
     assert manifest.validation["top10_overlap"] == 1.0

@@ -75,7 +75,12 @@ def test_dropout_follows_the_data_unless_given(ml100k_dir, string_data_dir):
 
 @pytest.mark.parametrize(
     "positional",
-    [{"relative_positions": True}, {"attention_span": 3}, {"relative_positions": True, "attention_span": 4}],
+    [
+        {"relative_positions": True},
+        {"attention_span": 3},
+        {"relative_positions": True, "attention_span": 4},
+        {"ligr": True},
+    ],
 )
 def test_relative_positions_and_local_attention_keep_the_fast_path_and_padding_exact(positional):
     """With a distance bias or a span, the serving fast path still equals the full encoder, padding still
@@ -113,3 +118,19 @@ def test_an_attention_span_hides_the_items_beyond_it():
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="attention_span=-1"):
         SASRec(SASRecConfig(num_items=10, attention_span=-1))
+
+
+def test_ligr_gates_move_both_paths_and_they_agree_on_them():
+    """The LiGR blocks' gates are read on the full encoder and on the serving fast path (zeroing their weights
+    changes both), the two paths agree with them, and the feed-forward is the gated one."""
+    model = _model(layers=2, heads=2, ligr=True)
+    assert all(type(block.ffn).__name__ == "SwiGLU" and block.gates is not None for block in model.blocks)
+    history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    gated_full, gated_last = model.encode(history)[:, -1], model.encode_last(history)
+    torch.testing.assert_close(gated_last, gated_full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        for block in model.blocks:
+            for gate in block.gates:
+                gate.weight.zero_()
+    assert not torch.allclose(model.encode(history)[:, -1], gated_full, atol=1e-3)
+    assert not torch.allclose(model.encode_last(history), gated_last, atol=1e-3)

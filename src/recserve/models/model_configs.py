@@ -115,6 +115,9 @@ class SASRecConfig(ModelConfig):
     attention_span: int = option(
         0, "each position attends only its last this many positions, itself included (local attention); 0: all"
     )
+    ligr: bool = option(
+        False, "LiGR blocks (eSASRec's): each residual branch gated by a sigmoid of its input, a SwiGLU feed-forward"
+    )
 
     def validate(self) -> None:
         problems = transformer_problems(self)

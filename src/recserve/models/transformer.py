@@ -60,8 +60,26 @@ def distances(keep: torch.Tensor) -> torch.Tensor:
     return (order[:, None] - order[None, :]).abs()
 
 
+class SwiGLU(nn.Module):
+    """The gated feed-forward of LiGR and LLaMA: ``down(silu(gate x) * up x)``, without biases."""
+
+    def __init__(self, width: int, inner: int):
+        super().__init__()
+        self.gate_up = nn.Linear(width, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down(F.silu(gate) * up)
+
+
 class Block(nn.Module):
-    """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward."""
+    """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward.
+
+    With ``ligr`` (SASRec's option; the LiGR layer of LinkedIn's ranking transformer, eSASRec's block): each
+    residual branch is scaled by a sigmoid gate of the block's input at that point, ``x + sigmoid(W x + b)
+    * branch``, and the feed-forward is a SwiGLU.
+    """
 
     def __init__(self, cfg):
         super().__init__()
@@ -71,9 +89,15 @@ class Block(nn.Module):
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.ffn = nn.Sequential(
-            nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
-        )
+        ligr = getattr(cfg, "ligr", False)
+        if ligr:
+            self.ffn: nn.Module = SwiGLU(cfg.hidden, 4 * cfg.hidden)
+            self.gates = nn.ModuleList(nn.Linear(cfg.hidden, cfg.hidden) for _ in range(2))
+        else:
+            self.ffn = nn.Sequential(
+                nn.Linear(cfg.hidden, 4 * cfg.hidden), nn.GELU(), nn.Linear(4 * cfg.hidden, cfg.hidden)
+            )
+            self.gates = None
         self.drop = Dropout(cfg.dropout)
         # SASRec's options: a learned bias per head and distance (Transformer-XL and T5 style), and a span
         # beyond which nothing is attended (local attention); 0: every position
@@ -100,13 +124,19 @@ class Block(nn.Module):
         # unflatten instead of view(B, L, ...) keeps batch and length symbolic when traced
         return t.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, nh, L, hd)
 
+    def _residual(self, which: int, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        """x plus a residual branch (0: attention, 1: feed-forward), gated by x where the block has gates."""
+        if self.gates is None:
+            return x + branch
+        return x + torch.sigmoid(self.gates[which](x)) * branch
+
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """x: (B, L, H); keep: (B, 1, 1 | L, L) True where a key may be attended. Returns (B, L, H)."""
         q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
         p = self.dropout if self.training else 0.0
         y = attention(q, k, v, self._positional(keep), p)  # (B, nh, L, hd)
-        x = x + self.drop(self.proj(y.transpose(1, 2).flatten(2)))
-        return x + self.drop(self.ffn(self.ln2(x)))
+        x = self._residual(0, x, self.drop(self.proj(y.transpose(1, 2).flatten(2))))
+        return self._residual(1, x, self.drop(self.ffn(self.ln2(x))))
 
     def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """The inference fast path: the block's output at the last position only.
@@ -132,8 +162,8 @@ class Block(nn.Module):
         scores = query @ h.transpose(1, 2) + (0 if bias is None else bias.to(h.dtype))  # (B, nh, L)
         scores = scores.masked_fill(~attended, float("-inf"))
         mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
-        x = x[:, -1:] + F.linear(mixed.flatten(1), out_w, out_b)[:, None]
-        return x + self.ffn(self.ln2(x))
+        x = self._residual(0, x[:, -1:], F.linear(mixed.flatten(1), out_w, out_b)[:, None])
+        return self._residual(1, x, self.ffn(self.ln2(x)))
 
     def _last_positional(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """keep: (B, 1, 1, L). Returns which keys the last query attends (B, 1, L), the span applied, and
@@ -172,8 +202,8 @@ class Block(nn.Module):
         attended, bias = self._last_positional(keep)
         mask = attended[:, :, None] if bias is None else torch.where(attended, bias, float("-inf"))[:, :, None]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if bias is not None else mask)
-        x = x[:, -1:] + self.proj(y.transpose(1, 2).flatten(2))
-        return x + self.ffn(self.ln2(x))
+        x = self._residual(0, x[:, -1:], self.proj(y.transpose(1, 2).flatten(2)))
+        return self._residual(1, x, self.ffn(self.ln2(x)))
 
 
 class ItemTransformer(nn.Module):
