@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument(
         "--no-relative-positions", action="store_true", help="SASRec without its learned attention bias per distance"
     )
+    parser.add_argument("--ligr", action="store_true", help="SASRec with LiGR blocks (gated residuals, SwiGLU)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--window", type=int, default=40)
     parser.add_argument("--batches", default="1,16,64,256")
@@ -72,8 +73,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/native-profile"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    options = {"relative_positions": False} if args.no_relative_positions else {}
-    name = f"run-{args.model}-{args.items}-{args.hidden}-{args.window}" + ("-abs" if options else "")
+    options = ({"relative_positions": False} if args.no_relative_positions else {}) | (
+        {"ligr": True} if args.ligr else {}
+    )
+    name = f"run-{args.model}-{args.items}-{args.hidden}-{args.window}" + "".join(f"-{k}" for k in sorted(options))
     run = make_random_run(
         args.work / name, num_items=args.items, model=args.model, hidden=args.hidden, window=args.window, **options
     )
@@ -84,6 +87,7 @@ def main() -> None:
         "items": args.items,
         "model": args.model,
         "relative_positions": args.model == "sasrec" and not args.no_relative_positions,
+        "ligr": args.ligr,
         "hidden": args.hidden,
         "window": args.window,
         "precision": args.precision,

@@ -12,11 +12,14 @@
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
 #                                    an earlier checkout's beside them)
+#   scripts/offline_gpu.sh candidates [NAME=OPTIONS ...]   there: SASRec's candidates beside its defaults on
+#                                    video.txt, seeds 0-2
 #   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
 #                                    speed, the served graph's batch-1 replay with relative positions
-#   scripts/offline_gpu.sh speed     there: the ranking fused against plain, BERT4Rec and SASRec compiled
+#   scripts/offline_gpu.sh speed     there: the ranking fused against plain, BERT4Rec and SASRec compiled, the
+#                                    served graph's replay with LiGR blocks
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
-# ddp, quality, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
+# ddp, quality, candidates, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
 # Results go to $OUT.
 set -uo pipefail
 
@@ -244,6 +247,22 @@ cmd_quality() {
   tail -n 6 "$out"/*.log
 }
 
+# One GPU-machine call: SASRec's candidates against its defaults on video.txt, seeds 0-2, several runs sharing
+# the GPU (their times are not solo times). Each argument is NAME=OPTIONS (default: the LiGR blocks and label
+# smoothing 0.1). Carries .gpu-carry/wheels and .gpu-carry/video.
+cmd_candidates() {
+  carried_site
+  start_outputs runs/gpu-candidates
+  local variants=("$@"); [ ${#variants[@]} -gt 0 ] || variants=("ligr=--ligr" "ls0.1=--label-smoothing 0.1")
+  local args=(--variant "default=--device cuda")
+  for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${v#*=}"); done
+  seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel "${PARALLEL:-9}" "${args[@]}" \
+    --out "$out/video.jsonl" --runs /tmp/qc-video > "$out/video.log" 2>&1
+  for _ in $(seq 1 "${WAIT_STEPS:-110}"); do jobs -r | grep -q . || break; sleep 5; done
+  end_started
+  tail -n 8 "$out/video.log"
+}
+
 # One GPU-machine call: the lean SASRec's speed at a million items with its defaults, without each of its
 # two quality options (relative positions, the weights' average), under a 24 GB card's memory, BERT4Rec at
 # 100,000 items, the test ranking of 200,000 users x 1M items (with a profile), and the served graph's
@@ -283,6 +302,10 @@ cmd_speed() {
   done
   python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/speed --no-test --compile \
     --out "$out/sasrec-1m--compile.json" 2>&1 | grep "windows/s"
+  for variant in "" --ligr; do  # the served graph's replay, SASRec of 100,000 items, bf16
+    python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \
+      --batches 1,16 --chunks 4096 $variant --out "$out/graph-sasrec$variant.json" 2>&1 | grep "batch "
+  done
 }
 
 # One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and
@@ -310,6 +333,6 @@ cmd_sasrec() {
 }
 
 case "${1:-}" in
-  pack|bench|sessions|rules|test|ddp|quality|lean|speed|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|lean|speed|sasrec [options]" >&2; exit 2 ;;
+  pack|bench|sessions|rules|test|ddp|quality|candidates|lean|speed|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
+  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|candidates|lean|speed|sasrec [options]" >&2; exit 2 ;;
 esac
