@@ -98,17 +98,70 @@ def summarize(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def paired(rows: list[dict], baseline: list[dict]) -> str:
+    """Each variant of ``rows`` against ``baseline``'s runs of the same seeds: test NDCG@10 (full) means and
+    their ratio, each seed's difference, the paired t (the mean difference over its standard error) and the
+    ratio of training times. A table in Markdown."""
+    base = {r["seed"]: r for r in baseline if "test" in r}
+    lines = [
+        "| variant | seeds | NDCG@10 | baseline | ratio | paired t | per-seed differences | train time ratio |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        group = [r for r in rows if r["variant"] == variant and "test" in r and r["seed"] in base]
+        if not group:
+            continue
+        ours = np.array([r["test"]["full"]["ndcg@10"] for r in group])
+        theirs = np.array([base[r["seed"]]["test"]["full"]["ndcg@10"] for r in group])
+        differences = ours - theirs
+        t = differences.mean() / (differences.std(ddof=1) / np.sqrt(len(group))) if len(group) > 1 else float("nan")
+        times = [(r.get("train_s"), base[r["seed"]].get("train_s")) for r in group]
+        time_ratio = (
+            np.mean([a for a, _ in times]) / np.mean([b for _, b in times])
+            if all(all(x) for x in times)
+            else float("nan")
+        )
+        lines.append(
+            f"| {variant} | {','.join(str(r['seed']) for r in group)} | {ours.mean():.4f} ± "
+            f"{ours.std(ddof=1) if len(group) > 1 else float('nan'):.4f} | {theirs.mean():.4f} | "
+            f"{ours.mean() / theirs.mean():.3f} | {t:.2f} | {', '.join(f'{d:+.4f}' for d in differences)} | "
+            f"{time_ratio:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def read_rows(spec: str) -> list[dict]:
+    """FILE or FILE:VARIANT: the rows of a JSONL file written by this script (those of one variant)."""
+    path, _, variant = spec.partition(":")
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if not variant or r["variant"] == variant]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--variant", action="append", required=True, help="NAME=OPTIONS for `recserve train`")
+    parser.add_argument("--data")
+    parser.add_argument("--variant", action="append", default=[], help="NAME=OPTIONS for `recserve train`")
+    parser.add_argument(
+        "--baseline",
+        help="FILE[:VARIANT]: recorded runs to compare each variant with, seed by seed (paired t, time ratio)",
+    )
+    parser.add_argument("--tabulate", nargs="+", metavar="FILE", help="train nothing: the tables of these JSONL files")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--parallel", type=int, default=4)
-    parser.add_argument("--out", required=True, help="JSONL file (appended to)")
+    parser.add_argument("--out", help="JSONL file (appended to)")
     parser.add_argument("--runs", default="runs/seeds", help="folder for the run folders")
     parser.add_argument("--src", default=str(SRC), help="the recserve source folder to run")
     parser.add_argument("--timeout-s", type=int, default=3600)
     args = parser.parse_args()
+    baseline = read_rows(args.baseline) if args.baseline else None
+    if args.tabulate:
+        rows = [row for path in args.tabulate for row in read_rows(path)]
+        print(summarize(rows))
+        if baseline is not None:
+            print(paired(rows, baseline))
+        return
+    if not args.variant or not args.data or not args.out:
+        parser.error("--data, --out and at least one --variant are needed to train (or --tabulate FILE ...)")
     jobs = []
     for spec, seed in itertools.product(args.variant, [int(s) for s in args.seeds.split(",")]):
         name, _, options = spec.partition("=")
@@ -137,6 +190,8 @@ def main() -> None:
                 flush=True,
             )
     print(summarize(rows))
+    if baseline is not None:
+        print(paired(rows, baseline))
 
 
 if __name__ == "__main__":
