@@ -186,7 +186,9 @@ def test_cloze_loss_is_the_mean_over_masked_positions():
     torch.testing.assert_close(cloze_loss(model, batch, loss), expected)
 
 
-def test_next_item_loss_leaves_out_only_the_items_up_to_each_position():
+@pytest.mark.parametrize("input_mask", [0.0, 0.5])
+def test_next_item_loss_leaves_out_only_the_items_up_to_each_position(input_mask):
+    """With inputs masked (the augmentation), the masked items are still the ones left out: what the user saw."""
     from recserve.models import SASRec, SASRecConfig
     from recserve.train.batches import NextItemSettings
     from recserve.train.objectives import next_item_loss
@@ -194,17 +196,36 @@ def test_next_item_loss_leaves_out_only_the_items_up_to_each_position():
     torch.manual_seed(0)
     model = SASRec(SASRecConfig(num_items=50, window=6, hidden=16, dropout=0.0)).eval()
     seq = Sequences(items=np.array([4, 9, 4, 17, 30, 2]), offsets=np.array([0, 6]))
-    batch = next(iter(WindowEpochs(seq, NextItemSettings(6), 1, 1, seed=0)))
+    batch = next(iter(WindowEpochs(seq, NextItemSettings(6, input_mask, 51), 1, 1, seed=1)))
+    assert (batch.tokens == 51).any() == bool(input_mask)  # seed 1 masks two of the five inputs
     loss = CatalogueLoss(LossSettings("full"), np.ones(52), 51)
     logits = model.logits(model.encode(batch.tokens))[0]  # (L, V)
     expected = []
     for col, target in zip(batch.cols.tolist(), batch.targets.tolist()):
         row = logits[col].clone()
-        before = set(batch.tokens[0, : col + 1].tolist()) - {target}
+        before = set(batch.items[0, : col + 1].tolist()) - {target}
         row[[PAD_INDEX, 51, *before]] = -float("inf")  # seen so far: left out, except a repeated target
         expected.append(-torch.log_softmax(row, 0)[target])
     assert batch.targets.tolist() == [9, 4, 17, 30, 2]  # 4 comes back: it stays rankable where it is the target
     torch.testing.assert_close(next_item_loss(model, batch, loss), torch.stack(expected).mean())
+
+
+def test_masked_inputs_keep_the_windows_and_targets_and_never_touch_padding():
+    """The augmentation draws after the windows: the same seed gives the same windows, positions and targets
+    with inputs masked or not; a masked input becomes the reserved token, padding never does, and about the
+    share asked is masked."""
+    from recserve.train.batches import NextItemSettings
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 30, 200)
+    seq = Sequences(rng.integers(1, 51, lengths.sum()), np.concatenate([[0], np.cumsum(lengths)]))
+    plain = next(iter(WindowEpochs(seq, NextItemSettings(20), 200, 1, seed=3)))
+    masked = next(iter(WindowEpochs(seq, NextItemSettings(20, 0.3, 51), 200, 1, seed=3)))
+    for name in ("items", "rows", "cols", "targets"):
+        torch.testing.assert_close(getattr(masked, name), getattr(plain, name))
+    changed = masked.tokens != plain.tokens
+    assert (masked.tokens[changed] == 51).all() and (plain.tokens[changed] != PAD_INDEX).all()
+    assert 0.25 < changed.sum() / (plain.tokens != PAD_INDEX).sum() < 0.35
 
 
 def test_a_compiled_training_step_computes_the_same_loss_and_gradients():

@@ -89,6 +89,9 @@ def test_tiny_run_writes_metrics_with_both_protocols(tiny_run, ml100k_dir):
         ({}, {"device": "cuda"}, ConfigError, "no CUDA device"),
         ({}, {"device": "tpu"}, ConfigError, "expected auto, cpu or cuda"),
         ({}, {"epochs": 0}, ConfigError, "epochs=0"),
+        ({}, {"input_mask": 1.0}, ConfigError, "input_mask=1.0"),
+        ({}, {"input_mask": 0.2}, ConfigError, "--input-mask: not a setting of bert4rec"),
+        ({}, {"label_smoothing": 1.5}, ConfigError, "label_smoothing=1.5"),
     ],
 )
 def test_bad_settings_get_one_clear_error(ml100k_dir, tmp_path, model, cfg, error, message):

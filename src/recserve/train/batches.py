@@ -48,6 +48,8 @@ class NextItemSettings:
     """SASRec's samples: windows whose every position predicts the item after it."""
 
     window: int  # items per sample: window - 1 inputs, each with its next item
+    input_mask: float = 0.0  # augmentation: share of input items replaced by ``mask_index`` (targets unchanged)
+    mask_index: int = 0  # the reserved token (N + 1) that replaces them
 
     def batch(
         self,
@@ -194,6 +196,9 @@ def next_item_batch(
     items, inputs, following, scored = (t[rank::world] for t in (items, inputs, following, scored))
     rows, cols = select_positions(scored, capacity)
     targets = torch.where(scored[rows, cols], following[rows, cols], PAD_INDEX)
+    if s.input_mask:  # an input known only as "some item": the position still predicts the next one
+        hidden = torch.rand(inputs.shape, generator=generator, device=inputs.device) < s.input_mask
+        inputs = torch.where(hidden & (inputs != PAD_INDEX), s.mask_index, inputs)
     return PositionBatch(inputs, items, rows, cols, targets, world / total.clamp(min=1).float())
 
 

@@ -15,7 +15,7 @@ import torch
 
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
-from recserve.errors import DataError, EvaluationError
+from recserve.errors import ConfigError, DataError, EvaluationError
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.registry import model_entry
@@ -47,6 +47,8 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
             but the test one (the validation item included).
     """
     entry = model_entry(model)
+    if cfg.input_mask and entry.task != "next-item":
+        raise ConfigError(f"--input-mask: not a setting of {model} (SASRec's augmentation of its next-item inputs)")
     if entry.sequential:
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:
@@ -165,7 +167,7 @@ class SequenceModule(_DeviceBatchesModule):
         if isinstance(c, Bert4RecConfig):
             settings = ClozeSettings(c.window, c.mask_index, c.mask_prob, self.cfg.last_item_rate)
         else:
-            settings = NextItemSettings(c.window)
+            settings = NextItemSettings(c.window, self.cfg.input_mask, c.mask_index)
         return self._loader(
             WindowEpochs(
                 self.train_seq,

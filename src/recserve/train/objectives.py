@@ -31,7 +31,8 @@ def next_item_loss(
     """
     if not loss.settings.exclude_seen:
         return _positions_loss(model, batch, loss, None, None, generator)
-    return _positions_loss(model, batch, loss, batch.tokens, batch.rows, generator, upto=batch.cols)
+    seen = batch.items[:, : batch.tokens.shape[1]]  # the inputs as they were, masked ones included
+    return _positions_loss(model, batch, loss, seen, batch.rows, generator, upto=batch.cols)
 
 
 def _positions_loss(model, batch, loss, exclude, rows, generator, upto=None) -> torch.Tensor:

@@ -88,6 +88,11 @@ class TrainConfig:
         "BERT4Rec, SASRec: then train again on every item but the test one, for the epoch count validation "
         "chose, and keep that model.",
     )
+    input_mask: float = option(
+        0.0,
+        "SASRec: share of input items that training replaces by the reserved token, each position still "
+        "predicting its next item (an augmentation); 0: off.",
+    )
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = option(0.1, "Mult-VAE: share of users held out for validation, and for test.")
     patience: int = option(8, "Epochs without a better validation metric before stopping.")
@@ -128,6 +133,8 @@ class TrainConfig:
             problems.append(f"heldout_share={self.heldout_share}: must be in (0, 0.5)")
         if self.lr_schedule not in ("constant", "cosine"):
             problems.append(f"lr_schedule={self.lr_schedule!r}: expected constant or cosine")
+        if not 0.0 <= self.input_mask < 1.0:
+            problems.append(f"input_mask={self.input_mask}: must be in [0, 1)")
         if self.ema_epochs < 0:
             problems.append(f"ema_epochs={self.ema_epochs}: must be 0 (no averaging) or more")
         if self.lr <= 0:
