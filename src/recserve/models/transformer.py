@@ -91,7 +91,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.hidden)
         ligr = getattr(cfg, "ligr", False)
         if ligr:
-            self.ffn: nn.Module = SwiGLU(cfg.hidden, 4 * cfg.hidden)
+            self.ffn = SwiGLU(cfg.hidden, 4 * cfg.hidden)
             self.gates = nn.ModuleList(nn.Linear(cfg.hidden, cfg.hidden) for _ in range(2))
         else:
             self.ffn = nn.Sequential(
