@@ -248,12 +248,13 @@ cmd_quality() {
 }
 
 # One GPU-machine call: SASRec's candidates against its defaults on video.txt, seeds 0-2, several runs sharing
-# the GPU (their times are not solo times). Each argument is NAME=OPTIONS (default: the LiGR blocks and label
-# smoothing 0.1). Carries .gpu-carry/wheels and .gpu-carry/video.
+# the GPU (their times are not solo times). Each argument is NAME=OPTIONS, for example "ligr=--ligr".
+# Carries .gpu-carry/wheels and .gpu-carry/video (`recserve data video.txt --min-user-interactions 3`).
 cmd_candidates() {
+  local variants=("$@")
+  [ ${#variants[@]} -gt 0 ] || { echo "candidates: name at least one NAME=OPTIONS" >&2; return 2; }
   carried_site
   start_outputs runs/gpu-candidates
-  local variants=("$@"); [ ${#variants[@]} -gt 0 ] || variants=("ligr=--ligr" "ls0.1=--label-smoothing 0.1")
   local args=(--variant "default=--device cuda")
   for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${v#*=}"); done
   seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel "${PARALLEL:-9}" "${args[@]}" \
