@@ -191,6 +191,16 @@ def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_
     assert not torch.equal(kept["item_emb.weight"], selected["model.item_emb.weight"])  # a new model was kept
 
 
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [({"label_smoothing": 0.1}, "--label-smoothing: not a setting of multvae"), ({"input_mask": 0.1}, "--input-mask")],
+)
+def test_sequence_models_options_are_refused_for_multvae(ml100k_implicit_dir, tmp_path, cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        train(ml100k_implicit_dir, tmp_path / "run", {}, TrainConfig(**cfg), model="multvae")
+    assert not (tmp_path / "run").exists()
+
+
 def test_refit_is_refused_for_multvae(ml100k_implicit_dir, tmp_path):
     cfg = TrainConfig(epochs=1, device="cpu", resume=False, refit=True)
     with pytest.raises(ConfigError, match="only BERT4Rec and SASRec can be refitted"):

@@ -49,6 +49,8 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
     entry = model_entry(model)
     if cfg.input_mask and entry.task != "next-item":
         raise ConfigError(f"--input-mask: not a setting of {model} (SASRec's augmentation of its next-item inputs)")
+    if cfg.label_smoothing and not entry.sequential:
+        raise ConfigError(f"--label-smoothing: not a setting of {model} (BERT4Rec's and SASRec's softmax over items)")
     if entry.sequential:
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:
