@@ -82,8 +82,14 @@ def test_with_a_capacity_every_batch_has_the_same_shapes_and_the_same_positions(
     assert torch.equal(bounded.rows[kept], exact.rows) and torch.equal(bounded.targets[kept], exact.targets)
 
 
-def test_ranks_see_disjoint_samples_that_together_are_the_single_process_batch():
-    settings = ClozeSettings(window=12, mask_index=MASK, mask_prob=0.3, last_item_rate=0.1)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ClozeSettings(window=12, mask_index=MASK, mask_prob=0.3, last_item_rate=0.1),
+        NextItemSettings(window=12, input_mask=0.3, mask_index=MASK),  # its masks drawn before the split too
+    ],
+)
+def test_ranks_see_disjoint_samples_that_together_are_the_single_process_batch(settings):
     seq, users = _seq([5, 9, 12, 30, 2, 8, 14]), np.arange(7)
     whole = _batch(seq, settings, users)
     parts = [_batch(seq, settings, users, rank=r, world=2) for r in range(2)]

@@ -193,12 +193,13 @@ def next_item_batch(
     inputs, following = items[:, :-1], items[:, 1:]
     scored = (inputs != PAD_INDEX) & (following != PAD_INDEX)
     total = scored.sum()
+    if s.input_mask:  # an input known only as "some item": the position still predicts the next one
+        # drawn for the whole batch before the ranks take their rows, so every rank's generator stays in step
+        hidden = torch.rand(inputs.shape, generator=generator, device=inputs.device) < s.input_mask
+        inputs = torch.where(hidden & (inputs != PAD_INDEX), s.mask_index, inputs)
     items, inputs, following, scored = (t[rank::world] for t in (items, inputs, following, scored))
     rows, cols = select_positions(scored, capacity)
     targets = torch.where(scored[rows, cols], following[rows, cols], PAD_INDEX)
-    if s.input_mask:  # an input known only as "some item": the position still predicts the next one
-        hidden = torch.rand(inputs.shape, generator=generator, device=inputs.device) < s.input_mask
-        inputs = torch.where(hidden & (inputs != PAD_INDEX), s.mask_index, inputs)
     return PositionBatch(inputs, items, rows, cols, targets, world / total.clamp(min=1).float())
 
 
