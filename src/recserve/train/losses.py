@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
 from recserve.train.fused import fall_back_to
-from recserve.train.train_config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
+from recserve.train.train_config import LossSettings
 
 
 class CatalogueLoss:
@@ -35,11 +35,9 @@ class CatalogueLoss:
         """Args: popularity: (V,) training counts by index (padding and mask included, and ignored)."""
         if settings.name == "auto":
             raise ConfigError("CatalogueLoss needs a resolved loss; call LossSettings.resolve first")
-        if settings.smoothing and settings.name != "full":
-            raise ConfigError(
-                f"--label-smoothing {settings.smoothing}: for the exact softmax only, and this catalogue's loss "
-                f"is {settings.name}; pass --loss full (it fits up to about {FULL_SOFTMAX_MAX_ITEMS:,} items)"
-            )
+        problems = settings.validate()  # again once resolved: auto may have become a sampled loss
+        if problems:
+            raise ConfigError("bad loss settings: " + "; ".join(problems))
         self.settings, self.mask_index = settings, mask_index
         counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
         counts[[PAD_INDEX, mask_index]] = 0

@@ -35,7 +35,10 @@ class LossSettings:
         if not 0.0 <= self.smoothing < 1.0:
             problems.append(f"label_smoothing={self.smoothing}: must be in [0, 1)")
         elif self.smoothing and self.name.startswith("sampled"):
-            problems.append(f"label_smoothing={self.smoothing}: for the exact softmax (--loss full) only")
+            problems.append(
+                f"label_smoothing={self.smoothing}: for the exact softmax only, and this loss is {self.name}; pass "
+                f"--loss full (it fits up to about {FULL_SOFTMAX_MAX_ITEMS:,} items)"
+            )
         return problems
 
     def resolve(self, num_items: int) -> LossSettings:
