@@ -24,15 +24,14 @@ py=${1:-.venv/bin/python}
 out=${TRITON_BACKENDS_OUT:-build/triton-backends}
 export PATH="$(dirname "$py"):$PATH"
 
-# recserve finds the backends without a variable: a link to $out in its cache folder
-# (serving.triton_server.bundle.native_backends; RECSERVE_TRITON_BACKENDS overrides it)
+# recserve finds the backends without a variable: a link to $out in its cache folder, one for each torch
+# installation (serving.triton_server.bundle.native_backends_link; RECSERVE_TRITON_BACKENDS overrides it)
 register() {
   PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$out" <<'PY'
 import sys
 from pathlib import Path
-from recserve.files import cache_dir
-from recserve.serving.triton_server.bundle import NATIVE_BACKENDS_LINK
-link, target = cache_dir() / NATIVE_BACKENDS_LINK, Path(sys.argv[1]).resolve()
+from recserve.serving.triton_server.bundle import native_backends_link
+link, target = native_backends_link(), Path(sys.argv[1]).resolve()
 if link.is_symlink() or link.exists():
     link.unlink()
 link.symlink_to(target, target_is_directory=True)

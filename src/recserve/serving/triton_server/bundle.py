@@ -17,8 +17,6 @@ from typing import Any
 from recserve.errors import ServingError
 from recserve.files import cache_dir
 
-NATIVE_BACKENDS_LINK = "native-backends"  # in the cache folder: where the build script last built them
-
 
 @dataclass(frozen=True)
 class Bundle:
@@ -70,12 +68,21 @@ def backend_folder(server: Path) -> Path:
     return folder
 
 
+def native_backends_link() -> Path:
+    """Where ``scripts/build_triton_backends.sh`` leaves a link to its output, in recserve's cache folder: one
+    link for each torch installation (the backends are built against it), so that a build in another
+    checkout, with its own environment, never repoints this one's."""
+    spec = importlib.util.find_spec("torch")
+    torch_dir = Path(spec.origin).resolve().parent if spec and spec.origin else Path("no-torch")
+    return cache_dir() / f"native-backends{torch_dir.as_posix().replace('/', '_')}"
+
+
 def native_backends() -> list[Path]:
     """Backends built from source beside the bundled python one: the folders under
-    ``RECSERVE_TRITON_BACKENDS``, else where ``scripts/build_triton_backends.sh`` last built them (it leaves a
-    link to its output, ``native-backends``, in recserve's cache folder)."""
+    ``RECSERVE_TRITON_BACKENDS``, else where ``scripts/build_triton_backends.sh`` last built them against
+    this environment's torch (``native_backends_link``)."""
     root = os.environ.get("RECSERVE_TRITON_BACKENDS")
-    folder = Path(root) if root else cache_dir() / NATIVE_BACKENDS_LINK
+    folder = Path(root) if root else native_backends_link()
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and any(p.glob("libtriton_*.so")))
