@@ -220,7 +220,9 @@ def main() -> None:
         "--memory-gb", type=float, help="cap this process's GPU memory (set_per_process_memory_fraction), e.g. 24"
     )
     parser.add_argument(
-        "--plain-kernels", action="store_true", help="the sampled loss's blocks uncompiled (for comparison)"
+        "--plain-kernels",
+        action="store_true",
+        help="the sampled loss's blocks and the test ranking's count uncompiled (for comparison)",
     )
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--ema-epochs", type=float, help="the weights' moving average (default: the model's own)")
@@ -244,9 +246,9 @@ def main() -> None:
         total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb / total_gb))
     if args.plain_kernels:
-        import recserve.train.losses as losses
+        from recserve.train.fused import GpuFused
 
-        losses.COMPILE_BLOCKS = False
+        GpuFused.enabled = False
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []

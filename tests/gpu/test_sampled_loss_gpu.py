@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import recserve.train.losses as losses
+from recserve.train.fused import GpuFused
 from recserve.train.losses import CatalogueLoss
 from recserve.train.train_config import LossSettings
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _step(compiled: bool, monkeypatch, bf16: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    monkeypatch.setattr(losses, "COMPILE_BLOCKS", compiled)
+    monkeypatch.setattr(GpuFused, "enabled", compiled)
     gen = torch.Generator("cuda").manual_seed(0)
     items, positions, rows, window = 200_000, 6_000, 128, 100
     query = torch.randn(positions, 64, device="cuda", generator=gen).requires_grad_()
@@ -42,7 +43,9 @@ def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
     exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
     plain_loss, plain_grads = _step(False, monkeypatch)
     compiled_loss, compiled_grads = _step(True, monkeypatch)
-    assert losses._compiled and "runs uncompiled" not in caplog.text, "the compiled blocks did not run"
+    assert losses._fused_forward.compiled and losses._fused_weights.compiled and "runs uncompiled" not in caplog.text, (
+        "the compiled blocks did not run"
+    )
     torch.testing.assert_close(compiled_loss, exact_loss, rtol=1e-2, atol=1e-2)
 
     def error(grads):

@@ -14,7 +14,6 @@ dense (positions x catalogue) mask. docs/training.md says what each loss costs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
-from recserve.train.fused import fall_back_to
+from recserve.train.fused import GpuFused
 from recserve.train.train_config import LossSettings
 
 
@@ -163,19 +162,10 @@ def _block_weights(query, vectors, bias, pool, targets, seen, rows, limit, lse, 
     return ((logits - lse.clamp(min=-1e30)[:, None]).exp() * scale).to(query.dtype)
 
 
-COMPILE_BLOCKS = True  # on GPUs: each block's mask, widening and log-sum-exp fused by torch.compile
-_compiled: dict[str, Callable[..., torch.Tensor]] = {}
-
-
-def _kernel(name: str, device: torch.device):
-    """The block function, compiled on GPUs (one pass over the logits where eager PyTorch makes several);
-    plain on CPUs, or where compiling fails (said once in the log)."""
-    plain: Callable[..., torch.Tensor] = _block_forward if name == "forward" else _block_weights
-    if device.type != "cuda" or not COMPILE_BLOCKS:
-        return plain
-    if name not in _compiled:
-        _compiled[name] = fall_back_to(plain, torch.compile(plain, dynamic=False), "the sampled loss")
-    return _compiled[name]
+# on GPUs each block's mask, widening and log-sum-exp fused by torch.compile (one pass over the logits where
+# eager PyTorch makes several); plain on CPUs, while GpuFused.enabled is False, or where compiling fails
+_fused_forward = GpuFused(_block_forward, "the sampled loss", dynamic=False)
+_fused_weights = GpuFused(_block_weights, "the sampled loss", dynamic=False)
 
 
 class _PoolLogSumExp(torch.autograd.Function):
@@ -185,10 +175,9 @@ class _PoolLogSumExp(torch.autograd.Function):
     def forward(ctx, query, vectors, bias, pool, targets, seen, rows, limit, dtype):
         q, v = (query, vectors) if dtype is None else (query.to(dtype), vectors.to(dtype))
         step = max(1, POOL_CHUNK_ELEMENTS // max(pool.numel(), 1))
-        forward = _kernel("forward", query.device)
         lse = torch.cat(
             [
-                forward(
+                _fused_forward(
                     q[i : i + step], v, bias, pool, targets[i : i + step], seen, rows[i : i + step], limit[i : i + step]
                 )
                 for i in range(0, len(targets), step)
@@ -202,13 +191,12 @@ class _PoolLogSumExp(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         q, v, bias, pool, targets, seen, rows, limit, lse = ctx.saved_tensors
-        weights_of = _kernel("weights", q.device)
         grad_q = torch.empty_like(q)
         grad_v = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         for i in range(0, len(targets), ctx.step):
             block = slice(i, i + ctx.step)
-            w = weights_of(
+            w = _fused_weights(
                 q[block],
                 v,
                 bias,
