@@ -275,10 +275,11 @@ class ItemTransformer(nn.Module):
         """hidden: (..., H). Returns scores over the whole vocabulary (..., N + 2)."""
         return self.tied_output(self.head(hidden))
 
-    def tied_output(self, query: torch.Tensor) -> torch.Tensor:
+    def tied_output(self, query: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         """query: (..., H), after the head. Returns the output layer's scores (..., N + 2): the product with
-        the item embeddings, plus the output bias."""
-        return query @ self.item_emb.weight.T + self.out_bias
+        the item embeddings, plus the output bias unless ``with_bias`` is False."""
+        product = query @ self.item_emb.weight.T
+        return product + self.out_bias if with_bias else product
 
     def query(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L), the serving graph's input. Returns what the tied output layer scores, (B, H): the

@@ -161,7 +161,7 @@ def bias_apart(score_fn: ScoreFn, tokens: torch.Tensor) -> tuple[torch.Tensor, t
     product of its query with the item table, with no pass to add the bias; another function's scores and
     a zero bias."""
     if isinstance(score_fn, ItemTransformer):
-        return score_fn.query(tokens) @ score_fn.item_emb.weight.T, score_fn.out_bias.float()
+        return score_fn.tied_output(score_fn.query(tokens), with_bias=False), score_fn.out_bias.float()
     scores = score_fn(tokens)
     return scores, torch.zeros(scores.shape[1], dtype=torch.float32, device=scores.device)
 
