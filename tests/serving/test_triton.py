@@ -5,7 +5,10 @@ The native layout has its own file (test_native.py)."""
 
 import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,8 @@ from recserve.serving.triton_repository.layouts import write_repository
 from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.serving.triton_server.launcher import TritonServer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _infer(url, model, **arrays):
@@ -265,6 +270,27 @@ def test_recommend_command_asks_the_native_model_for_the_same_answer(int_server)
     native = CliRunner().invoke(app, [*args, "--model", "recommender_native"])
     assert native.exit_code == 0, native.output
     assert json.loads(native.output)["item_id"] == json.loads(fused.output)["item_id"]
+
+
+def test_each_torch_installation_keeps_its_own_link_to_the_native_backends(tmp_path):
+    """A build in another checkout, whose environment has its own torch, leaves its link beside this one's
+    in the cache folder, never over it (serving would then load backends built against the other torch)."""
+    other = tmp_path / "site" / "torch"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    code = "from recserve.serving.triton_server.bundle import native_backends_link as f; print(f())"
+
+    def link(*path: Path) -> Path:
+        env = os.environ | {
+            "PYTHONPATH": os.pathsep.join(map(str, [*path, ROOT / "src"])),
+            "RECSERVE_CACHE": str(tmp_path / "cache"),
+        }
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return Path(run.stdout.strip())
+
+    mine, theirs = link(), link(tmp_path / "site")
+    assert mine != theirs and mine.parent == theirs.parent == tmp_path / "cache"
+    assert link() == mine  # the same environment finds the same link again
 
 
 def test_a_queue_policy_that_rejects_is_written_when_asked(tiny_export, tmp_path):
