@@ -120,6 +120,7 @@ cmd_bench() {
 # cores of its own), then (HIDE=1) a hide's delay from acknowledgement to honoured under load at the first size.
 # PROFILE=1 first: the native graph in-process, plain against ruled at batches 1, 16 and 64, with each
 # variant's costliest kernels (benchmarks/rules_overhead.py --native --profile).
+# Each size's results come back as one archive, items-N.tar.gz.
 cmd_rules() {
   carried_server
   out=${OUT:-runs/gpu-rules}; mkdir -p "$out"
@@ -136,6 +137,8 @@ cmd_rules() {
     python3 benchmarks/serving_layouts.py --out "$out/items-$items" --work "/tmp/gpu-rules-$items" --items "$items" \
       --client-cpus 4 --variants native-recserve-bf16-plain --concurrency "${LEVELS:-1,16,64,256}" \
       --measurement-ms "${WINDOW_MS:-1000}" --rules rule:bench_category,exclude:100,hidden:10 "$@" || true
+    # one file a size (its report, plots and summary), as a call brings back few files
+    tar -czf "$out/items-$items.tar.gz" -C "$out" "items-$items" && rm -rf "${out:?}/items-$items"
   done
   if [ "${HIDE:-1}" = 1 ]; then
     first=$(echo ${ITEMS:-100000} | cut -d' ' -f1)
