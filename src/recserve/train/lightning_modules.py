@@ -15,7 +15,7 @@ import torch
 
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
-from recserve.errors import ConfigError, DataError, EvaluationError
+from recserve.errors import DataError, EvaluationError
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.registry import model_entry
@@ -47,10 +47,7 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
             but the test one (the validation item included).
     """
     entry = model_entry(model)
-    if cfg.input_mask and entry.task != "next-item":
-        raise ConfigError(f"--input-mask: not a setting of {model} (SASRec's augmentation of its next-item inputs)")
-    if cfg.label_smoothing and not entry.sequential:
-        raise ConfigError(f"--label-smoothing: not a setting of {model} (BERT4Rec's and SASRec's softmax over items)")
+    cfg.check_model(model)
     if entry.sequential:
         train_seq = data.sequences.truncated(1) if refit else data.train
         if train_seq.lengths.sum() == 0:

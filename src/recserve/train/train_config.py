@@ -154,6 +154,26 @@ class TrainConfig:
         if problems:
             raise ConfigError("bad training settings: " + "; ".join(problems))
 
+    def check_model(self, model: str) -> None:
+        """Refuses an option given that ``model`` does not take.
+
+        Raises:
+            ConfigError: naming the option, the model and which models take it.
+        """
+        entry = model_entry(model)
+        takes = {  # option: (whether the model takes it, what it is and for which models)
+            "refit": (
+                entry.sequential,
+                "only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation",
+            ),
+            "input_mask": (entry.task == "next-item", "SASRec's augmentation of its next-item inputs"),
+            "label_smoothing": (entry.sequential, "BERT4Rec's and SASRec's softmax over items"),
+            "ema_epochs": (entry.sequential, "BERT4Rec and SASRec average their weights"),
+        }
+        for name, (taken, what) in takes.items():
+            if getattr(self, name) and not taken:
+                raise ConfigError(f"--{name.replace('_', '-')}: not a setting of {model} ({what})")
+
     @property
     def loss_settings(self) -> LossSettings:
         return LossSettings(self.loss, self.negatives, self.loss_exclude_seen, self.label_smoothing)

@@ -11,7 +11,6 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
-from recserve.errors import ConfigError
 from recserve.models.registry import model_entry
 from recserve.train.curves import plot_curves
 from recserve.train.run_writer import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
@@ -48,10 +47,6 @@ def train(
 
     cfg = cfg or TrainConfig()
     cfg.validate()
-    if cfg.refit and not model_entry(model).sequential:
-        raise ConfigError(
-            "refit: only BERT4Rec and SASRec can be refitted; Mult-VAE's held-out users are its validation"
-        )
     _quiet_lightning()
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
@@ -130,10 +125,9 @@ def _averaging(cfg: TrainConfig, model: str, steps_per_epoch: int) -> list:
     """Lightning's exponential moving average of the weights, where asked: validation, checkpoints and the
     kept model use the average (training goes on from the current weights). Its decay a step makes the
     average's horizon ``ema_epochs`` epochs, whatever the batch size and the data's size."""
+    cfg.check_model(model)
     if not cfg.ema_epochs:
         return []
-    if not model_entry(model).sequential:
-        raise ConfigError("--ema-epochs: not a setting of multvae (BERT4Rec and SASRec average their weights)")
     from lightning.pytorch.callbacks import EMAWeightAveraging
 
     # each update reads its count back from the GPU, a sync that starves a launch-bound step (1M items with
