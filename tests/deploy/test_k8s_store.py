@@ -370,7 +370,10 @@ def test_the_store_with_sentinels_fails_over_as_its_manifests_run_it(tiny_export
                 assert time.monotonic() < deadline, "the Sentinel promoted no replica"
                 time.sleep(0.2)
             start_node(0)  # its script asks the Sentinel, and follows node-1
-            deadline = time.monotonic() + 20
+            # each sync waits the primary's repl-diskless-sync-delay (5 s by default) before it sends, and the
+            # Sentinel may restart the link once more within its failover timeout, so on a loaded machine the
+            # link can take more than two syncs: the bound allows several, and the loop ends as soon as it is up
+            deadline = time.monotonic() + 60
             while operator_of(0).info("replication").get("master_link_status") != "up":
                 assert time.monotonic() < deadline, "the old primary did not follow the new one"
                 time.sleep(0.2)
