@@ -196,7 +196,65 @@ def measure_native(
             print(json.dumps(row), flush=True)
             if not ok:
                 raise SystemExit(f"the native graph at {items} items broke the rule {name}")
+        if profile:
+            rows += output_forms(run, batch, device, rounds)
     return rows
+
+
+def output_forms(run: Path, batch: int, device: str, rounds: int) -> list[dict]:
+    """The output layer's product alone at the export's shape and precision, in the three forms a step can
+    take it: the plain step's product; the ruled step's, added in place into each row's gathered bias row
+    (``addmm_``); and the product first, the gathered rows added after it. On a GPU each is captured as a CUDA
+    graph and replayed, as recserve's backend replays its steps: whether the in-place form's matrix kernel is
+    the slower one. The table is random: a kernel's time does not depend on the values."""
+    import torch
+
+    config = json.loads((run / "model_config.json").read_text())
+    items, dtype = config["num_items"], torch.float32 if device == "cpu" else torch.bfloat16  # as exported
+    generator = torch.Generator(device=device).manual_seed(0)
+    table = torch.randn(items + 2, config["hidden"], generator=generator, device=device).to(dtype)
+    query = torch.randn(batch, config["hidden"], generator=generator, device=device).to(dtype)
+    rows = torch.randn(2, items + 2, generator=generator, device=device).to(dtype)
+    pick = torch.zeros(batch, dtype=torch.long, device=device)
+    forms = {
+        "product": lambda: query @ table.T,
+        "into gathered rows (addmm_)": lambda: rows[pick].addmm_(query, table.T),
+        "product, then gathered rows added": lambda: (query @ table.T).add_(rows[pick]),
+    }
+    out = []
+    with torch.inference_mode():
+        for name, form in forms.items():
+            ms = _replayed_ms(form, device, rounds)
+            out.append({"items": items, "batch": batch, "device": device, "output_form": name} | ms)
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def _replayed_ms(call, device: str, rounds: int) -> dict:
+    """p50 and p25 milliseconds of ``call``: on a GPU, of replays of it captured as one CUDA graph."""
+    import torch
+
+    if device != "cpu":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        call = graph.replay
+    times = []
+    for _ in range(5 + rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        call()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1e3)
+    return {"p50_ms": float(np.median(times[5:])), "p25_ms": float(np.percentile(times[5:], 25))}
 
 
 def _top_ops(call, device: str, calls: int = 20, count: int = 12) -> list[dict]:
@@ -249,7 +307,10 @@ def main() -> None:
     parser.add_argument("--native", action="store_true", help="Time recserve's backend's native graph instead.")
     parser.add_argument("--rounds", type=int, default=300, help="--native: interleaved rounds of every variant.")
     parser.add_argument(
-        "--profile", action="store_true", help="--native: each variant's costliest operators (top_ops in the JSON)."
+        "--profile",
+        action="store_true",
+        help="--native: each variant's costliest operators (top_ops in the JSON), and the output layer's product "
+        "in each form a step can take it, timed alone (output_form rows).",
     )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,8 @@ cmd_bench() {
 # tests), the native layout on it at each of ITEMS under each rule variant beside none (perf_analyzer on 4
 # cores of its own), then (HIDE=1) a hide's delay from acknowledgement to honoured under load at the first size.
 # PROFILE=1 first: the native graph in-process, plain against ruled at batches 1, 16 and 64, with each
-# variant's costliest kernels (benchmarks/rules_overhead.py --native --profile).
+# variant's costliest kernels and the output layer's product alone in each form a step can take it
+# (benchmarks/rules_overhead.py --native --profile).
 # Each size's results come back as one archive, items-N.tar.gz.
 cmd_rules() {
   carried_server
