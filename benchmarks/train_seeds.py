@@ -92,10 +92,15 @@ def summarize(rows: list[dict]) -> str:
             f"| {variant} | {','.join(str(r['seed']) for r in group)} | {stat('full', 'ndcg@10')} | "
             f"{stat('full', 'hr@10')} | {stat('served', 'ndcg@10')} | {stat('sampled', 'ndcg@10')} | "
             f"{stat('sampled_uniform', 'ndcg@10')} | "
-            f"{np.mean([r['best_epoch'] or 0 for r in group]):.0f} | "
-            f"{np.mean([r['wall_s'] for r in group]):.0f} |"
+            f"{_mean_of(group, 'best_epoch')} | {_mean_of(group, 'wall_s')} |"
         )
     return "\n".join(lines)
+
+
+def _mean_of(rows: list[dict], key: str) -> str:
+    """The mean of ``key`` over the rows that have it (rows written by other scripts may not), or -."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return f"{np.mean(values):.0f}" if values else "-"
 
 
 def paired(rows: list[dict], baseline: list[dict]) -> str:

@@ -14,7 +14,7 @@ Leave-one-out test split, full and served protocols, ties against the target, as
 Each run and variant is one line of ``--out`` (JSONL, the shape `train_seeds.py` writes), so the paired
 table against the runs as they are comes from
 
-    python benchmarks/test_time_views.py --data runs/demo/data --runs runs/seeds/default-seed* \\
+    python benchmarks/inference_views.py --data runs/demo/data --runs runs/seeds/default-seed* \\
         --variants pad:4:0.2,remove:4:0.2,pad:8:0.4 --out views.jsonl
     python benchmarks/train_seeds.py --tabulate views.jsonl --baseline views.jsonl:plain
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import types
 from pathlib import Path
 
@@ -109,9 +110,11 @@ def main() -> None:
             if variant is not None:
                 with_views(model, *variant)
             ranker = ranker or Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, args.device)
+            started = time.perf_counter()
             with torch.no_grad():
                 test = evaluate_protocols(model, ranker, PROTOCOLS)
             row = {"variant": name, "seed": seed, "run": str(run), "data": str(args.data), "test": test}
+            row |= {"eval_s": round(time.perf_counter() - started, 2)}
             print(f"{run.name} {name}: NDCG@10 full {test['full']['ndcg@10']:.4f}", flush=True)
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
