@@ -10,38 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 
+from recserve.bench.replay import replay_ms
 from recserve.bench.synthetic import make_random_run
 from recserve.export import native_export
 from recserve.export.graph import build_graph, load_spec
 from recserve.export.torchscript import trace_frozen
 from recserve.models.serving_graph import NativeGraph
-
-
-def replay_ms(fn, repeats: int = 50) -> float:
-    """Median milliseconds of one replay of ``fn`` captured as a CUDA graph (warmed up first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def chunked_topk(scores: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -225,36 +225,23 @@ def output_forms(run: Path, batch: int, device: str, rounds: int) -> list[dict]:
     with torch.inference_mode():
         for name, form in forms.items():
             ms = _replayed_ms(form, device, rounds)
-            out.append({"items": items, "batch": batch, "device": device, "output_form": name} | ms)
+            out.append({"items": items, "batch": batch, "device": device, "output_form": name, "p50_ms": ms})
             print(json.dumps(out[-1]), flush=True)
     return out
 
 
-def _replayed_ms(call, device: str, rounds: int) -> dict:
-    """p50 and p25 milliseconds of ``call``: on a GPU, of replays of it captured as one CUDA graph."""
-    import torch
-
+def _replayed_ms(call, device: str, rounds: int) -> float:
+    """Median milliseconds of ``call``: on a GPU, of replays of it captured as one CUDA graph."""
     if device != "cpu":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                call()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        call = graph.replay
+        from recserve.bench.replay import replay_ms
+
+        return replay_ms(call, rounds)
     times = []
     for _ in range(5 + rounds):
-        if device != "cpu":
-            torch.cuda.synchronize()
         started = time.perf_counter()
         call()
-        if device != "cpu":
-            torch.cuda.synchronize()
         times.append((time.perf_counter() - started) * 1e3)
-    return {"p50_ms": float(np.median(times[5:])), "p25_ms": float(np.percentile(times[5:], 25))}
+    return float(np.median(times[5:]))
 
 
 def _top_ops(call, device: str, calls: int = 20, count: int = 12) -> list[dict]:
