@@ -105,6 +105,11 @@ def main() -> None:
             model = load_run(run).to(args.device)
             if not isinstance(model, ItemTransformer):
                 raise SystemExit(f"{run}: a {type(model).__name__} run; views are for SASRec and BERT4Rec")
+            if model.cfg.num_items != data.vocab.num_items:
+                raise SystemExit(
+                    f"{run}: trained on {model.cfg.num_items} items, and {args.data} has {data.vocab.num_items}: "
+                    "pass the data folder it was trained on"
+                )
             model.prepare_inference()
             name = "plain" if variant is None else "{}-v{}-d{}".format(*variant)
             if variant is not None:

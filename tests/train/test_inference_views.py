@@ -49,7 +49,9 @@ def test_views_of_a_history_of_one_item_are_that_history(sasrec_run):
             assert not torch.allclose(viewed.query(longer), plain.query(longer))
 
 
-def test_the_benchmark_ranks_the_run_as_evaluate_does_then_with_its_views(sasrec_run, ml100k_dir, tmp_path):
+def test_the_benchmark_ranks_the_run_as_evaluate_does_then_with_its_views(
+    sasrec_run, ml100k_dir, string_data_dir, tmp_path
+):
     from recserve.train.leave_one_out import evaluate_run
 
     out = tmp_path / "views.jsonl"
@@ -70,3 +72,6 @@ def test_the_benchmark_ranks_the_run_as_evaluate_does_then_with_its_views(sasrec
 
     bad = subprocess.run([*command, "--variants", "pad:1:0.3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "VIEWS 2 or more" in bad.stderr
+    other = [*command[:3], str(string_data_dir), *command[4:]]  # data the run was not trained on
+    bad = subprocess.run(other, capture_output=True, text=True)
+    assert bad.returncode != 0 and "pass the data folder it was trained on" in bad.stderr
