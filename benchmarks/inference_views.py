@@ -31,9 +31,11 @@ import torch
 
 from recserve.constants import PAD_INDEX
 from recserve.data.datasets import load_prepared
+from recserve.errors import DataError
 from recserve.models.run_loader import load_run
 from recserve.models.transformer import ItemTransformer
 from recserve.train.leave_one_out import Ranker, evaluate_protocols, history_counts
+from recserve.train.run_writer import trained_on
 
 MODES = ("pad", "remove")
 PROTOCOLS = ("full", "served")
@@ -99,27 +101,26 @@ def main() -> None:
     counts = history_counts(inputs, data.vocab.size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for run in args.runs:
-        seed = json.loads((run / "run.json").read_text())["train"]["seed"]
-        ranker = None
-        for variant in [None, *variants]:
-            model = load_run(run).to(args.device)
-            if not isinstance(model, ItemTransformer):
-                raise SystemExit(f"{run}: a {type(model).__name__} run; views are for SASRec and BERT4Rec")
-            if model.cfg.num_items != data.vocab.num_items:
-                raise SystemExit(
-                    f"{run}: trained on {model.cfg.num_items} items, and {args.data} has {data.vocab.num_items}: "
-                    "pass the data folder it was trained on"
-                )
-            model.prepare_inference()
+        try:
+            record = trained_on(run, data, args.data)  # refuses another data folder, naming what differs
+        except DataError as err:
+            raise SystemExit(str(err)) from None
+        if record is None:
+            raise SystemExit(f"{run}: no run.json, so neither its data nor its seed can be checked")
+        model = load_run(run).to(args.device)
+        if not isinstance(model, ItemTransformer):
+            raise SystemExit(f"{run}: a {type(model).__name__} run; views are for SASRec and BERT4Rec")
+        model.prepare_inference()
+        ranker = Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, args.device)
+        for variant in [None, *variants]:  # plain first: each variant's views then replace the last one's
             name = "plain" if variant is None else "{}-v{}-d{}".format(*variant)
             if variant is not None:
                 with_views(model, *variant)
-            ranker = ranker or Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, args.device)
             started = time.perf_counter()
             with torch.no_grad():
                 test = evaluate_protocols(model, ranker, PROTOCOLS)
-            row = {"variant": name, "seed": seed, "run": str(run), "data": str(args.data), "test": test}
-            row |= {"eval_s": round(time.perf_counter() - started, 2)}
+            row = {"variant": name, "seed": record["train"]["seed"], "run": str(run), "data": str(args.data)}
+            row |= {"test": test, "eval_s": round(time.perf_counter() - started, 2)}
             print(f"{run.name} {name}: NDCG@10 full {test['full']['ndcg@10']:.4f}", flush=True)
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")

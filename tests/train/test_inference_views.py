@@ -74,4 +74,4 @@ def test_the_benchmark_ranks_the_run_as_evaluate_does_then_with_its_views(
     assert bad.returncode != 0 and "VIEWS 2 or more" in bad.stderr
     other = [*command[:3], str(string_data_dir), *command[4:]]  # data the run was not trained on
     bad = subprocess.run(other, capture_output=True, text=True)
-    assert bad.returncode != 0 and "pass the data folder it was trained on" in bad.stderr
+    assert bad.returncode != 0 and "the data folder it was trained on" in bad.stderr
