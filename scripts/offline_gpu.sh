@@ -118,15 +118,15 @@ cmd_bench() {
 # Business rules on one GPU: recserve's backend's replays under rules against the graph run eagerly (its GPU
 # tests), the native layout on it at each of ITEMS under each rule variant beside none (perf_analyzer on 4
 # cores of its own), then (HIDE=1) a hide's delay from acknowledgement to honoured under load at the first size.
-# PROFILE=1 first: the native graph in-process, plain against ruled at batches 1, 16 and 64, with each
-# variant's costliest kernels and the output layer's product alone in each form a step can take it
-# (benchmarks/rules_overhead.py --native --profile).
+# PROFILE=1 first: the native graph in-process at each of PROFILE_ITEMS (default ITEMS), plain against ruled
+# at batches 1, 16 and 64, called and replayed as CUDA graphs, with each variant's costliest kernels and the
+# output layer's product alone in each form a step can take it (benchmarks/rules_overhead.py --native --profile).
 # Each size's results come back as one archive, items-N.tar.gz.
 cmd_rules() {
   carried_server
   out=${OUT:-runs/gpu-rules}; mkdir -p "$out"
   if [ "${PROFILE:-0}" = 1 ]; then
-    python3 benchmarks/rules_overhead.py --native --device cuda --items "$(echo ${ITEMS:-100000} | tr ' ' ,)" \
+    python3 benchmarks/rules_overhead.py --native --device cuda --items "$(echo ${PROFILE_ITEMS:-${ITEMS:-100000}} | tr ' ' ,)" \
       --batches 1,16,64 --rounds 100 --profile --work /tmp/gpu-rules-profile --out "$out/native-graph-profile.json" \
       > "$out/native-graph-profile.log" 2>&1 || echo "the in-process profile failed: $out/native-graph-profile.log"
   fi
