@@ -293,24 +293,40 @@ cmd_lean() {
 
 # One call: the training side's speed targets. The GPU tests of the ranking and the sampled loss (their compiled
 # functions against the plain ones), the ranking of 200,000 users x 1M items with its compiled count beside
-# the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it.
+# the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it (and,
+# with SASREC_EAGER=1, without it beside). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
   carried_site
   start_outputs runs/gpu-speed
-  python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
-    tests/gpu/test_sampled_loss_gpu.py 2>&1 | tail -n 3
-  python3 benchmarks/rank_speed.py --budgets 29 --compare-plain --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
-  for compile in "" --compile; do
-    python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/speed --no-test $compile \
-      --out "$out/bert4rec-100k$compile.json" 2>&1 | grep "windows/s"
-  done
-  python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/speed --no-test --compile \
-    --out "$out/sasrec-1m--compile.json" 2>&1 | grep "windows/s"
-  for variant in "" --ligr; do  # the served graph's replay, SASRec of 100,000 items, bf16
-    python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \
-      --batches 1,16 --chunks 4096 $variant --out "$out/graph-sasrec$variant.json" 2>&1 | grep "batch "
-  done
+  local parts=" ${PARTS:-tests rank bert4rec sasrec graph} "
+  if [[ $parts == *" tests "* ]]; then
+    python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
+      tests/gpu/test_sampled_loss_gpu.py 2>&1 | tail -n 3
+  fi
+  if [[ $parts == *" rank "* ]]; then
+    python3 benchmarks/rank_speed.py --budgets 29 --compare-plain --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
+  fi
+  if [[ $parts == *" bert4rec "* ]]; then
+    for compile in "" --compile; do
+      python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/speed --no-test $compile \
+        --out "$out/bert4rec-100k$compile.json" 2>&1 | grep "windows/s"
+    done
+  fi
+  if [[ $parts == *" sasrec "* ]]; then
+    local variants=(--compile)
+    [ "${SASREC_EAGER:-0}" = 1 ] && variants=("" --compile)
+    for compile in "${variants[@]}"; do
+      python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/speed --no-test $compile \
+        --out "$out/sasrec-1m$compile.json" 2>&1 | grep "windows/s"
+    done
+  fi
+  if [[ $parts == *" graph "* ]]; then
+    for variant in "" --ligr; do  # the served graph's replay, SASRec of 100,000 items, bf16
+      python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \
+        --batches 1,16 --chunks 4096 $variant --out "$out/graph-sasrec$variant.json" 2>&1 | grep "batch "
+    done
+  fi
 }
 
 # One call on the two-GPU machine: SASRec's defaults against a few alternatives on video.txt (GPU 0) and
