@@ -17,7 +17,10 @@ from recserve.train.train_config import LossSettings
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _step(compiled: bool, monkeypatch, bf16: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _step(
+    compiled: bool, monkeypatch, bf16: bool = True, no_sync: bool = False
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One sampled loss's forward and backward; ``no_sync``: with any host sync of the call an error."""
     monkeypatch.setattr(GpuFused, "enabled", compiled)
     gen = torch.Generator("cuda").manual_seed(0)
     items, positions, rows, window = 200_000, 6_000, 128, 100
@@ -30,10 +33,23 @@ def _step(compiled: bool, monkeypatch, bf16: bool = True) -> tuple[torch.Tensor,
     row_of = torch.arange(positions, device="cuda") * rows // positions
     upto = torch.randint(0, window, (positions,), device="cuda", generator=gen)
     loss = CatalogueLoss(LossSettings("sampled-uniform", negatives=4096), np.ones(items + 2), items + 1, "cuda")
-    with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
-        value = loss(query, table, bias, targets, exclude, row_of, torch.Generator("cuda").manual_seed(1), upto)
-    value.sum().backward()
+    draws = torch.Generator("cuda").manual_seed(1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error" if no_sync else "default")
+    try:
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+            value = loss(query, table, bias, targets, exclude, row_of, draws, upto)
+        value.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     return value.detach(), [t.grad for t in (query, table, bias)]
+
+
+def test_a_sampled_loss_step_never_waits_for_the_gpu(monkeypatch):
+    """Forward and backward send nothing from the GPU to the host, so the host queues the next step's
+    kernels while these run (``torch.unique``'s count of distinct pool items once made every step wait)."""
+    _step(True, monkeypatch)  # compiled once first (compiling reads the GPU)
+    _step(True, monkeypatch, no_sync=True)
 
 
 def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):

@@ -10,7 +10,7 @@ from recserve.data.sequences import Sequences
 from recserve.errors import ConfigError
 from recserve.models import Bert4Rec, Bert4RecConfig
 from recserve.train.batches import ClozeSettings, WindowEpochs
-from recserve.train.losses import CatalogueLoss
+from recserve.train.losses import NEVER, CatalogueLoss, first_columns
 from recserve.train.objectives import cloze_loss
 from recserve.train.train_config import FULL_SOFTMAX_MAX_ITEMS, LossSettings
 
@@ -110,6 +110,23 @@ def test_unused_slots_cost_nothing():
         loss = CatalogueLoss(LossSettings(name, negatives=64), np.ones(N + 2), MASK)
         per = loss(query, table, bias, targets, items, rows)
         assert (per[3:] == 0).all() and (per[:3] > 0).all()
+
+
+def test_first_columns_finds_each_pool_items_first_column_in_each_row():
+    """Against a loop over every row and pool item: duplicates in the pool and in a row, padding in both,
+    items absent from the pool or from every row."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        vocab, rows, width, size = (int(torch.randint(2, n, (1,), generator=gen)) for n in (30, 6, 9, 20))
+        items = torch.randint(0, vocab, (rows, width), generator=gen)
+        pool = torch.randint(0, vocab, (size,), generator=gen)
+        expected = torch.full((rows, size), NEVER, dtype=torch.int16)
+        for row in range(rows):
+            for slot, item in enumerate(pool.tolist()):
+                where = (items[row] == item).nonzero()
+                if item != PAD_INDEX and len(where):
+                    expected[row, slot] = int(where[0])
+        assert torch.equal(first_columns(items, pool), expected), (items, pool)
 
 
 @pytest.mark.parametrize("name", ["sampled-uniform", "sampled-popularity"])

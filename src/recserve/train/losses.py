@@ -117,19 +117,21 @@ POOL_CHUNK_ELEMENTS = 2**26  # the sampled loss's largest (positions x pool) blo
 def first_columns(items: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     """(B, S) int16: the first column of ``items`` (B, R) that holds ``pool[s]``, or ``NEVER``.
 
-    Padding is never found. Built from the pool's distinct items (a sorted search of each of the B x R
-    items, then a scatter), so no (B, R, S) comparison and nothing of the catalogue's size.
+    Padding is never found. Built from the pool sorted (a sorted search of each of the B x R items, then a
+    scatter into the slot of each item's first copy there), so no (B, R, S) comparison and nothing of the
+    catalogue's size. Every shape is known before the step runs: no ``unique``, whose count of distinct items
+    a GPU would have to send to the host, each step waiting for it.
     """
     if items.shape[1] >= NEVER:
         raise ConfigError(f"window={items.shape[1]}: the sampled losses take windows below {NEVER}")
-    distinct, inverse = torch.unique(pool, return_inverse=True)  # (U,), (S,)
+    ordered = pool.sort().values  # (S,): an item's copies side by side, its first copy where the search lands
     items = items.contiguous()
-    slot = torch.searchsorted(distinct, items).clamp(max=distinct.numel() - 1)  # (B, R)
-    found = (distinct[slot] == items) & (items != PAD_INDEX)
+    slot = torch.searchsorted(ordered, items).clamp(max=ordered.numel() - 1)  # (B, R)
+    found = (ordered[slot] == items) & (items != PAD_INDEX)
     cols = torch.arange(items.shape[1], device=items.device).expand_as(items)
-    first = torch.full((items.shape[0], distinct.numel()), NEVER, dtype=torch.int16, device=items.device)
+    first = torch.full((items.shape[0], ordered.numel()), NEVER, dtype=torch.int16, device=items.device)
     first.scatter_reduce_(1, slot, torch.where(found, cols, NEVER).to(torch.int16), "amin")
-    return first[:, inverse]
+    return first[:, torch.searchsorted(ordered, pool)]
 
 
 def pool_logsumexp(query, vectors, bias, pool, targets, seen, rows, limit) -> torch.Tensor:
