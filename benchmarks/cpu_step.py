@@ -41,7 +41,8 @@ settings = (ClozeSettings(c.window, c.mask_index, c.mask_prob, cfg.last_item_rat
 batches = iter(WindowEpochs(module.train_seq, settings, cfg.batch_size, 64, 0, torch.device("cpu"), 0, 1))
 opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
 def step(batch):
-    loss = module.step_loss(module.model, batch, module.catalogue_loss, module.generator)
+    negatives = module.catalogue_loss.draw(module.generator)
+    loss = module.step_loss(module.model, batch, module.catalogue_loss, negatives)
     opt.zero_grad(); loss.backward(); opt.step()
 for _ in range(2):
     step(next(batches))

@@ -59,7 +59,7 @@ class Largest(TorchDispatchMode):
 
 def step(b):
     with torch.autocast(device, torch.bfloat16, enabled=device == "cuda"):
-        value = next_item_loss(model, b, loss, gen)
+        value = next_item_loss(model, b, loss, loss.draw(gen))
     value.backward()
     model.zero_grad(set_to_none=True)
 

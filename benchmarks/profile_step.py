@@ -70,7 +70,7 @@ class _Objective(torch.nn.Module):
         self.objective = torch.compile(cloze_loss) if compiled else cloze_loss
 
     def forward(self, batch):
-        return self.objective(self.model, batch, self.loss_fn, self.generator)
+        return self.objective(self.model, batch, self.loss_fn, self.loss_fn.draw(self.generator))
 
 
 def measure(args, variant: str, seq: Sequences, rank: int, world: int) -> dict:

@@ -33,12 +33,12 @@ def _step(
     row_of = torch.arange(positions, device="cuda") * rows // positions
     upto = torch.randint(0, window, (positions,), device="cuda", generator=gen)
     loss = CatalogueLoss(LossSettings("sampled-uniform", negatives=4096), np.ones(items + 2), items + 1, "cuda")
-    draws = torch.Generator("cuda").manual_seed(1)
+    drawn = loss.draw(torch.Generator("cuda").manual_seed(1))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error" if no_sync else "default")
     try:
         with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
-            value = loss(query, table, bias, targets, exclude, row_of, draws, upto)
+            value = loss(query, table, bias, targets, exclude, row_of, drawn, upto)
         value.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")

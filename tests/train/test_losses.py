@@ -48,10 +48,10 @@ def _reference(query, table, bias, targets, rows, items, exclude_seen, smoothing
 def _call(loss, problem, exclude_seen, per_position=False, generator=None):
     query, table, bias, targets, rows, items = problem
     if not exclude_seen:
-        return loss(query, table, bias, targets, generator=generator)
+        return loss(query, table, bias, targets, negatives=loss.draw(generator))
     if per_position:
-        return loss(query, table, bias, targets, items[rows], generator=generator)
-    return loss(query, table, bias, targets, items, rows, generator=generator)
+        return loss(query, table, bias, targets, items[rows], negatives=loss.draw(generator))
+    return loss(query, table, bias, targets, items, rows, negatives=loss.draw(generator))
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
@@ -182,7 +182,7 @@ def test_a_few_cloze_steps_lower_the_loss(name):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(30):
-        value = cloze_loss(model, batch, loss, torch.Generator().manual_seed(0))
+        value = cloze_loss(model, batch, loss, loss.draw(torch.Generator().manual_seed(0)))
         optimizer.zero_grad()
         value.backward()
         optimizer.step()
@@ -260,6 +260,30 @@ def test_a_compiled_training_step_computes_the_same_loss_and_gradients():
     torch.testing.assert_close(model.item_emb.weight.grad, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("task", ["cloze", "next item"])
+def test_a_sampled_training_step_compiles_to_one_graph(task):
+    """torch.compile takes a sampled step whole, as one graph: the negatives are drawn before it (it takes
+    no generator) and no shape in it depends on the data (``first_columns`` makes none)."""
+    from recserve.models import SASRec, SASRecConfig
+    from recserve.train.batches import NextItemSettings
+    from recserve.train.objectives import next_item_loss
+
+    torch.manual_seed(0)
+    loss = CatalogueLoss(LossSettings("sampled-uniform", negatives=256), np.ones(52), 51)
+    if task == "cloze":
+        model, batch, objective = (
+            Bert4Rec(Bert4RecConfig(num_items=50, window=16, hidden=32)),
+            _cloze_batch(32, 0.2),
+            cloze_loss,
+        )
+    else:
+        seq = Sequences(np.random.default_rng(0).integers(1, 51, 16 * 32), np.arange(0, 16 * 32 + 1, 16))
+        model, objective = SASRec(SASRecConfig(num_items=50, window=16, hidden=32)), next_item_loss
+        batch = next(iter(WindowEpochs(seq, NextItemSettings(16), 32, 1, seed=0)))
+    explained = torch._dynamo.explain(objective)(model, batch, loss, loss.draw(torch.Generator().manual_seed(0)))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 def _sampled_reference(loss, query, table, bias, targets, seen_items, generator):
     """The sampled softmax written plainly from the same pool: ``seen_items[c]`` is what position c leaves out."""
     drawn = torch.multinomial(loss.p_draw, loss.settings.negatives, replacement=True, generator=generator)
@@ -293,7 +317,7 @@ def test_sampled_loss_in_blocks_has_the_plain_losses_and_gradients(monkeypatch, 
         if plain:
             value = _sampled_reference(loss, *leaves, targets, [s - {int(t)} for s, t in zip(seen, targets)], gen)
         else:
-            value = loss(*leaves, targets, items, rows, gen, cols)
+            value = loss(*leaves, targets, items, rows, loss.draw(gen), cols)
         (value * torch.arange(1.0, 7.0)).sum().backward()
         grads.append((value.detach(), [t.grad for t in leaves]))
     torch.testing.assert_close(grads[0][0], grads[1][0])
@@ -331,7 +355,7 @@ def test_a_sasrec_step_at_a_million_items_keeps_every_tensor_under_the_bound():
     model = SASRec(SASRecConfig(num_items=items, window=100, dropout=0.0))
     loss = CatalogueLoss(LossSettings("sampled-uniform"), np.ones(items + 2), items + 1)
     with Largest() as mode:
-        next_item_loss(model, batch, loss, torch.Generator().manual_seed(0)).backward()
+        next_item_loss(model, batch, loss, loss.draw(torch.Generator().manual_seed(0))).backward()
     positions, pool = len(batch.targets), 2 * LossSettings().negatives
     assert positions * pool > 3 * losses.POOL_CHUNK_ELEMENTS  # what one tensor of them would be
     assert 0 < mode.largest <= losses.POOL_CHUNK_ELEMENTS

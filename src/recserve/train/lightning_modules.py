@@ -184,7 +184,8 @@ class SequenceModule(_DeviceBatchesModule):
         return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
 
     def training_step(self, batch, _):
-        return self._add_loss(self.step_loss(self.model, batch, self.catalogue_loss, self.generator))
+        negatives = self.catalogue_loss.draw(self.generator)  # outside the compiled step: it takes no generator
+        return self._add_loss(self.step_loss(self.model, batch, self.catalogue_loss, negatives))
 
     def validation_step(self, _batch, _):
         """Each DDP rank ranks its share of the users; the metrics are the means over all of them."""

@@ -52,7 +52,7 @@ class CatalogueLoss:
         targets: torch.Tensor,
         exclude: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
+        negatives: torch.Tensor | None = None,
         upto: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Per-position losses, 0 where the target is padding (an unused slot).
@@ -63,6 +63,7 @@ class CatalogueLoss:
             exclude: items left out of each position's softmax (the target stays; padding allowed): (B, R)
                 per sample with ``rows``, the (C,) sample row of each position, or (C, R) per position
                 without; None leaves nothing out.
+            negatives: a sampled loss's draws for this call (``draw``); None draws them here.
             upto: (C,) with ``rows``: position c leaves out only ``exclude[rows[c], : upto[c] + 1]`` (SASRec:
                 what the user has seen by then); None: the whole row.
 
@@ -72,7 +73,8 @@ class CatalogueLoss:
         if exclude is not None and rows is None:  # per position: each position its own row
             rows = torch.arange(len(targets), device=targets.device)
         if self.settings.name != "full":
-            return self._sampled(query, table, bias, targets, exclude, rows, upto, generator)
+            drawn = self.draw() if negatives is None else negatives
+            return self._sampled(query, table, bias, targets, exclude, rows, upto, drawn)
         if exclude is not None:  # (C, R): the scatter below needs it per position
             exclude = exclude[rows]
             if upto is not None:
@@ -86,8 +88,16 @@ class CatalogueLoss:
             exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
         return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude, self.settings.smoothing)
 
-    def _sampled(self, query, table, bias, targets, exclude, rows, upto, generator) -> torch.Tensor:
-        drawn = torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
+    def draw(self, generator: torch.Generator | None = None) -> torch.Tensor | None:
+        """A sampled loss's negatives for one call, (negatives,) item indices; None for the exact softmax.
+
+        Drawn before the step's compiled function, not in it: torch.compile cannot take a generator, and
+        would split the step's graph where one is used."""
+        if self.settings.name == "full":
+            return None
+        return torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
+
+    def _sampled(self, query, table, bias, targets, exclude, rows, upto, drawn) -> torch.Tensor:
         in_batch = targets[: self.settings.negatives]
         pool = torch.cat([in_batch, drawn])  # (S,)
         # each pool item's expected count in the pool, gathered for the pool alone (not for the catalogue)
