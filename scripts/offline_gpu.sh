@@ -294,7 +294,8 @@ cmd_lean() {
 # One call: the training side's speed targets. The GPU tests of the ranking and the sampled loss (their compiled
 # functions against the plain ones), the ranking of 200,000 users x 1M items with its compiled count beside
 # the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it (and,
-# with SASREC_EAGER=1, without it beside). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
+# with SASREC_EAGER=1, without it beside; BERT4REC_EAGER=0 leaves out BERT4Rec's). PARTS picks some of: tests
+# rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
   carried_site
@@ -308,7 +309,9 @@ cmd_speed() {
     python3 benchmarks/rank_speed.py --budgets 29 --compare-plain --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
   fi
   if [[ $parts == *" bert4rec "* ]]; then
-    for compile in "" --compile; do
+    local variants=("" --compile)
+    [ "${BERT4REC_EAGER:-1}" = 1 ] || variants=(--compile)
+    for compile in "${variants[@]}"; do
       python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/speed --no-test $compile \
         --out "$out/bert4rec-100k$compile.json" 2>&1 | grep "windows/s"
     done
