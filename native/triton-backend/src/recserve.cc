@@ -144,11 +144,34 @@ struct RuleBank {
   std::vector<std::string> names;  // the mask of names[r] is row r + 1; row 0 lets every item through
   at::Tensor masks;  // (1 + names, items + 2) bool by vocabulary index, on the host
 
+  // The table Index reads: open addressing over a power of two at least twice the catalogue. A request's
+  // listed IDs each cost one or two cache lines, where a binary search over 1M IDs (8 MB) costs about 20
+  // dependent reads (0.3 us an ID on one core, 100 IDs a row).
+  void IndexIds()
+  {
+    size_t capacity = 2;
+    while (capacity < 2 * item_ids.size()) {
+      capacity *= 2;
+    }
+    slot_ids_.assign(capacity, 0);
+    slot_index_.assign(capacity, 0);
+    for (size_t i = 0; i < item_ids.size(); ++i) {
+      size_t slot = Home(item_ids[i]);
+      while (slot_index_[slot] != 0) {
+        slot = (slot + 1) & (capacity - 1);
+      }
+      slot_ids_[slot] = item_ids[i];
+      slot_index_[slot] = static_cast<int64_t>(i) + 1;
+    }
+  }
   // The vocabulary index of an item ID, 0 where the catalogue does not hold it.
   int64_t Index(int64_t id) const
   {
-    const auto found = std::lower_bound(item_ids.begin(), item_ids.end(), id);
-    return found != item_ids.end() && *found == id ? (found - item_ids.begin()) + 1 : 0;
+    size_t slot = Home(id);
+    while (slot_index_[slot] != 0 && slot_ids_[slot] != id) {
+      slot = (slot + 1) & (slot_ids_.size() - 1);
+    }
+    return slot_index_[slot];  // an empty slot's 0 where the ID is not there
   }
   // The mask row of a stored rule, -1 where none has that name.
   int64_t Row(const std::string& name) const
@@ -166,6 +189,16 @@ struct RuleBank {
     }
     return text.empty() ? "none (recserve repo --rules FILE stores them)" : text;
   }
+
+ private:
+  // An ID's first slot (Fibonacci hashing): the high bits of its product with 2^64 / phi, as many as the table needs.
+  size_t Home(int64_t id) const
+  {
+    const int bits = __builtin_ctzll(slot_ids_.size());
+    return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+  }
+  std::vector<int64_t> slot_ids_;
+  std::vector<int64_t> slot_index_;  // 0: an empty slot
 };
 
 }  // namespace
@@ -379,6 +412,7 @@ ModelState::ReadRules()
       bank_.masks.size(1) != items + 2 || !std::is_sorted(bank_.item_ids.begin(), bank_.item_ids.end())) {
     return Error("the rule bank " + path + " does not fit its catalogue: write the repository again (recserve repo)");
   }
+  bank_.IndexIds();
   return nullptr;
 }
 
