@@ -166,6 +166,13 @@ def main() -> None:
         "categories. Every variant then has the store and the stored rule.",
     )
     parser.add_argument(
+        "--step-summary-s",
+        type=int,
+        default=0,
+        help="recserve's backend logs each instance's batch steps (p50/p99/max) every N seconds; the lines go to "
+        "each such variant's step-summary.log (0: off)",
+    )
+    parser.add_argument(
         "--export-report",
         default="",
         help="backends to time with `recserve export --report` "
@@ -210,6 +217,8 @@ def main() -> None:
             settings = dataclasses.replace(settings, session_store=str(store))
         if args.rules:
             settings = dataclasses.replace(settings, rules=str(stored_rules))
+        if args.step_summary_s and "recserve" in name:  # the variants on recserve's backend
+            settings = dataclasses.replace(settings, step_summary_s=args.step_summary_s)
         started = time.time()
         try:
             repository_from_run(
@@ -233,6 +242,10 @@ def main() -> None:
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]
+            if settings.step_summary_s:  # the server's log lines of the steps, from this variant's run
+                logs = [p for p in sorted(args.work.glob("tritonserver-*.log")) if p.stat().st_mtime >= started]
+                lines = [x for p in logs for x in p.read_text(errors="replace").splitlines() if "p50/p99/max" in x]
+                (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"

@@ -137,7 +137,8 @@ cmd_rules() {
   for items in ${ITEMS:-100000}; do
     python3 benchmarks/serving_layouts.py --out "$out/items-$items" --work "/tmp/gpu-rules-$items" --items "$items" \
       --client-cpus 4 --variants native-recserve-bf16-plain --concurrency "${LEVELS:-1,16,64,256}" \
-      --measurement-ms "${WINDOW_MS:-1000}" --rules rule:bench_category,exclude:100,hidden:10 "$@" || true
+      --measurement-ms "${WINDOW_MS:-1000}" --rules rule:bench_category,exclude:100,hidden:10 \
+      --step-summary-s "${STEP_SUMMARY_S:-10}" "$@" || true
     # one file a size (its report, plots and summary), as a call brings back few files
     tar -czf "$out/items-$items.tar.gz" -C "$out" "items-$items" && rm -rf "${out:?}/items-$items"
   done

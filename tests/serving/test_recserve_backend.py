@@ -134,6 +134,35 @@ def test_a_request_may_ask_for_some_outputs_only(two_runtimes, tiny_run):
         assert reply.as_numpy("scores").shape[0] == 3
 
 
+def test_step_summary_s_makes_each_instance_log_its_batches_steps(two_runtimes, tiny_run, tmp_path):
+    """Each step's median, 99th percentile and largest time a batch, after the first batch and then every
+    step_summary_s seconds; nothing without the parameter."""
+    source = two_runtimes / "native_recserve"
+    for period_s in (60, 0):
+        repo = tmp_path / f"repo-{period_s}"
+        (repo / "native_recserve" / "1").mkdir(parents=True)
+        (repo / "native_recserve" / "1" / "model.pt").write_bytes((source / "1" / "model.pt").read_bytes())
+        config = parse_pbtxt((source / "config.pbtxt").read_text())
+        if period_s:
+            config.parameters["step_summary_s"].string_value = str(period_s)
+        (repo / "native_recserve" / "config.pbtxt").write_text(str(config))
+        with TritonServer(repo, server_settings()) as server:
+            client = httpclient.InferenceServerClient(server.http_url)
+            for seed in range(3):
+                client.infer("native_recserve", _inputs(_batch(tiny_run, 2, seed)))
+            log = server.log_path.read_text()
+        lines = [line for line in log.splitlines() if "ms a batch, p50/p99/max" in line]
+        if not period_s:
+            assert not lines
+            continue
+        assert len(lines) == 1, lines  # the first batch's; the next come a period on
+        steps = lines[0].split("p50/p99/max: ")[1].rstrip('"').split(", ")
+        assert [step.split(" ")[0] for step in steps] == ["requests", "store", "inputs", "graph", "answers"]
+        times = {name: [float(t) for t in value.split("/")] for name, value in (s.split(" ") for s in steps)}
+        assert all(0 <= p50 <= p99 <= top for p50, p99, top in times.values())
+        assert times["graph"][0] > 0 and "recserve backend: native_recserve" in lines[0] and "batches 1 in" in lines[0]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -220,10 +249,17 @@ def test_the_cli_writes_a_repository_on_the_runtime_asked_for(tiny_run, tmp_path
             "torchscript",
             "--native-runtime",
             "recserve",
+            "--step-summary-s",
+            "30",
         ],
     )
     assert result.exit_code == 0, result.output
-    assert 'backend: "recserve"' in (out / "recommender_native" / "config.pbtxt").read_text()
+    config = parse_pbtxt((out / "recommender_native" / "config.pbtxt").read_text())
+    assert config.backend == "recserve" and config.parameters["step_summary_s"].string_value == "30"
+    args = ["repo", "--run", str(tiny_run), "--out", str(tmp_path / "y"), "--layout", "native", "--backend"]
+    args += ["torchscript", "--native-runtime", "pytorch", "--step-summary-s", "30"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "the batches' steps are logged by recserve's backend" in result.output
     assert "--native-runtime" in CliRunner().invoke(app, ["repo", "--help"], env={"COLUMNS": "200"}).output
     result = CliRunner().invoke(
         app,

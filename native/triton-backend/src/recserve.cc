@@ -215,6 +215,7 @@ class ModelState : public BackendModel {
   int64_t PaddingId() const { return padding_id_; }
   int64_t IntraOpThreads() const { return intra_op_threads_; }
   int64_t Warmup() const { return warmup_; }
+  int64_t StepSummaryS() const { return step_summary_s_; }  // 0: no summary of the batches' steps
   const std::vector<int64_t>& Buckets() const { return buckets_; }
   bool BySession() const { return by_session_; }
   int64_t MaxK() const { return max_k_; }
@@ -251,6 +252,7 @@ class ModelState : public BackendModel {
   int64_t padding_id_ = -1;
   int64_t intra_op_threads_ = 1;
   int64_t warmup_ = 3;
+  int64_t step_summary_s_ = 0;
   std::vector<int64_t> buckets_;
 };
 
@@ -351,6 +353,7 @@ ModelState::ReadParameters()
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "padding_id", -1, &padding_id_));
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "intra_op_thread_count", 1, &intra_op_threads_));
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "warmup", 3, &warmup_));
+  RETURN_IF_ERROR(IntParameter(ModelConfig(), "step_summary_s", 0, &step_summary_s_));
   RETURN_IF_ERROR(IntParameter(ModelConfig(), "max_k", INT32_MAX, &max_k_));
   const std::string text = StringParameter(ModelConfig(), "buckets");
   const int64_t max_batch = MaxBatchSize();
@@ -416,6 +419,69 @@ ModelState::ReadRules()
   return nullptr;
 }
 
+// The steps of a batch, timed: its requests read and staged, the store's round trips (sessions, hidden items),
+// the graph's inputs copied, the graph run (on a GPU: replayed and waited for), the answers sent.
+enum BatchStep { kStepRequests, kStepStore, kStepInputs, kStepGraph, kStepAnswers, kBatchSteps };
+const char* const kBatchStepNames[kBatchSteps] = {"requests", "store", "inputs", "graph", "answers"};
+// Each batch's time in each step, summarised in the log every `period_s` seconds (parameter step_summary_s; 0:
+// never, nothing kept): the median, the 99th percentile and the largest of each step, so that what makes the
+// slow batches slow shows (Triton's own statistics give means of three steps).
+class StepClock {
+ public:
+  explicit StepClock(int64_t period_s = 0) : period_s_(period_s) {}
+  bool On() const { return period_s_ > 0; }
+  void Start() { started_ = last_ = Now(); }
+  void Mark(BatchStep step)  // the time since the last mark, added to `step`
+  {
+    const double now = Now();
+    spent_[step] += now - last_;
+    last_ = now;
+  }
+  // The batch's times kept; a summary line after the first batch and once a period has passed, "" otherwise.
+  std::string EndBatch(bool ruled)
+  {
+    const double now = Now();
+    const bool first = period_start_ < 0;
+    if (first) {
+      period_start_ = started_;
+    }
+    for (int step = 0; step < kBatchSteps; ++step) {
+      times_[step].push_back(static_cast<float>(spent_[step] * 1e3));
+      spent_[step] = 0;
+    }
+    ruled_ += ruled;
+    if (!first && now - period_start_ < period_s_) {
+      return "";
+    }
+    std::ostringstream line;
+    line.setf(std::ios::fixed);
+    line.precision(3);
+    line << "batches " << times_[0].size() << " in " << (now - period_start_) << " s, under rules " << ruled_
+         << "; ms a batch, p50/p99/max:";
+    for (int step = 0; step < kBatchSteps; ++step) {
+      std::vector<float>& t = times_[step];
+      std::sort(t.begin(), t.end());
+      line << (step ? ", " : " ") << kBatchStepNames[step] << " " << t[t.size() / 2] << "/"
+           << t[std::min(t.size() - 1, t.size() * 99 / 100)] << "/" << t.back();
+      t.clear();
+    }
+    period_start_ = now;
+    ruled_ = 0;
+    return line.str();
+  }
+
+ private:
+  static double Now()
+  {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  int64_t period_s_;
+  double started_ = 0, last_ = 0, period_start_ = -1;
+  double spent_[kBatchSteps] = {};
+  std::vector<float> times_[kBatchSteps];
+  int64_t ruled_ = 0;
+};
+
 // One request's place in an execution.
 struct Slot {
   uint32_t index;  // in the execution's requests
@@ -442,7 +508,7 @@ class ModelInstanceState : public BackendModelInstance {
 
  private:
   ModelInstanceState(ModelState* model_state, TRITONBACKEND_ModelInstance* triton_instance)
-      : BackendModelInstance(model_state, triton_instance), model_(model_state)
+      : BackendModelInstance(model_state, triton_instance), model_(model_state), clock_(model_state->StepSummaryS())
   {
   }
   TRITONSERVER_Error* Load();
@@ -472,6 +538,7 @@ class ModelInstanceState : public BackendModelInstance {
   std::vector<at::Tensor> Forward(const std::vector<at::Tensor>& inputs, bool ruled = false);
 
   ModelState* model_;
+  StepClock clock_;  // each batch's steps, for the log's summary (parameter step_summary_s)
   torch::jit::Module module_;
   at::Device device_ = at::kCPU;
   at::Tensor staged_[kInputs];  // host (pinned on GPUs), max_batch_size rows
@@ -1092,12 +1159,14 @@ ModelInstanceState::Run(int64_t rows, bool ruled)
         c->inputs[kInputs + i].copy_(rule_staged_[i].narrow(0, 0, c->batch), true);
       }
     }
+    clock_.Mark(kStepInputs);
     c->graph->replay();
     for (int i = 0; i < kOutputs; ++i) {
       host_out_[i].narrow(0, 0, rows).copy_(c->outputs[i].narrow(0, 0, rows), true);
       outputs_[i] = host_out_[i].narrow(0, 0, rows);
     }
     capture_stream_->synchronize();  // the pinned staging is written again only after its copies
+    clock_.Mark(kStepGraph);
     return;
   }
 #endif
@@ -1113,10 +1182,12 @@ ModelInstanceState::Run(int64_t rows, bool ruled)
       inputs.push_back(t.to(device_));
     }
   }
+  clock_.Mark(kStepInputs);
   std::vector<at::Tensor> out = Forward(inputs, ruled);
   for (int i = 0; i < kOutputs; ++i) {
     outputs_[i] = out[i].to(at::kCPU).contiguous();
   }
+  clock_.Mark(kStepGraph);
 }
 
 TRITONSERVER_Error*
@@ -1173,6 +1244,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
 {
   uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
   SET_TIMESTAMP(exec_start_ns);
+  clock_.Start();
   std::vector<Slot> slots;
   std::vector<bool> succeeded(request_count, false);
   int64_t rows = 0;
@@ -1202,6 +1274,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     }
   }
   SET_TIMESTAMP(compute_start_ns);
+  clock_.Mark(kStepRequests);
   std::string failure;
   if (rows > 0 && model_->BySession()) {
     try {
@@ -1210,12 +1283,14 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     catch (const std::exception& ex) {
       failure = std::string("recserve backend: reading the sessions failed: ") + ex.what();
     }
+    clock_.Mark(kStepStore);
   }
   if (rows > 0 && failure.empty()) {
     try {
       if (model_->Rules() && !model_->BySession()) {
         RefreshHidden(-1);
       }
+      clock_.Mark(kStepStore);
       Run(rows, ruled_ || hidden_count_ > 0);
     }
     catch (const std::exception& ex) {
@@ -1234,6 +1309,13 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     }
   }
   SET_TIMESTAMP(exec_end_ns);
+  clock_.Mark(kStepAnswers);
+  if (clock_.On() && rows > 0) {
+    const std::string summary = clock_.EndBatch(ruled_ || hidden_count_ > 0);
+    if (!summary.empty()) {
+      LOG_MESSAGE(TRITONSERVER_LOG_INFO, ("recserve backend: " + Name() + ": " + summary).c_str());
+    }
+  }
   for (uint32_t r = 0; r < request_count; ++r) {
 #ifdef TRITON_ENABLE_STATS
     LOG_IF_ERROR(

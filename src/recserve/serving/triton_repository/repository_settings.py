@@ -90,6 +90,13 @@ class RepositorySettings:
         cli_type=Path,
         parse=str,
     )
+    step_summary_s: int = option(
+        0,
+        "recserve's backend: every N seconds (and after the first batch), each instance logs its batches' steps: "
+        "the median, 99th percentile and largest time of reading requests, the store, the inputs' copies, the "
+        "graph and the answers. 0: never.",
+        min=0,
+    )
     rules: str | None = option(
         None,
         "Business rules to store by name, which requests then name in their `rule` input: a TOML or JSON file "

@@ -16,6 +16,7 @@ from recserve.artifacts import served
 from recserve.artifacts.catalogue import read_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, NATIVE_PAD_ID
+from recserve.errors import ServingError
 from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.layouts.common import (
     Layout,
@@ -89,6 +90,13 @@ def write_native_model(
     }
     if rules and settings.session_store and "session_store" not in parameters:  # hidden items, read there
         parameters["hidden_store"] = json.dumps(store_record(settings), sort_keys=True)
+    if settings.step_summary_s:
+        if backend[0] != RECSERVE_BACKEND:
+            raise ServingError(
+                f"step_summary_s={settings.step_summary_s}: the batches' steps are logged by recserve's backend; "
+                f"this native model runs on {backend[0] or backend[1]} (--native-runtime recserve chooses it)"
+            )
+        parameters["step_summary_s"] = str(settings.step_summary_s)
     instances = dataclasses.replace(settings, instance_count=settings.native_instances)
     write_config(repo / name, batched_config(name, model_contract, instances, parameters, backend))
     target = NATIVE_PLATFORMS[str(manifest.native_model)][1]
