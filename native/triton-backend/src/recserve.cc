@@ -430,7 +430,11 @@ class StepClock {
  public:
   explicit StepClock(int64_t period_s = 0) : period_s_(period_s) {}
   bool On() const { return period_s_ > 0; }
-  void Start() { started_ = last_ = Now(); }
+  void Start()  // a batch begins
+  {
+    started_ = last_ = Now();
+    std::fill(spent_, spent_ + kBatchSteps, 0.0);
+  }
   void Mark(BatchStep step)  // the time since the last mark, added to `step`
   {
     const double now = Now();
@@ -447,7 +451,6 @@ class StepClock {
     }
     for (int step = 0; step < kBatchSteps; ++step) {
       times_[step].push_back(static_cast<float>(spent_[step] * 1e3));
-      spent_[step] = 0;
     }
     ruled_ += ruled;
     if (!first && now - period_start_ < period_s_) {
