@@ -167,6 +167,9 @@ struct RuleBank {
   // The vocabulary index of an item ID, 0 where the catalogue does not hold it.
   int64_t Index(int64_t id) const
   {
+    if (slot_ids_.empty()) {  // a bank not read (no rules_file): it holds no item
+      return 0;
+    }
     size_t slot = Home(id);
     while (slot_index_[slot] != 0 && slot_ids_[slot] != id) {
       slot = (slot + 1) & (slot_ids_.size() - 1);
