@@ -28,6 +28,7 @@ from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
+from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.sessions import embedded_store
 
@@ -217,7 +218,7 @@ def main() -> None:
             settings = dataclasses.replace(settings, session_store=str(store))
         if args.rules:
             settings = dataclasses.replace(settings, rules=str(stored_rules))
-        if args.step_summary_s and "recserve" in name:  # the variants on recserve's backend
+        if args.step_summary_s and settings.native_runtime == RECSERVE_BACKEND:  # the variants on recserve's backend
             settings = dataclasses.replace(settings, step_summary_s=args.step_summary_s)
         started = time.time()
         try:
