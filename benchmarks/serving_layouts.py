@@ -174,6 +174,13 @@ def main() -> None:
         "each such variant's step-summary.log (0: off)",
     )
     parser.add_argument(
+        "--trace-rate",
+        type=int,
+        default=0,
+        help="Triton traces one request in N; each row's summary then says where its traced requests spent "
+        "their time, stage by stage, and where the slowest hundredth spent it (0: off)",
+    )
+    parser.add_argument(
         "--export-report",
         default="",
         help="backends to time with `recserve export --report` "
@@ -240,6 +247,7 @@ def main() -> None:
                 client_cpus=client_cpus,
                 events_every=args.events_every,
                 rules=args.rules or None,
+                trace_rate=args.trace_rate,
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]

@@ -8,6 +8,7 @@ from tests.conftest import SERVED_LAYOUTS, needs_native_backends
 from recserve.bench.load_report import ratios
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
 from recserve.bench.sweep import real_histories, sweep
+from recserve.bench.triton_trace import read_traces, trace_args
 from recserve.errors import ServingError
 
 
@@ -29,6 +30,7 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
         measurement_ms=800,
         slo_p99_ms=1000,
         client_threads=2,
+        trace_rate=3,
     )
     return out, result
 
@@ -87,6 +89,36 @@ def test_ratios_compare_layouts_at_the_same_level(summary):
     assert got["throughput"] == pytest.approx(row["fused"]["throughput_rps"] / row["seed"]["throughput_rps"])
     assert got["p99"] == pytest.approx(row["fused"]["p99_ms"] / row["seed"]["p99_ms"])
     assert "fused" in (json.dumps(result["ratios"]["best_within_slo"]))
+
+
+def test_traced_requests_are_taken_apart_stage_by_stage(summary):
+    out, result = summary
+    for row in result["results"]:
+        trace = row["trace"]
+        if row["layout"] == "seed":  # an ensemble's request is traced model by model: not taken apart
+            assert trace == {"traces": 0}, trace
+            continue
+        # one request in 3 of those perf_analyzer sent in the window (its warm-up too)
+        assert 0.2 * row["throughput_rps"] * 0.8 / 3 < trace["traces"], (row["layout"], trace)
+        p50, tail = trace["p50_ms"], trace["slowest"]["mean_ms"]
+        assert set(p50) == {"frontend", "queue", "input", "infer", "answer", "server"}
+        assert all(v >= 0 for v in p50.values()) and 0 < p50["server"] <= trace["p99_ms"]["server"], trace
+        # the stages add up to the server's time, and the slowest hundredth is slower than the median
+        stages = sum(v for name, v in tail.items() if name != "server")
+        assert stages == pytest.approx(tail["server"], rel=1e-6) and tail["server"] >= p50["server"], trace
+        assert p50["server"] < row["p99_ms"], (row, trace)  # the server's share is within the client's latency
+    report = (out / "report.md").read_text()
+    assert "## Where the traced requests spent their time" in report and "slowest 1%" in report
+
+
+def test_a_trace_file_that_is_not_one_is_refused(tmp_path):
+    (tmp_path / "trace.json").write_text('{"not": "a list"}')
+    with pytest.raises(ValueError, match="not a Triton trace file"):
+        read_traces(tmp_path / "trace.json")
+    with pytest.raises(ValueError, match="trace rate 0"):
+        trace_args(tmp_path / "trace.json", 0)
+    with pytest.raises(ServingError, match="tracing needs --repo"):
+        sweep(["native"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3", trace_rate=10)
 
 
 def test_ratios_formula():

@@ -135,6 +135,30 @@ def write_report(summary: dict, path: Path) -> None:
                 if "answers_probed" in v:  # the hide held: answers after each run's load, checked
                     shown, probed = v["answers_showing_hidden"], v["answers_probed"]
                     lines[-1] += f"; {shown} of {probed} answers after it showed a hidden item"
+    traced = [r for r in summary["results"] if r.get("trace", {}).get("traces")]
+    if traced:
+        stages = list(traced[0]["trace"]["p50_ms"])
+        lines += [
+            "",
+            "## Where the traced requests spent their time",
+            "",
+            "Triton's own traces of one request in N (`--trace-rate`): milliseconds in the server, from the "
+            "frontend having read a request to its answer sent, by stage; p50 and p99 of each stage, and the "
+            "mean of each stage over the slowest hundredth of the traced requests (where the tail is spent).",
+            "",
+            "| layout | load | traces | "
+            + " | ".join(f"{s} p50/p99" for s in stages)
+            + " | slowest 1%: "
+            + ", ".join(stages)
+            + " |",
+            "|---|---|---:|" + "---:|" * len(stages) + "---|",
+        ]
+        for r in traced:
+            kind, value = row_level(r)
+            t = r["trace"]
+            cells = " | ".join(f"{t['p50_ms'][s]:.2f}/{t['p99_ms'][s]:.2f}" for s in stages)
+            tail = ", ".join(f"{t['slowest']['mean_ms'][s]:.2f}" for s in stages)
+            lines.append(f"| {row_label(r)} | {kind} {value:g} | {t['traces']} | {cells} | {tail} |")
     measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
     if measured:
         lines += [

@@ -1,5 +1,6 @@
 """How `recserve bench` loads a server: the protocol, perf_analyzer's windows and threads, the SLO it judges
-by, and what the requests carry (events by session, business rules); a field with a help is an option."""
+by, what the requests carry (events by session, business rules) and what the server traces; a field with a
+help is an option."""
 
 from __future__ import annotations
 
@@ -30,4 +31,10 @@ class LoadSettings:
         "Business rules to load each layout under too, beside none (docs/rules.md), comma-separated: rule:NAME "
         "(a rule the repository stores), exclude:N or include:N (N catalogue items a request), hidden:PCT (that "
         "share of the catalogue hidden through the repository's store for those runs).",
+    )
+    trace_rate: int = option(
+        0,
+        "Triton traces one request in N (a server the bench starts, --repo): the report then says where the "
+        "traced requests spent their time, stage by stage, and where the slowest hundredth spent it; 0 for none.",
+        min=0,
     )

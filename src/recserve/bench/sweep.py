@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from recserve.artifacts.served import LAYOUTS
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.cpu import CpuMeter
 from recserve.bench.perf_analyzer import LoadLevel
+from recserve.bench.triton_trace import read_traces, trace_args, window_summary
 from recserve.constants import SEED_HISTORY_LENGTH
 from recserve.errors import ServingError
 
@@ -153,6 +155,7 @@ def sweep(
     client_cpus: tuple[int, ...] = (),
     events_every: int = 0,
     rules: str | None = None,
+    trace_rate: int = 0,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -167,6 +170,8 @@ def sweep(
         events_every: by session, every Nth request carries an event to append first (0: none).
         rules: business rules to load each layout under besides none (``rule_variants.parse_variants``:
             rule:NAME, exclude:N, include:N, hidden:PCT), each run level by level beside no rule.
+        trace_rate: trace one request in N in the server started for ``repo`` (Triton's own traces), and
+            give each row ``trace``: its traced requests' stages (``triton_trace.window_summary``); 0: none.
     """
     from recserve.bench.load_report import ratios, write_report
     from recserve.bench.rule_variants import (
@@ -190,11 +195,21 @@ def sweep(
         raise ServingError(f"layout {', '.join(unknown)}: expected any of {', '.join(LAYOUTS)}")
     if (repo is None) == (url is None):
         raise ServingError("pass either a repository to serve or the url of a running server")
+    if trace_rate and repo is None:
+        raise ServingError("tracing needs --repo: only a server the sweep starts is traced")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     client_threads = client_threads or pa.default_client_threads()
     rows: list[dict] = []
-    with _server(repo, url) as (http_url, grpc_url, metrics_url, server_pid):
+    windows: list[tuple[dict, int, int]] = []  # (row, its load's start and end, steady clock ns)
+    traces_dir = tempfile.TemporaryDirectory()  # removed once read, after the server has stopped
+    trace_file = Path(traces_dir.name) / "trace.json"
+    with _server(repo, url, trace_args(trace_file, trace_rate) if trace_rate else ()) as (
+        http_url,
+        grpc_url,
+        metrics_url,
+        server_pid,
+    ):
         meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
         with tempfile.TemporaryDirectory() as tmp:
@@ -245,6 +260,7 @@ def sweep(
 
             def measure(layout: str, level: LoadLevel, input_file: Path) -> dict:
                 before, cpu_before = pa.model_statistics(http_url), meter.snapshot()
+                started = time.monotonic_ns()
                 result = pa.run(
                     LAYOUTS[layout].entry,
                     target,
@@ -260,7 +276,8 @@ def sweep(
                 steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                 cpu = meter.per_request(cpu_before, steps.get(LAYOUTS[layout].entry, {}).get("requests", 0))
                 failures = sum(s["failures"] for s in steps.values())
-                return {
+                window = (started, time.monotonic_ns())
+                row = {
                     "layout": layout,
                     level.kind: level.value,
                     **result,
@@ -268,6 +285,8 @@ def sweep(
                     "steps": steps,
                     "cpu_us_per_request": cpu,
                 }
+                windows.append((row, *window))
+                return row
 
             for level in levels:
                 for variant in variants:
@@ -284,6 +303,10 @@ def sweep(
                                     row["answers_showing_hidden"], row["answers_probed"] = probed
                             rows.append(row)
         metrics = pa.metrics_text(metrics_url)
+    with traces_dir:  # the server has stopped: every trace is written
+        traces = read_traces(trace_file) if trace_rate else []
+        for row, start, end in windows if trace_rate else ():
+            row["trace"] = window_summary(traces, LAYOUTS[row["layout"]].entry, start, end)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,
@@ -315,25 +338,26 @@ def sweep(
     return summary
 
 
-def _server(repo: Path | None, url: str | None):
+def _server(repo: Path | None, url: str | None, server_args: tuple[str, ...] = ()):
     if url is not None:
         parts = url.split(",")
         if len(parts) != 3:
             raise ServingError(f"url {url!r}: expected host:http_port,host:grpc_port,host:metrics_port")
         return nullcontext((*parts, None))  # another host's or process's server: no CPU accounting
     assert repo is not None  # sweep() takes one of the two
-    return _started(repo)
+    return _started(repo, server_args)
 
 
 class _started:
-    """Serves ``repo`` on free loopback ports for the length of the sweep."""
+    """Serves ``repo`` on free loopback ports for the length of the sweep (``server_args``: more options)."""
 
-    def __init__(self, repo: Path):
+    def __init__(self, repo: Path, server_args: tuple[str, ...] = ()):
         from recserve.processes import free_ports
         from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 
         http, grpc, metrics = free_ports(3)
-        self.server = TritonServer(repo, ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics))
+        settings = ServerSettings(http_port=http, grpc_port=grpc, metrics_port=metrics, extra_args=server_args)
+        self.server = TritonServer(repo, settings)
 
     def __enter__(self):
         self.server.__enter__()

@@ -104,6 +104,7 @@ def bench(
             progress=progress,
             events_every=load.events_every,
             rules=load.rules,
+            trace_rate=load.trace_rate,
         )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)
