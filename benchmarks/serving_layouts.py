@@ -181,6 +181,11 @@ def main() -> None:
         "their time, stage by stage, and where the slowest hundredth spent it (0: off)",
     )
     parser.add_argument(
+        "--keep-traces",
+        action="store_true",
+        help="with --trace-rate: keep Triton's trace files (traces/)",
+    )
+    parser.add_argument(
         "--export-report",
         default="",
         help="backends to time with `recserve export --report` "
@@ -248,6 +253,7 @@ def main() -> None:
                 events_every=args.events_every,
                 rules=args.rules or None,
                 trace_rate=args.trace_rate,
+                keep_traces=args.keep_traces,
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]

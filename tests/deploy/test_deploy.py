@@ -18,7 +18,7 @@ import yaml
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.deploy.k8s.k8s_settings import K8sSettings
 from recserve.deploy.k8s.manifest_files import write_manifests
-from recserve.deploy.monitoring import QUERIES, alert_rules, scrape_config
+from recserve.deploy.monitoring import QUANTILE_QUERIES, QUERIES, alert_rules, scrape_config
 from recserve.errors import ServingError
 from recserve.processes import free_ports
 from recserve.serving.triton_repository.layouts import write_repository
@@ -187,13 +187,14 @@ def test_the_values_that_matter_agree(manifests):
 
 
 def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flags(manifests, tmp_path):
+    from recserve.deploy.k8s.triton_objects import triton_args
     from recserve.serving.triton_server.bundle import Bundle
     from recserve.serving.triton_server.launcher import ServerSettings, server_args, serving_flags
 
     [deployment] = _objects(manifests / "base" / "deployment.yaml")
     [runtime] = _objects(manifests / "kserve" / "servingruntime.yaml")
     flags = serving_flags(K8sSettings(_env_file=None).exit_timeout_s)
-    assert "--strict-readiness=true" in flags and "--metrics-config=summary_latencies=true" in flags
+    assert "--strict-readiness=true" in flags and not any("summary" in f for f in flags), flags  # quantiles off
     for args in (
         deployment["spec"]["template"]["spec"]["containers"][0]["args"],
         runtime["spec"]["containers"][0]["args"],
@@ -202,6 +203,27 @@ def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flag
     bundle = Bundle(tmp_path / "tritonserver", tmp_path / "backends", tmp_path / "libs")
     local = server_args(bundle, tmp_path, ServerSettings(exit_timeout_secs=30))
     assert set(flags) <= set(local)
+    # latency quantiles asked for: the same two flags in every place that starts Triton
+    quantiles = "0.5:0.05,0.99:0.001"
+    asked = serving_flags(30, quantiles)
+    assert {"--metrics-config=summary_latencies=true", f"--metrics-config=summary_quantiles={quantiles}"} <= set(asked)
+    assert set(asked) <= set(triton_args(K8sSettings(_env_file=None, latency_quantiles=quantiles)))
+    assert set(asked) <= set(server_args(bundle, tmp_path, ServerSettings(latency_quantiles=quantiles)))
+
+
+def test_latency_quantiles_triton_would_only_log_are_refused():
+    from recserve.serving.triton_server.launcher import ServerSettings, serving_flags
+
+    for bad in ("0.99", "0.99:0.001,", "1.5:0.01", "0.5:0", "p99:0.01"):
+        with pytest.raises(ServingError, match="latency quantiles .*quantile:error pairs"):
+            serving_flags(30, bad)
+        with pytest.raises(ServingError, match="latency quantiles"):
+            ServerSettings(latency_quantiles=bad).validate()
+        with pytest.raises(ServingError, match="latency quantiles"):
+            K8sSettings(_env_file=None, latency_quantiles=bad).check()
+    alerts = alert_rules(quantiles=True)["groups"][0]["rules"]  # with quantiles, the p99 alert beside the mean's
+    assert {"RecserveLatencyHigh", "RecserveP99LatencyHigh"} <= {a["alert"] for a in alerts}
+    assert "RecserveP99LatencyHigh" not in {a["alert"] for a in alert_rules()["groups"][0]["rules"]}
 
 
 def test_the_probes_hit_real_endpoints_of_a_running_server(manifests, int_server):
@@ -254,7 +276,8 @@ def test_promtool_accepts_the_config_the_rules_and_every_dashboard_query(manifes
     dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
     queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert len(queries) == len(QUERIES)
-    for exprs, ok in ((queries, True), (["sum by (model) (rate(nv_inference_count[1m])"], False)):  # unclosed
+    with_quantiles = list(QUANTILE_QUERIES.values())  # the panels a server with latency quantiles adds
+    for exprs, ok in ((queries + with_quantiles, True), (["sum by (model) (rate(nv_inference_count[1m])"], False)):
         rules = {
             "groups": [{"name": "panels", "rules": [{"record": f"panel:{i}", "expr": e} for i, e in enumerate(exprs)]}]
         }
@@ -303,11 +326,11 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
     prometheus = _tool("prometheus")
     repo = tmp_path / "repo"
     shutil.copytree(int_repo / "echo", repo / "echo")
-    serve, http, _, metrics = start_serve(repo)
+    serve, http, _, metrics = start_serve(repo, "--latency-quantiles", "0.5:0.05,0.99:0.001")
     [web] = free_ports(1)
     config = scrape_config(targets=[f"127.0.0.1:{metrics}"], interval_s=1)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules()))
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(alert_rules(quantiles=True)))
     scraper = subprocess.Popen(
         [
             prometheus,
@@ -334,6 +357,9 @@ def test_a_real_prometheus_scrapes_a_real_recserve_serve(int_repo, tmp_path):
         assert counted == sent
         assert _query(url, 'up{job="recserve-triton"}') == 1
         assert _query(url, 'sum(nv_inference_request_summary_us_count{model="echo"})') == sent  # the p99 alert's input
+        # the mean latency alert's inputs (its rate needs requests spread over scrapes: not these 25)
+        assert _query(url, 'sum(nv_inference_request_success{model="echo"})') == sent
+        assert 0 < _query(url, 'sum(nv_inference_request_duration_us{model="echo"})') / sent < 1e6
         client.close()  # an idle keep-alive connection holds Triton's stop for its whole exit timeout
     finally:
         for process in (scraper, serve):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import time
 import urllib.error
@@ -156,6 +157,7 @@ def sweep(
     events_every: int = 0,
     rules: str | None = None,
     trace_rate: int = 0,
+    keep_traces: bool = False,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -172,6 +174,7 @@ def sweep(
             rule:NAME, exclude:N, include:N, hidden:PCT), each run level by level beside no rule.
         trace_rate: trace one request in N in the server started for ``repo`` (Triton's own traces), and
             give each row ``trace``: its traced requests' stages (``triton_trace.window_summary``); 0: none.
+        keep_traces: also keep Triton's trace files (JSON) in ``out``/traces, with each row's window.
     """
     from recserve.bench.load_report import ratios, write_report
     from recserve.bench.rule_variants import (
@@ -307,6 +310,12 @@ def sweep(
         traces = read_traces(trace_file) if trace_rate else []
         for row, start, end in windows if trace_rate else ():
             row["trace"] = window_summary(traces, LAYOUTS[row["layout"]].entry, start, end)
+            if keep_traces:
+                row["trace"]["window_ns"] = [start, end]
+        if trace_rate and keep_traces:
+            (out / "traces").mkdir(exist_ok=True)
+            for file in trace_file.parent.glob(trace_file.name + "*"):
+                shutil.copy(file, out / "traces" / file.name)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,

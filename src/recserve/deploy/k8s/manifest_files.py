@@ -70,7 +70,7 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         "kserve/servingruntime.yaml": serving_runtime(s),
         "monitoring/prometheus.yml": scrape_config(pods_dns=pods_dns(s)),
         "monitoring/prometheus-adapter.yaml": adapter_rules(s),
-        "monitoring/alerts.yml": alert_rules(),
+        "monitoring/alerts.yml": alert_rules(quantiles=bool(s.latency_quantiles)),
     }
     written = []
     for relative, content in files.items():
@@ -79,7 +79,10 @@ def write_manifests(repo: Path, out: Path, s: K8sSettings) -> list[Path]:
         text = yaml.safe_dump_all(render_overlay(s, overlay, store), sort_keys=False)
         written.append(_write(Path(out) / "rendered" / f"{overlay}.yaml", text))
     written.append(
-        _write(Path(out) / "monitoring" / "grafana-dashboard.json", json.dumps(grafana_dashboard(), indent=2))
+        _write(
+            Path(out) / "monitoring" / "grafana-dashboard.json",
+            json.dumps(grafana_dashboard(quantiles=bool(s.latency_quantiles)), indent=2),
+        )
     )
     written.append(_write(Path(out) / "README.md", _readme(s, info, store)))
     return written

@@ -19,7 +19,7 @@ def triton_args(s: K8sSettings) -> list[str]:
         f"--http-port={HTTP_PORT}",
         f"--grpc-port={GRPC_PORT}",
         f"--metrics-port={METRICS_PORT}",
-        *serving_flags(s.exit_timeout_s),
+        *serving_flags(s.exit_timeout_s, s.latency_quantiles),
         "--allow-metrics=true",
     ]
 
