@@ -35,6 +35,7 @@ class LoadSettings:
     trace_rate: int = option(
         0,
         "Triton traces one request in N (a server the bench starts, --repo): the report then says where the "
-        "traced requests spent their time, stage by stage, and where the slowest hundredth spent it; 0 for none.",
+        "traced requests spent their time, stage by stage, and where the slowest hundredth spent it; 0 for none. "
+        "Trace one in 20 or fewer: at one in 4 under load, Triton 2.51 failed some requests.",
         min=0,
     )
