@@ -259,8 +259,8 @@ def main() -> None:
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]
             if settings.step_summary_s:  # the server's log lines of the steps, from this variant's run
-                logs = [p for p in sorted(args.work.glob("tritonserver-*.log")) if p.stat().st_mtime >= started]
-                lines = [x for p in logs for x in p.read_text(errors="replace").splitlines() if "p50/p99/max" in x]
+                text = Path(summary["server_log"]).read_text(errors="replace")
+                lines = [x for x in text.splitlines() if "p50/p99/max" in x]
                 (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)

@@ -1,6 +1,7 @@
 """A short real benchmark: perf_analyzer against a real server, one load level, a few seconds a layout."""
 
 import json
+from pathlib import Path
 
 import pytest
 from tests.conftest import SERVED_LAYOUTS, needs_native_backends
@@ -54,6 +55,7 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
         if row["layout"] == "native":  # (a Python model would spend about what fused's does)
             assert row["cpu_us_per_request"]["models"] < 0.5 * fused_models, row["cpu_us_per_request"]
     assert result["server_failures"] == dict.fromkeys(SERVED_LAYOUTS, 0)
+    assert "successfully loaded" in Path(result["server_log"]).read_text()  # the log of the server it started
     assert "## CPU per request" in (out / "report.md").read_text()
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
 

@@ -212,6 +212,7 @@ def sweep(
         grpc_url,
         metrics_url,
         server_pid,
+        server_log,
     ):
         meter = CpuMeter(server_pid)
         target = grpc_url if protocol == "grpc" else http_url
@@ -319,6 +320,7 @@ def sweep(
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,
+        "server_log": str(server_log) if server_log else None,  # the server the sweep started: its log
         "settings": {
             "protocol": protocol,
             "measurement_ms": measurement_ms,
@@ -352,7 +354,7 @@ def _server(repo: Path | None, url: str | None, server_args: tuple[str, ...] = (
         parts = url.split(",")
         if len(parts) != 3:
             raise ServingError(f"url {url!r}: expected host:http_port,host:grpc_port,host:metrics_port")
-        return nullcontext((*parts, None))  # another host's or process's server: no CPU accounting
+        return nullcontext((*parts, None, None))  # another host's or process's server: no CPU accounting, no log
     assert repo is not None  # sweep() takes one of the two
     return _started(repo, server_args)
 
@@ -371,7 +373,8 @@ class _started:
     def __enter__(self):
         self.server.__enter__()
         s = self.server.settings
-        return self.server.http_url, self.server.grpc_url, f"{s.host}:{s.metrics_port}", self.server.process.pid
+        server = self.server
+        return server.http_url, server.grpc_url, f"{s.host}:{s.metrics_port}", server.process.pid, server.log_path
 
     def __exit__(self, *exc):
         self.server.__exit__(*exc)
