@@ -203,6 +203,11 @@ def test_serve_the_deployment_and_kserve_start_triton_with_the_same_serving_flag
     bundle = Bundle(tmp_path / "tritonserver", tmp_path / "backends", tmp_path / "libs")
     local = server_args(bundle, tmp_path, ServerSettings(exit_timeout_secs=30))
     assert set(flags) <= set(local)
+    dockerfile = (Path(__file__).parents[2] / "deploy" / "docker" / "Dockerfile.serve").read_text()
+    [entrypoint] = [
+        json.loads(line.split(" ", 1)[1]) for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT")
+    ]
+    assert set(flags) == set(entrypoint[2:]), entrypoint  # the serving image's Triton: the same flags, no other
     # latency quantiles asked for: the same two flags in every place that starts Triton
     quantiles = "0.5:0.05,0.99:0.001"
     asked = serving_flags(30, quantiles)
