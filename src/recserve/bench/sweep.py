@@ -308,15 +308,16 @@ def sweep(
                             rows.append(row)
         metrics = pa.metrics_text(metrics_url)
     with traces_dir:  # the server has stopped: every trace is written
-        traces = read_traces(trace_file) if trace_rate else []
-        for row, start, end in windows if trace_rate else ():
-            row["trace"] = window_summary(traces, LAYOUTS[row["layout"]].entry, start, end)
+        if trace_rate:
+            traces = read_traces(trace_file)
+            for row, start, end in windows:
+                row["trace"] = window_summary(traces, LAYOUTS[row["layout"]].entry, start, end)
+                if keep_traces:
+                    row["trace"]["window_ns"] = [start, end]
             if keep_traces:
-                row["trace"]["window_ns"] = [start, end]
-        if trace_rate and keep_traces:
-            (out / "traces").mkdir(exist_ok=True)
-            for file in trace_file.parent.glob(trace_file.name + "*"):
-                shutil.copy(file, out / "traces" / file.name)
+                (out / "traces").mkdir(exist_ok=True)
+                for file in trace_file.parent.glob(trace_file.name + "*"):
+                    shutil.copy(file, out / "traces" / file.name)
     rows.sort(key=lambda r: layouts.index(r["layout"]))  # the report reads layout by layout (a stable sort)
     summary = {
         "results": rows,
