@@ -262,6 +262,9 @@ def main() -> None:
                 text = Path(summary["server_log"]).read_text(errors="replace")
                 lines = [x for x in text.splitlines() if "p50/p99/max" in x]
                 (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
+            if summary.get("stopped") and summary.get("server_log"):  # why the server stopped answering
+                tail = Path(summary["server_log"]).read_text(errors="replace").splitlines()[-300:]
+                (args.out / name / "server-log-tail.txt").write_text("\n".join(tail) + "\n")
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"
@@ -270,7 +273,9 @@ def main() -> None:
             rows.append(row | {"variant": name, "model": "random"})
         if "rule_overhead" in summary:
             overheads[name] = summary["rule_overhead"]
-        notes[name] = f"ok in {time.time() - started:.0f} s"
+        notes[name] = f"ok in {time.time() - started:.0f} s" + (
+            f"; stopped at {summary['stopped']}" if summary.get("stopped") else ""
+        )
         log.info("%s done", name)
     if args.ml100k:
         bundle = np.load(args.ml100k / "histories.npz")

@@ -113,6 +113,18 @@ def test_traced_requests_are_taken_apart_stage_by_stage(summary):
     assert "## Where the traced requests spent their time" in report and "slowest 1%" in report
 
 
+def test_a_run_that_runs_past_its_bound_stops_the_sweep_with_what_it_measured(int_repo, ml100k_dir, tmp_path):
+    histories, string_ids = real_histories(ml100k_dir)
+    levels = [LoadLevel("concurrency", 1), LoadLevel("concurrency", 2)]
+    # a bound no run can keep: perf_analyzer is killed in its first window, and the sweep returns what it has
+    result = sweep(["fused"], levels, tmp_path, histories, string_ids, repo=int_repo, run_timeout_s=0.3)
+    (row,) = result["results"]  # the second level was not run
+    assert row["timed_out"] and row["errors"] == 1 and "perf_analyzer ran past 0 s" in row["error"], row
+    assert result["stopped"] == f"fused concurrency 1: {row['error']}; the levels after it were not run"
+    report = (tmp_path / "report.md").read_text()
+    assert "failed: perf_analyzer ran past" in report and "The sweep stopped early: fused concurrency 1" in report
+
+
 def test_a_trace_file_that_is_not_one_is_refused(tmp_path):
     (tmp_path / "trace.json").write_text('{"not": "a list"}')
     with pytest.raises(ValueError, match="not a Triton trace file"):

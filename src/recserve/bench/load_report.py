@@ -91,6 +91,8 @@ def write_report(summary: dict, path: Path) -> None:
             f"| {row_label(r)} | {kind} {value:g} | {r['throughput_rps']:,.0f} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} | {steps} |"
         )
+    if summary.get("stopped"):
+        lines += ["", f"The sweep stopped early: {summary['stopped']}."]
     lines += ["", "## Ratios", ""]
     ratios_ = summary["ratios"]
     for a, b in PAIRS:

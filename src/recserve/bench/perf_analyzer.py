@@ -142,7 +142,8 @@ def run(
     client_threads: int | None = None,
     client_cpus: tuple[int, ...] = (),
 ) -> dict:
-    """One bounded perf_analyzer run; returns throughput, latency percentiles (ms) and client-side parts.
+    """One bounded perf_analyzer run; returns throughput, latency percentiles (ms) and client-side parts, or
+    ``errors`` and ``error`` where it failed (``timed_out`` too where it ran past ``timeout_s`` and was killed).
 
     Args:
         client_threads: perf_analyzer's ``--max-threads``, the threads that keep the load's requests in
@@ -189,8 +190,8 @@ def run(
             env=env,
             preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None,
         )
-    except subprocess.TimeoutExpired as err:
-        raise ServingError(f"perf_analyzer ran past {timeout_s:.0f} s on {model}") from err
+    except subprocess.TimeoutExpired:  # killed: a row that says so, the rows before it kept by the caller
+        return {"errors": 1, "error": f"perf_analyzer ran past {timeout_s:.0f} s on {model}", "timed_out": True}
     if done.returncode != 0 or not csv_path.exists():
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         return {"errors": 1, "error": " | ".join(tail)}

@@ -158,6 +158,7 @@ def sweep(
     rules: str | None = None,
     trace_rate: int = 0,
     keep_traces: bool = False,
+    run_timeout_s: float | None = None,
 ) -> dict:
     """Runs every (layout, level); writes summary.json, report.md and the PNGs into ``out``.
 
@@ -175,6 +176,9 @@ def sweep(
         trace_rate: trace one request in N in the server started for ``repo`` (Triton's own traces), and
             give each row ``trace``: its traced requests' stages (``triton_trace.window_summary``); 0: none.
         keep_traces: also keep Triton's trace files (JSON) in ``out``/traces, with each row's window.
+        run_timeout_s: how long one perf_analyzer run may take before it is killed (None: ten windows and a
+            minute). A run killed so is a failed row, and the sweep stops there with what it measured before
+            (``stopped`` in the summary says where): a server that stopped answering would stall every level.
     """
     from recserve.bench.load_report import ratios, write_report
     from recserve.bench.rule_variants import (
@@ -205,6 +209,7 @@ def sweep(
     client_threads = client_threads or pa.default_client_threads()
     rows: list[dict] = []
     windows: list[tuple[dict, int, int]] = []  # (row, its load's start and end, steady clock ns)
+    stopped = ""  # why the sweep stopped before its last level, where it did
     traces_dir = tempfile.TemporaryDirectory()  # removed once read, after the server has stopped
     trace_file = Path(traces_dir.name) / "trace.json"
     with _server(repo, url, trace_args(trace_file, trace_rate) if trace_rate else ()) as (
@@ -273,10 +278,12 @@ def sweep(
                     input_file,
                     measurement_ms,
                     Path(tmp) / "pa.csv",
-                    timeout_s=measurement_ms / 1000 * 10 + 60,
+                    timeout_s=run_timeout_s or measurement_ms / 1000 * 10 + 60,
                     client_threads=client_threads,
                     client_cpus=client_cpus,
                 )
+                if result.get("timed_out"):  # a server that stopped answering may not give statistics either
+                    return {"layout": layout, level.kind: level.value, **result}
                 steps = pa.step_breakdown(before, pa.model_statistics(http_url), STEPS[layout])
                 cpu = meter.per_request(cpu_before, steps.get(LAYOUTS[layout].entry, {}).get("requests", 0))
                 failures = sum(s["failures"] for s in steps.values())
@@ -292,20 +299,25 @@ def sweep(
                 windows.append((row, *window))
                 return row
 
-            for level in levels:
-                for variant in variants:
-                    with hidden_for(variant, store_record, catalogue) as hidden:
-                        for layout in layouts:
-                            label = f"{layout} {level.kind} {level.value:g}"
-                            progress(label + ("" if variant.name == NONE else f" {variant.name}"), len(rows), total)
-                            row = measure(layout, level, inputs[layout, variant.name])
-                            if variant.name != NONE:
-                                row |= {"rules": variant.name, "hidden_items": len(hidden)}
-                            if hidden:  # what was measured kept to the hide: answers after it never show one
-                                probed = answers_showing(grpc_url, layout, histories, hidden, HIDE_PROBES)
-                                if probed is not None:
-                                    row["answers_showing_hidden"], row["answers_probed"] = probed
-                            rows.append(row)
+            for level, variant in ((level, variant) for level in levels for variant in variants):
+                if stopped:
+                    break
+                with hidden_for(variant, store_record, catalogue) as hidden:
+                    for layout in layouts:
+                        label = f"{layout} {level.kind} {level.value:g}"
+                        progress(label + ("" if variant.name == NONE else f" {variant.name}"), len(rows), total)
+                        row = measure(layout, level, inputs[layout, variant.name])
+                        if variant.name != NONE:
+                            row |= {"rules": variant.name, "hidden_items": len(hidden)}
+                        rows.append(row)
+                        if row.get("timed_out"):  # a server that stopped answering: what was measured is kept
+                            stopped = f"{label}: {row['error']}; the levels after it were not run"
+                            log.warning("sweep stopped at %s", stopped)
+                            break
+                        if hidden:  # what was measured kept to the hide: answers after it never show one
+                            probed = answers_showing(grpc_url, layout, histories, hidden, HIDE_PROBES)
+                            if probed is not None:
+                                row["answers_showing_hidden"], row["answers_probed"] = probed
         metrics = pa.metrics_text(metrics_url)
     with traces_dir:  # the server has stopped: every trace is written
         if trace_rate:
@@ -322,6 +334,7 @@ def sweep(
     summary = {
         "results": rows,
         "server_log": str(server_log) if server_log else None,  # the server the sweep started: its log
+        **({"stopped": stopped} if stopped else {}),
         "settings": {
             "protocol": protocol,
             "measurement_ms": measurement_ms,
