@@ -140,7 +140,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", default="seed,echo,fused-eager-bf16")
-    parser.add_argument("--concurrency", default="1,16,64,128,256")
+    parser.add_argument(
+        "--concurrency",
+        default="1,16,64,128,256",
+        help="levels; a level given again is run again (1,1,1: three rounds, each every --rules variant in turn), "
+        "and the rules' cost at it is the median over the rounds",
+    )
     parser.add_argument("--measurement-ms", type=int, default=2000)
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--delay-us", type=int, default=100)

@@ -153,6 +153,23 @@ def test_ratios_formula():
     assert r["best_within_slo"]["seed"] is None and r["best_within_slo"]["fused"]["throughput_rps"] == 300.0
 
 
+def test_a_rule_variant_run_in_rounds_is_compared_round_by_round():
+    from recserve.bench.rule_variants import rule_overhead
+
+    def row(p50, rps, rules=None, concurrency=1):
+        r = {"layout": "native", "concurrency": concurrency, "throughput_rps": rps, "p50_ms": p50, "p99_ms": 2.0}
+        return r | ({"rules": rules} if rules else {})
+
+    # three rounds at concurrency 1 (each: none, then the rule), one at 16; the host's p50 drifts by round
+    rule = "exclude:100"
+    rows = [row(1.5, 600.0), row(1.6, 570.0, rule), row(1.3, 700.0), row(1.35, 700.0, rule)]
+    rows += [row(1.4, 650.0), row(1.7, 520.0, rule), row(2.0, 8000.0, None, 16), row(2.1, 7200.0, rule, 16)]
+    levels = rule_overhead(rows, slo_p99_ms=10)["native"]["exclude:100"]["levels"]
+    one = levels["concurrency=1"]  # round by round +0.10, +0.05, +0.30: the median, not the last round's
+    assert one["p50_ms_more"] == pytest.approx(0.10) and one["throughput"] == pytest.approx(0.95) and one["rounds"] == 3
+    assert levels["concurrency=16"] == {"p50_ms_more": pytest.approx(0.1), "throughput": pytest.approx(0.9)}
+
+
 def test_bad_layout_is_refused(tmp_path):
     with pytest.raises(ServingError, match="layout nope"):
         sweep(["nope"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3")

@@ -126,6 +126,7 @@ def write_report(summary: dict, path: Path) -> None:
             for rules, v in variants.items():
                 levels = ", ".join(
                     f"{level} p50 {x['p50_ms_more']:+.2f} ms, throughput x{x['throughput']:.2f}"
+                    + (f" (median of {x['rounds']} rounds)" if x.get("rounds") else "")
                     for level, x in v["levels"].items()
                 )
                 best = v["best_within_slo_over_none"]

@@ -116,9 +116,16 @@ def hidden_for(variant: RuleVariant, store_record: dict | None, catalogue: np.nd
 
 def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
     """Each layout's rule variants beside its runs without a rule: p50 in milliseconds more and throughput as a
-    ratio at each shared level, and the best throughput within the SLO over no rule's."""
+    ratio at each shared level, and the best throughput within the SLO over no rule's.
+
+    A level run more than once (``--concurrency 1,1,1``: each round every variant in turn) compares each round's
+    run with no rule's of the same round, and gives the median over the rounds, with ``rounds``: on a host whose
+    p50 moves by a tenth of a millisecond from one run to the next, one pair of runs cannot tell such a cost.
+    """
     ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
-    by = {(r["layout"], r.get("rules", NONE), row_level(r)): r for r in ok}
+    by: dict[tuple, list[dict]] = {}  # (layout, rules, level): its runs in the order they ran
+    for r in ok:
+        by.setdefault((r["layout"], r.get("rules", NONE), row_level(r)), []).append(r)
 
     def best(layout: str, rules: str) -> float | None:
         mine = [r for r in ok if (r["layout"], r.get("rules", NONE)) == (layout, rules)]
@@ -129,12 +136,14 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
         if rules == NONE:
             continue
         levels = {}
-        for (other_layout, other_rules, level), row in by.items():
-            base = by.get((layout, NONE, level))
-            if (other_layout, other_rules) == (layout, rules) and base is not None:
+        for (other_layout, other_rules, level), runs in by.items():
+            bases = by.get((layout, NONE, level))
+            if (other_layout, other_rules) == (layout, rules) and bases is not None:
+                pairs = list(zip(runs, bases))  # round by round
                 levels[f"{level[0]}={level[1]:g}"] = {
-                    "p50_ms_more": row["p50_ms"] - base["p50_ms"],
-                    "throughput": row["throughput_rps"] / base["throughput_rps"],
+                    "p50_ms_more": float(np.median([r["p50_ms"] - b["p50_ms"] for r, b in pairs])),
+                    "throughput": float(np.median([r["throughput_rps"] / b["throughput_rps"] for r, b in pairs])),
+                    **({"rounds": len(pairs)} if len(pairs) > 1 else {}),
                 }
         mine, theirs = best(layout, rules), best(layout, NONE)
         probed = [r for r in ok if (r["layout"], r.get("rules")) == (layout, rules) and "answers_probed" in r]

@@ -47,7 +47,13 @@ def bench(
             "repository holds; fused,seed,echo with --url)."
         ),
     ] = None,
-    concurrency: Annotated[str | None, typer.Option(help="Comma-separated concurrency levels.")] = "1,4,16,64",
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated concurrency levels. A level given again is run again (1,1,1: three rounds, each "
+            "every --rules variant in turn); the rules' cost at it is then the median over the rounds."
+        ),
+    ] = "1,4,16,64",
     request_rate: Annotated[str | None, typer.Option(help="Comma-separated request rates (instead).")] = None,
     data: Annotated[
         Path | None, typer.Option(help="Data folder whose histories make the load (default: the repository's run's).")
