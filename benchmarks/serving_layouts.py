@@ -25,6 +25,7 @@ import numpy as np
 
 from recserve.bench.load_report import ratios, write_report
 from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
+from recserve.bench.step_log import read_step_lines, steps_beside_none
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
 from recserve.pipeline import repository_from_run
@@ -176,7 +177,9 @@ def main() -> None:
         type=int,
         default=0,
         help="recserve's backend logs each instance's batch steps (p50/p99/max) every N seconds; the lines go to "
-        "each such variant's step-summary.log (0: off)",
+        "each such variant's step-summary.log (0: off). With --rules, the summary's rule_steps_by_variant compares "
+        "each step's median in the periods with no ruled batch and in those with only ruled ones: run one level "
+        "(--concurrency 1,1,1) with periods shorter than a variant's run (2)",
     )
     parser.add_argument(
         "--trace-rate",
@@ -219,7 +222,7 @@ def main() -> None:
         build_report(
             run, args.out / "export-report", device, seconds=0.5, backends=tuple(args.export_report.split(","))
         )
-    rows, notes, checks, overheads = [], {}, {}, {}
+    rows, notes, checks, overheads, steps = [], {}, {}, {}, {}
     chosen_variants = list(filter(None, args.variants.split(",")))
     store = args.work / "store"  # recserve's embedded store, for the variants by session and for hidden items
     by_session = any("layouts" in table[name] for name in chosen_variants) or bool(args.rules)
@@ -267,6 +270,11 @@ def main() -> None:
                 text = Path(summary["server_log"]).read_text(errors="replace")
                 lines = [x for x in text.splitlines() if "p50/p99/max" in x]
                 (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
+                if args.rules:  # each step's median with no rule and under rules (one level: --concurrency 1,1,1)
+                    try:
+                        steps[name] = steps_beside_none(read_step_lines(text))
+                    except ValueError as err:  # periods too long for the variants' runs: see --step-summary-s
+                        steps[name] = {"error": str(err)}
             if summary.get("stopped") and summary.get("server_log"):  # why the server stopped answering
                 tail = Path(summary["server_log"]).read_text(errors="replace").splitlines()[-300:]
                 (args.out / name / "server-log-tail.txt").write_text("\n".join(tail) + "\n")
@@ -334,6 +342,7 @@ def main() -> None:
         "ratios": per_variant,
         "native_checks": checks,
         "rule_overhead_by_variant": overheads,
+        **({"rule_steps_by_variant": steps} if steps else {}),
         "notes": notes,
     }
     (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -170,6 +170,34 @@ def test_a_rule_variant_run_in_rounds_is_compared_round_by_round():
     assert levels["concurrency=16"] == {"p50_ms_more": pytest.approx(0.1), "throughput": pytest.approx(0.9)}
 
 
+def test_steps_beside_none_compare_periods_of_one_kind_only():
+    from recserve.bench.step_log import read_step_lines, steps_beside_none
+
+    def line(batches, ruled, graph, inputs):
+        steps = f"requests 0.010/0.020/0.030, inputs {inputs}/0.1/0.2, graph {graph}/0.9/1.0"
+        head = f"recserve backend: m_0_0: batches {batches} in 10.0 s, under rules {ruled}"
+        return f'I1206 recserve.cc:1354] "{head}; ms a batch, p50/p99/max: {steps}"'
+
+    log = "\n".join(
+        [
+            line(1, 0, 0.9, 0.04),  # the first batch's: too few batches
+            line(1000, 0, 0.50, 0.035),
+            line(1000, 0, 0.52, 0.037),
+            line(1000, 400, 0.70, 0.06),  # both kinds: left out
+            line(1000, 1000, 0.57, 0.048),
+            "an unrelated line",
+        ]
+    )
+    lines = read_step_lines(log)
+    assert len(lines) == 5 and lines[1]["steps"]["graph"] == (0.50, 0.9, 1.0)
+    got = steps_beside_none(lines)
+    assert got["none"]["periods"] == 2 and got["ruled"]["periods"] == 1
+    assert got["more_ms"]["graph"] == pytest.approx(0.06) and got["more_ms"]["inputs"] == pytest.approx(0.012)
+    assert got["more_ms"]["all"] == pytest.approx(0.06 + 0.012 + 0.0)
+    with pytest.raises(ValueError, match="ran ruled alone"):
+        steps_beside_none(lines[:4])
+
+
 def test_bad_layout_is_refused(tmp_path):
     with pytest.raises(ServingError, match="layout nope"):
         sweep(["nope"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3")

@@ -12,6 +12,7 @@ import tritonclient.grpc.aio as grpcclient
 import tritonclient.http as httpclient
 from tests.conftest import require_native, server_settings
 
+from recserve.bench.step_log import read_step_lines
 from recserve.errors import ServingError
 from recserve.serving.triton_repository.pbtxt import parse_pbtxt
 from recserve.serving.triton_server.launcher import TritonServer
@@ -161,6 +162,9 @@ def test_step_summary_s_makes_each_instance_log_its_batches_steps(two_runtimes, 
         times = {name: [float(t) for t in value.split("/")] for name, value in (s.split(" ") for s in steps)}
         assert all(0 <= p50 <= p99 <= top for p50, p99, top in times.values())
         assert times["graph"][0] > 0 and "recserve backend: native_recserve" in lines[0] and "batches 1 in" in lines[0]
+        (parsed,) = read_step_lines(log)  # the benchmarks read the same line back
+        assert parsed["batches"] == 1 and parsed["ruled"] == 0 and parsed["instance"].startswith("native_recserve")
+        assert parsed["steps"] == {name: tuple(t) for name, t in times.items()}
 
 
 @pytest.mark.parametrize(
