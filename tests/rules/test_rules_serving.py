@@ -288,6 +288,51 @@ def test_no_answer_ever_holds_an_item_its_rules_keep_out(
     assert len(got.item_ids) == min(20, len(allowed - set(HISTORIES[history].tolist())))
 
 
+@pytest.fixture(scope="module")
+def one_instance(shop):
+    """The shop's export served again with one instance a model, so that the instance a test's requests reach
+    is the one that read before (each instance reads the hidden items for itself)."""
+    server, store_dir, _ = shop
+    repo = server.repo.parent / "repo-one-instance"
+    settings = RepositorySettings(session_store=str(store_dir), native_runtime="recserve", native_instance_count=1)
+    write_repository(server.repo.parent / "export", repo, ("fused", "native"), settings)
+    with TritonServer(repo, server_settings()) as one:
+        yield one, store_dir
+
+
+@pytest.mark.parametrize("model", BY_ITEMS)
+def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_past_the_kept_changes(
+    one_instance, model
+):
+    """After its first read a model reads the hides since the change it holds, not the whole set again: with the
+    set's key removed behind its back (the changes kept), an item hidden before stays hidden. A model further
+    behind than the stream keeps reads the whole set."""
+    from recserve.sessions import store_contract
+
+    server, store_dir = one_instance
+    with RecommenderClient(server.grpc_url, model=model) as client, _store(store_dir) as store:
+        top = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+        first, second = top[0], top[1]
+        store.hide([str(first)])
+        try:
+            assert first not in client.recommend(HISTORIES[1], k=3).item_ids.tolist()  # read: the model holds it
+            set_key = store_contract.HIDDEN_KEY.format(prefix=store.settings.prefix)
+            store._client.delete(set_key)  # the set gone, its changes kept: a whole read would show `first`
+            store.hide([str(second)])
+            got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert first not in got and second not in got, got  # the change alone was read
+            kept = store_contract.HIDDEN_CHANGES_KEPT
+            for n in range(kept // 2 + 1):  # more changes than the stream keeps, each a hide and a show
+                store.hide([str(99990 - n)])
+                store.hide([str(99990 - n)], hidden=False)
+            # past the kept changes: the whole set, which holds `second` alone (the removed key lost `first`)
+            got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert first in got and second not in got, got
+        finally:
+            store.hide([str(first), str(second)], hidden=False)
+        assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top
+
+
 def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(shop):
     server, store_dir, _ = shop
     runner = CliRunner()

@@ -49,6 +49,9 @@ def test_recserves_backend_restates_the_contract():
     assert "memchr(member->str, ' '" in CPP and store_contract.MEMBER_SEPARATOR == " "
     assert f"characters > {store_contract.MAX_SESSION_ID}" in CPP
     assert f'kStoreUnavailable = "{STORE_UNAVAILABLE}"' in CPP
+    for key in (store_contract.HIDDEN_KEY, store_contract.HIDDEN_VERSION_KEY, store_contract.HIDDEN_CHANGES_KEY):
+        assert f'"{key.replace("{prefix}", "")}"' in CPP, key  # the hidden items' keys, after the prefix
+    assert f"op->str[0] == '{store_contract.HIDE}'" in CPP  # a change's kind: hidden, or else shown
     sent = set(re.findall(r'\{"([A-Z]+)"', CPP)) | set(re.findall(r'"([A-Z]+)", keys\[i\]', CPP))
     assert {c.upper() for c in store_contract.COMMANDS} >= sent - {"AUTH", "SELECT", "SENTINEL"}, sent
     assert {"ZADD", "ZREMRANGEBYRANK", "ZRANGE", "EXPIRE", "MULTI", "EXEC"} <= sent
@@ -62,6 +65,9 @@ def test_recserves_backend_restates_the_contract():
 
 def test_the_acl_allows_recserves_commands_only():
     rules = store_contract.acl_rules("recserve", "0" * 64, "shop:")
+    # the line docs/security.md gives a team for a store of its own is this one
+    doc = " ".join((Path(__file__).parents[2] / "docs" / "security.md").read_text().split())
+    assert " ".join(f"+{c}" for c in store_contract.COMMANDS) in doc
     assert rules.startswith("user default off\n")
     assert "resetchannels resetkeys ~shop:* -@all +ping +multi +exec +discard +zadd" in rules
     assert "@all" not in rules.replace("-@all", "")

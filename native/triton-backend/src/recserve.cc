@@ -570,6 +570,8 @@ class ModelInstanceState : public BackendModelInstance {
   at::Tensor named_, visible_, bank_;
   std::unique_ptr<SessionStore> hidden_store_;  // where hidden items are read without sessions
   int64_t hidden_version_ = -1;  // -1: never read
+  std::string hidden_entry_;  // the store's last change that visible_host_ holds ("": read the whole set next)
+  at::Tensor visible_host_;  // the items not hidden, on the host: what visible_ copies
   int64_t hidden_count_ = 0;
   std::string hidden_problem_;  // the last read's problem ("" once the items were read)
   double hidden_retry_at_ = 0, hidden_logged_at_ = 0;  // steady-clock seconds
@@ -672,6 +674,7 @@ ModelInstanceState::Load()
       listed_[1].assign(max_batch, {});
       named_ = model_->Bank().masks.to(device_);
       visible_ = at::ones({named_.size(1)}, at::TensorOptions(device_).dtype(at::kBool));
+      visible_host_ = at::ones({named_.size(1)}, at::TensorOptions().dtype(at::kBool));
       bank_ = named_.clone();
       if (!model_->BySession() && model_->HiddenStore() != nullptr) {
         hidden_store_ = std::make_unique<SessionStore>(*model_->HiddenStore());
@@ -1032,10 +1035,8 @@ ModelInstanceState::RefreshHidden(int64_t version)
   if (!hidden_problem_.empty() && clock < hidden_retry_at_) {
     return;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
   }
-  int64_t now = hidden_version_;
-  std::vector<int64_t> ids;
-  bool changed = false;
-  const std::string problem = store->Hidden(hidden_version_, &now, &ids, &changed, model_->BySession());
+  SessionStore::HiddenRead read;
+  const std::string problem = store->Hidden(hidden_version_, hidden_entry_, &read, model_->BySession());
   if (!problem.empty()) {  // the items read last stay hidden; said once a problem (again every minute it lasts)
     if (problem != hidden_problem_ || clock >= hidden_logged_at_ + 60) {
       LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
@@ -1046,19 +1047,28 @@ ModelInstanceState::RefreshHidden(int64_t version)
     return;
   }
   hidden_problem_.clear();
-  if (!changed) {
+  if (!read.changed) {
     return;  // the version has not moved: what was read last holds
   }
-  at::Tensor visible = at::ones({named_.size(1)}, at::TensorOptions().dtype(at::kBool));
-  bool* flags = visible.data_ptr<bool>();
-  int64_t count = 0;
-  for (int64_t id : ids) {
-    const int64_t index = model_->Bank().Index(id);  // 0: the catalogue does not hold it, which hides nothing
-    if (index > 0 && flags[index]) {
-      flags[index] = false;
-      ++count;
+  // the items not hidden, on the host: the whole set anew, or the changes since the entry read last, in order
+  bool* flags = visible_host_.data_ptr<bool>();
+  auto apply = [&](const std::vector<int64_t>& ids, bool visible) {
+    for (int64_t id : ids) {
+      const int64_t index = model_->Bank().Index(id);  // 0: the catalogue does not hold it, which hides nothing
+      if (index > 0) {
+        flags[index] = visible;
+      }
+    }
+  };
+  if (read.full) {
+    visible_host_.fill_(true);
+    apply(read.ids, false);
+  } else {
+    for (const auto& change : read.changes) {
+      apply(change.second, !change.first);
     }
   }
+  const int64_t count = visible_host_.numel() - visible_host_.sum().item<int64_t>();
 #ifdef TRITON_ENABLE_GPU
   std::unique_ptr<c10::cuda::CUDAStreamGuard> on_stream;
   if (device_.is_cuda()) {  // ordered before the next replay on the same stream
@@ -1066,9 +1076,10 @@ ModelInstanceState::RefreshHidden(int64_t version)
   }
 #endif
   c10::InferenceMode inference;
-  visible_.copy_(visible);
+  visible_.copy_(visible_host_);
   at::logical_and_out(bank_, named_, visible_.unsqueeze(0));
-  hidden_version_ = now;
+  hidden_version_ = read.version;
+  hidden_entry_ = read.entry;
   hidden_count_ = count;
 }
 

@@ -617,10 +617,9 @@ SessionStore::AppendAndRead(
 }
 
 std::string
-SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids, bool* changed, bool version_read)
+SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read)
 {
-  *changed = false;
-  *version = known;
+  read->changed = false;
   if (c_ == nullptr) {
     const std::string problem = Connect();
     if (!problem.empty()) {
@@ -628,7 +627,9 @@ SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids,
     }
   }
   redisSetTimeout(c_, Timeval(s_.timeout_s));  // a round trip before may have left a shorter one
-  const std::string version_key = s_.prefix + "items:version", hidden_key = s_.prefix + "items:hidden";
+  // store_contract.HIDDEN_VERSION_KEY, HIDDEN_KEY and HIDDEN_CHANGES_KEY
+  const std::string version_key = s_.prefix + "items:version", hidden_key = s_.prefix + "items:hidden",
+                    changes_key = s_.prefix + "items:changes";
   auto failed = [&](const char* what) {
     const std::string why = c_->errstr;
     Drop();
@@ -644,43 +645,94 @@ SessionStore::Hidden(int64_t known, int64_t* version, std::vector<int64_t>* ids,
       return "";
     }
   }
-  // the items and their version together, so that a hide between the two reads is never half seen; the set
-  // is the shop's own (written by `recserve items hide`, up to the whole catalogue), not a shopper's: the
-  // guard on replies' lengths is lifted for this read alone
-  c_->reader->maxelements = 0;
-  for (const std::vector<std::string>& command : {std::vector<std::string>{"MULTI"}, {"GET", version_key},
-                                                   {"SMEMBERS", hidden_key}, {"EXEC"}}) {
-    Argv argv(command);
-    if (redisAppendCommandArgv(c_, argv.argc(), argv.argv.data(), argv.lengths.data()) != REDIS_OK) {
-      return failed("reading the hidden items");
+  // One transaction (MULTI, the commands, EXEC), its EXEC's reply in `exec`. The items are the shop's own
+  // (written by `recserve items hide`, up to the whole catalogue), not a shopper's: the guard on replies'
+  // lengths is lifted for these reads alone.
+  auto transaction = [&](const std::vector<std::vector<std::string>>& commands, Reply* exec) -> bool {
+    c_->reader->maxelements = 0;
+    std::vector<std::vector<std::string>> all{{"MULTI"}};
+    all.insert(all.end(), commands.begin(), commands.end());
+    all.push_back({"EXEC"});
+    for (const std::vector<std::string>& command : all) {
+      Argv argv(command);
+      if (redisAppendCommandArgv(c_, argv.argc(), argv.argv.data(), argv.lengths.data()) != REDIS_OK) {
+        return false;
+      }
     }
-  }
-  Reply exec;
-  for (int n = 0; n < 4; ++n) {  // MULTI's OK and two QUEUED, then EXEC's [version, members]
-    void* raw = nullptr;
-    if (redisGetReply(c_, &raw) != REDIS_OK) {
-      return failed("reading the hidden items");
+    for (size_t n = 0; n < all.size(); ++n) {  // MULTI's OK and a QUEUED a command, then EXEC's replies
+      void* raw = nullptr;
+      if (redisGetReply(c_, &raw) != REDIS_OK) {
+        return false;
+      }
+      exec->reset(static_cast<redisReply*>(raw));
     }
-    exec.reset(static_cast<redisReply*>(raw));
-  }
-  c_->reader->maxelements = ReplyGuard();
-  if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 2 || exec->element[1]->type != REDIS_REPLY_ARRAY) {
+    c_->reader->maxelements = ReplyGuard();
+    return true;
+  };
+  auto refused = [&](const redisReply* exec) {
     const std::string why = exec->type == REDIS_REPLY_ERROR ? std::string(exec->str, exec->len) : "an unexpected reply";
     return "the session store at " + s_.url + " refused the read of hidden items: " + why;
-  }
-  int64_t now = 0;
-  ParseVersion(exec->element[0], &now);
-  ids->clear();
-  const redisReply* members = exec->element[1];
-  for (size_t e = 0; e < members->elements; ++e) {
-    int64_t id;
-    const redisReply* member = members->element[e];
-    if (member->type == REDIS_REPLY_STRING && ParseItemId(member->str, member->len, &id)) {
-      ids->push_back(id);
+  };
+  auto ids_of = [](const redisReply* texts, size_t first, size_t step, std::vector<int64_t>* ids) {
+    for (size_t e = first; e < texts->elements; e += step) {
+      int64_t id;
+      const redisReply* text = texts->element[e];
+      if (text->type == REDIS_REPLY_STRING && ParseItemId(text->str, text->len, &id)) {
+        ids->push_back(id);
+      }
+    }
+  };
+  auto entry_id = [](const redisReply* e) {  // a stream entry: [its ID, [field, value, ...]]
+    return e->type == REDIS_REPLY_ARRAY && e->elements == 2 && e->element[0]->type == REDIS_REPLY_STRING
+               ? std::string(e->element[0]->str, e->element[0]->len)
+               : std::string();
+  };
+  Reply exec;
+  if (!entry.empty()) {  // the changes after `entry` (XRANGE's start is inclusive: `entry` first if still kept)
+    if (!transaction({{"GET", version_key}, {"XRANGE", changes_key, entry, "+"}}, &exec)) {
+      return failed("reading the hidden items' changes");
+    }
+    if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 2 || exec->element[1]->type != REDIS_REPLY_ARRAY) {
+      return refused(exec.get());
+    }
+    const redisReply* entries = exec->element[1];
+    if (entries->elements > 0 && entry_id(entries->element[0]) == entry) {
+      read->changes.clear();
+      for (size_t e = 1; e < entries->elements; ++e) {
+        const redisReply* fields = entries->element[e]->element[1];  // item, "+" or "-", ...: one kind an entry
+        if (entry_id(entries->element[e]).empty() || fields->type != REDIS_REPLY_ARRAY || fields->elements < 2) {
+          continue;
+        }
+        const redisReply* op = fields->element[1];
+        read->changes.emplace_back(op->type == REDIS_REPLY_STRING && op->len == 1 && op->str[0] == '+',
+                                   std::vector<int64_t>());
+        ids_of(fields, 0, 2, &read->changes.back().second);
+      }
+      read->version = known;
+      ParseVersion(exec->element[0], &read->version);
+      read->entry = entry_id(entries->element[entries->elements - 1]);
+      read->full = false;
+      read->changed = true;
+      return "";
     }
   }
-  *version = now;
-  *changed = true;
+  // the whole set, its version and the stream's last entry together, so that a hide between the reads is
+  // never half seen
+  if (!transaction({{"GET", version_key}, {"SMEMBERS", hidden_key}, {"XREVRANGE", changes_key, "+", "-", "COUNT", "1"}},
+                   &exec)) {
+    return failed("reading the hidden items");
+  }
+  if (exec->type != REDIS_REPLY_ARRAY || exec->elements != 3 || exec->element[1]->type != REDIS_REPLY_ARRAY ||
+      exec->element[2]->type != REDIS_REPLY_ARRAY) {
+    return refused(exec.get());
+  }
+  read->ids.clear();
+  ids_of(exec->element[1], 0, 1, &read->ids);
+  read->version = 0;
+  ParseVersion(exec->element[0], &read->version);
+  read->entry = exec->element[2]->elements > 0 ? entry_id(exec->element[2]->element[0]) : std::string();
+  read->full = true;
+  read->changed = true;
   return "";
 }
 

@@ -67,13 +67,23 @@ class SessionStore {
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
       std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version = nullptr);
 
+  // What a read of the items hidden catalogue-wide found: the whole set, or the changes after an entry.
+  struct HiddenRead {
+    bool changed = false;  // the version moved, and what follows was read
+    bool full = false;  // ids: the whole set; otherwise changes, in order (hidden or shown, their items)
+    std::vector<int64_t> ids;
+    std::vector<std::pair<bool, std::vector<int64_t>>> changes;
+    int64_t version = 0;
+    std::string entry;  // the stream's last entry ("" where it holds none): where the next read goes on
+  };
+
   // The items hidden catalogue-wide (`recserve items hide`, store_contract.HIDDEN_KEY): where the store's
-  // version (HIDDEN_VERSION_KEY, 0 before any hide) is not `known`, the items and their version read together
-  // (one MULTI/EXEC); `*changed` says whether they were. `known_read`: the version was just read (by
-  // AppendAndRead) and is `known`'s rival, so no GET is sent first. Integer IDs only; others hide nothing.
-  // Returns "" or the store's problem (then nothing changes).
-  std::string Hidden(
-      int64_t known, int64_t* version, std::vector<int64_t>* ids, bool* changed, bool version_read = false);
+  // version (HIDDEN_VERSION_KEY, 0 before any hide) is not `known`, what changed since `entry` (the stream of
+  // changes, HIDDEN_CHANGES_KEY, read from it on), or the whole set where the stream no longer keeps `entry`
+  // (or `entry` is ""); either with its version in one MULTI/EXEC. `version_read`: the version was just read
+  // (by AppendAndRead) and is `known`'s rival, so no GET is sent first. Integer IDs only; others hide nothing.
+  // Returns "" or the store's problem (then nothing is read).
+  std::string Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false);
 
   const StoreSettings& Settings() const { return s_; }
 

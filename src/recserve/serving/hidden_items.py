@@ -1,6 +1,7 @@
 """The items hidden catalogue-wide, kept in the session store (``recserve items hide``), followed by a served
-model: one read of their version a batch, and of the set only when the version moved, so that a hide the
-store acknowledged holds for every batch that starts after it."""
+model: one read of their version a batch, and of what changed only when the version moved (the whole set only
+where the store no longer keeps the change read last), so that a hide the store acknowledged holds for every
+batch that starts after it."""
 
 from __future__ import annotations
 
@@ -20,23 +21,39 @@ class HiddenItems:
         """``store``: a ``SessionStore`` of the catalogue's ID type; ``predictor``: whose rules it keeps."""
         self.store, self.predictor = store, predictor
         self.version: int | None = None
+        self.hidden: np.ndarray | None = None  # (items,) bool: the predictor's hidden items, as last read
+        self.entry = ""  # the store's last change that ``hidden`` holds (its stream's entry)
 
     def refresh(self) -> str | None:
         """Brings the predictor's hidden items to the store's; returns why it could not (the last ones read
-        then stay: an answer goes on without the store, as a session's does from its request's items)."""
+        then stay: an answer goes on without the store, as a session's does from its request's items). Reads
+        the changes since the last read where the store still keeps them, and the whole set only otherwise."""
         try:
             version = self.store.hidden_version()
             if version == self.version:
                 return None
-            version, items = self.store.hidden()
+            changes = self.store.hidden_changes(self.entry) if self.hidden is not None else None
+            if changes is None:  # the first read, or the store no longer keeps the entry read last
+                state = self.store.hidden_state()
+                hidden = np.zeros(len(self.predictor.vocab_ids), dtype=bool)
+                hidden[self._indices(state.items)] = True
+                version, entry = state.version, state.entry
+            else:
+                assert self.hidden is not None
+                hidden = self.hidden.copy()
+                for hide, items in changes.changes:  # in order: an item hidden, then shown, ends shown
+                    hidden[self._indices(items)] = hide
+                version, entry = changes.version, changes.entry
         except StoreError as err:
             return str(err)
-        hidden = np.zeros(len(self.predictor.vocab_ids), dtype=bool)
+        self.predictor.rules.hide(hidden)
+        self.hidden, self.version, self.entry = hidden, version, entry
+        return None
+
+    def _indices(self, items: list[str]) -> np.ndarray:
+        """The positions in the predictor's items of those ``items`` its catalogue holds (others hide nothing)."""
         ids = np.asarray(items, dtype=str)
         if not self.predictor.string_ids:  # what no integer catalogue holds hides nothing
             ids = np.array([int(item) for item in items if store_contract.is_integer_id(item)], dtype=np.int64)
         indices = self.predictor.indices(ids) if len(ids) else np.zeros(0, dtype=np.int64)
-        hidden[indices[indices > 0] - 1] = True
-        self.predictor.rules.hide(hidden)
-        self.version = version
-        return None
+        return indices[indices > 0] - 1

@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -258,8 +258,9 @@ class SessionStore:
         return min(count or self.settings.window, self.settings.window)
 
     def hide(self, items: Sequence[str], hidden: bool = True) -> int:
-        """Hides items catalogue-wide (``hidden``), or shows them again; returns how many changed. The change
-        and the raised version are one transaction: a batch that reads the new version reads the new set.
+        """Hides items catalogue-wide (``hidden``), or shows them again; returns how many changed. The change,
+        its entry in the stream of changes and the raised version are one transaction: a batch that reads the
+        new version reads the new set (or the entries that bring it there).
 
         Raises:
             StoreError: the store did not acknowledge it.
@@ -271,9 +272,13 @@ class SessionStore:
         if not items:
             return 0
         prefix = self.settings.prefix
+        texts = list(dict.fromkeys(str(item) for item in items))  # once each: an entry's field names
         pipe = self._client.pipeline(transaction=True)
         key = store_contract.HIDDEN_KEY.format(prefix=prefix)
-        (pipe.sadd if hidden else pipe.srem)(key, *[str(item) for item in items])
+        (pipe.sadd if hidden else pipe.srem)(key, *texts)
+        op = store_contract.HIDE if hidden else store_contract.SHOW
+        changes = store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix)
+        pipe.xadd(changes, dict.fromkeys(texts, op), maxlen=store_contract.HIDDEN_CHANGES_KEPT, approximate=False)
         pipe.incr(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
         return int(self._call("the change of hidden items", lambda: pipe.execute())[0])
 
@@ -284,17 +289,60 @@ class SessionStore:
 
     def hidden(self) -> tuple[int, list[str]]:
         """The hidden items (text) and the version they are at, read together."""
+        state = self.hidden_state()
+        return state.version, sorted(state.items)
+
+    def hidden_state(self) -> HiddenState:
+        """The hidden items, their version and the last change's entry, read together (a full read)."""
+        prefix = self.settings.prefix
         pipe = self._client.pipeline(transaction=True)
-        pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=self.settings.prefix))
-        pipe.smembers(store_contract.HIDDEN_KEY.format(prefix=self.settings.prefix))
-        version, members = self._call("the read of hidden items", lambda: pipe.execute())
-        return int(version or 0), sorted(members)
+        pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
+        pipe.smembers(store_contract.HIDDEN_KEY.format(prefix=prefix))
+        pipe.xrevrange(store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix), count=1)
+        version, members, last = self._call("the read of hidden items", lambda: pipe.execute())
+        return HiddenState(int(version or 0), list(members), last[0][0] if last else "")
+
+    def hidden_changes(self, entry: str) -> HiddenChanges | None:
+        """The changes of the hidden items after ``entry`` (the entry a ``hidden_state`` or an earlier call
+        ended at), and the version they bring the set to; None where the store no longer keeps ``entry`` (or
+        ``entry`` is ""): a full read (``hidden_state``) then."""
+        if not entry:
+            return None
+        prefix = self.settings.prefix
+        pipe = self._client.pipeline(transaction=True)
+        pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
+        # XRANGE's start is inclusive: ``entry`` first where the stream still keeps it
+        pipe.xrange(store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix), min=entry)
+        version, entries = self._call("the read of hidden items' changes", lambda: pipe.execute())
+        if not entries or entries[0][0] != entry:
+            return None
+        # each entry: its items (the field names), all hidden or all shown (the values); applied in order
+        changes = [(next(iter(fields.values())) == store_contract.HIDE, list(fields)) for _, fields in entries[1:]]
+        return HiddenChanges(int(version or 0), changes, entries[-1][0])
 
     def forget(self, sessions: Sequence[str]) -> int:
         """Removes sessions (a shopper's request to be forgotten); returns how many the store held."""
         if not sessions:
             return 0
         return self._call("the removal", lambda: self._client.delete(*(self.settings.key(s) for s in sessions)))
+
+
+class HiddenState(NamedTuple):
+    """The hidden items as one read found them: their version, the items (text), and the stream's last entry
+    ("" where it holds none), from which ``SessionStore.hidden_changes`` reads on."""
+
+    version: int
+    items: list[str]
+    entry: str
+
+
+class HiddenChanges(NamedTuple):
+    """The hidden items' changes after an entry: the version they bring the set to, each change in order
+    (hidden or shown, its items), and the last entry, from which the next read goes on."""
+
+    version: int
+    changes: list[tuple[bool, list[str]]]
+    entry: str
 
 
 @dataclass

@@ -21,9 +21,16 @@ from recserve.constants import NATIVE_PAD_ID
 
 HISTORY_KEY = "{prefix}h:{session}"  # one sorted set a session
 # the items hidden catalogue-wide (out of stock, withdrawn): a set of item IDs as the store keeps them, and a
-# counter raised with every change to it, which serving reads once a batch (and the set only when it moved)
+# counter raised with every change to it, which serving reads once a batch (and more only when it moved)
 HIDDEN_KEY = "{prefix}items:hidden"
 HIDDEN_VERSION_KEY = "{prefix}items:version"
+# every change also as one entry of a stream (its ID given by the store), of (HIDE or SHOW, item ID) pairs; the
+# change, its entry and the raised version are one transaction. A reader holding the set as of one entry reads
+# the entries after it (and the version) instead of the whole set. The stream keeps the last
+# HIDDEN_CHANGES_KEPT entries: a reader whose entry is gone, or that holds none, reads the whole set again.
+HIDDEN_CHANGES_KEY = "{prefix}items:changes"
+HIDDEN_CHANGES_KEPT = 1024
+HIDE, SHOW = "+", "-"
 MEMBER_SEPARATOR = " "  # a member is EVENT_ID, this, ITEM (an event ID holds no space)
 MAX_SESSION_ID = 256  # characters of a session ID (valid UTF-8, at least one)
 MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
@@ -53,6 +60,9 @@ COMMANDS = (
     "smembers",
     "incrby",
     "get",
+    "xadd",
+    "xrange",
+    "xrevrange",
 )
 # the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
 # COMMANDS only, touch only its prefix's keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
