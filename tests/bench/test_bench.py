@@ -168,6 +168,9 @@ def test_a_rule_variant_run_in_rounds_is_compared_round_by_round():
     one = levels["concurrency=1"]  # round by round +0.10, +0.05, +0.30: the median, not the last round's
     assert one["p50_ms_more"] == pytest.approx(0.10) and one["throughput"] == pytest.approx(0.95) and one["rounds"] == 3
     assert levels["concurrency=16"] == {"p50_ms_more": pytest.approx(0.1), "throughput": pytest.approx(0.9)}
+    rows[2] = {"layout": "native", "concurrency": 1, "errors": 1, "error": "failed"}  # round 2's none failed
+    one = rule_overhead(rows, slo_p99_ms=10)["native"][rule]["levels"]["concurrency=1"]
+    assert one["rounds"] == 2 and one["p50_ms_more"] == pytest.approx(0.2)  # rounds 1 and 3, each with its own
 
 
 def test_steps_beside_none_compare_periods_of_one_kind_only():

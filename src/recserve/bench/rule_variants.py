@@ -123,9 +123,14 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
     p50 moves by a tenth of a millisecond from one run to the next, one pair of runs cannot tell such a cost.
     """
     ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
-    by: dict[tuple, list[dict]] = {}  # (layout, rules, level): its runs in the order they ran
-    for r in ok:
-        by.setdefault((r["layout"], r.get("rules", NONE), row_level(r)), []).append(r)
+    by: dict[tuple, dict[int, dict]] = {}  # (layout, rules, level): its runs that succeeded, by round
+    for r in rows:  # a failed run keeps its round, so that the rounds after it pair as they ran
+        runs = by.setdefault((r["layout"], r.get("rules", NONE), row_level(r)), {})
+        runs[len(runs)] = r
+    for runs in by.values():
+        for round_, r in list(runs.items()):
+            if r.get("errors") or "throughput_rps" not in r:
+                del runs[round_]
 
     def best(layout: str, rules: str) -> float | None:
         mine = [r for r in ok if (r["layout"], r.get("rules", NONE)) == (layout, rules)]
@@ -137,9 +142,9 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
             continue
         levels = {}
         for (other_layout, other_rules, level), runs in by.items():
-            bases = by.get((layout, NONE, level))
-            if (other_layout, other_rules) == (layout, rules) and bases is not None:
-                pairs = list(zip(runs, bases))  # round by round
+            bases = by.get((layout, NONE, level), {})
+            pairs = [(r, bases[round_]) for round_, r in runs.items() if round_ in bases]  # round by round
+            if (other_layout, other_rules) == (layout, rules) and pairs:
                 levels[f"{level[0]}={level[1]:g}"] = {
                     "p50_ms_more": float(np.median([r["p50_ms"] - b["p50_ms"] for r, b in pairs])),
                     "throughput": float(np.median([r["throughput_rps"] / b["throughput_rps"] for r, b in pairs])),

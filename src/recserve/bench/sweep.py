@@ -318,7 +318,12 @@ def sweep(
                             probed = answers_showing(grpc_url, layout, histories, hidden, HIDE_PROBES)
                             if probed is not None:
                                 row["answers_showing_hidden"], row["answers_probed"] = probed
-        metrics = pa.metrics_text(metrics_url)
+        try:
+            metrics = pa.metrics_text(metrics_url)
+        except OSError:  # a server that stopped answering: the rows measured before stay
+            if not stopped:
+                raise
+            metrics = None
     with traces_dir:  # the server has stopped: every trace is written
         if trace_rate:
             traces = read_traces(trace_file)
@@ -345,7 +350,10 @@ def sweep(
             "events_every": events_every,
             **({"rules": [v.name for v in variants]} if len(variants) > 1 else {}),
         },
-        "server_failures": {layout: pa.failures_from_metrics(metrics, LAYOUTS[layout].entry) for layout in layouts},
+        "server_failures": {  # None: the server no longer answered for its metrics
+            layout: None if metrics is None else pa.failures_from_metrics(metrics, LAYOUTS[layout].entry)
+            for layout in layouts
+        },
     }
     if agreement is not None:
         summary["native_vs_fused"] = agreement
