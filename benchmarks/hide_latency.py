@@ -4,9 +4,10 @@ against a real Triton and a real store (a repository with a store in its record,
 Background processes keep a load of requests going (each as fast as it is answered, or ``--rate`` a second)
 on the model asked. Each probe asks for a history's top 10, hides its first item through the store, and from
 the acknowledgement on asks again until an answer leaves it out; every answer that started after the
-acknowledgement is checked. The figures: the time from the acknowledgement to the end of the first answer that
-honours the hide (p50, p99), and how many answers that started after it still held the item (must be 0). The
-item is shown again before the next probe.
+acknowledgement is checked. The figures: the time from the acknowledgement to the end of the first answer
+that honours the hide (p50, p99), and how many answers that started after it still held the item (must be 0).
+The item is shown again before the next probe. ``--hidden-beside N`` keeps N more items hidden throughout,
+which a model that read the whole set at every change would read again at each.
 
     python benchmarks/hide_latency.py --repo runs/demo/repo --store runs/demo/store --model recommender_native \
         --out runs/hide-latency.json
@@ -85,6 +86,13 @@ def main() -> None:
     )
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--deadline-s", type=float, default=5.0, help="a probe gives up after this long")
+    parser.add_argument(
+        "--hidden-beside",
+        type=int,
+        default=0,
+        help="items hidden throughout, beside each probe's (IDs no catalogue holds: what a served model reads, "
+        "not what it answers), as a shop with many items out of stock has them",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     embedded_store.start(args.store)
@@ -93,7 +101,11 @@ def main() -> None:
     context = multiprocessing.get_context("spawn")
     histories = [np.random.default_rng(1000 + n).integers(1, 1000, 8) for n in range(args.probes)]
     result: dict = {"model": args.model, "threads": args.threads, "rate": args.rate, "probes": args.probes}
+    result["hidden_beside"] = args.hidden_beside
+    beside = [str(10**12 + n) for n in range(args.hidden_beside)]
     with TritonServer(args.repo, settings) as server, SessionStore(embedded_store.settings_of(args.store)) as store:
+        for start in range(0, len(beside), 10_000):  # in changes of 10,000, as a shop's file would be sent
+            store.hide(beside[start : start + 10_000])
         stop, results = context.Event(), context.Queue()
         processes = [
             context.Process(target=_load, args=(server.grpc_url, args.model, n, args.rate, stop, results))
@@ -114,6 +126,8 @@ def main() -> None:
                 outcomes["answered per s"] += round(done["answered"] / seconds)
             for p in processes:
                 p.join()
+            for start in range(0, len(beside), 10_000):
+                store.hide(beside[start : start + 10_000], hidden=False)
     delays = [p["ms"] for p in probes]
     result |= {
         "ms_from_ack_to_honoured_p50": round(percentile(delays, 50), 3),

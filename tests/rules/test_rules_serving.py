@@ -306,7 +306,7 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
 ):
     """After its first read a model reads the hides since the change it holds, not the whole set again: with the
     set's key removed behind its back (the changes kept), an item hidden before stays hidden. A model further
-    behind than the stream keeps reads the whole set."""
+    behind than the stream keeps, or whose version moved without the changes' entries, reads the whole set."""
     from recserve.sessions import store_contract
 
     server, store_dir = one_instance
@@ -328,6 +328,16 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
             # past the kept changes: the whole set, which holds `second` alone (the removed key lost `first`)
             got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
             assert first in got and second not in got, got
+            # a writer that changes the set and its version but writes no entry (a recserve before the stream):
+            # the version moved by more than the changes read, so the whole set is read
+            version_key = store_contract.HIDDEN_VERSION_KEY.format(prefix=store.settings.prefix)
+            third = got[1] if got[0] == first else got[0]
+            store._client.sadd(set_key, str(third))
+            store._client.incr(version_key)
+            got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert third not in got and second not in got, got
+            store._client.srem(set_key, str(third))
+            store._client.incr(version_key)
         finally:
             store.hide([str(first), str(second)], hidden=False)
         assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top

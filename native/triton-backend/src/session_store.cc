@@ -696,7 +696,9 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
       return refused(exec.get());
     }
     const redisReply* entries = exec->element[1];
-    if (entries->elements > 0 && entry_id(entries->element[0]) == entry) {
+    int64_t now = -1;  // each change raised the version by one: any other step is a writer that left no entry
+    const bool counted = ParseVersion(exec->element[0], &now) && now - known == int64_t(entries->elements) - 1;
+    if (entries->elements > 0 && entry_id(entries->element[0]) == entry && counted) {
       read->changes.clear();
       for (size_t e = 1; e < entries->elements; ++e) {
         const redisReply* fields = entries->element[e]->element[1];  // item, "+" or "-", ...: one kind an entry
@@ -708,8 +710,7 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
                                    std::vector<int64_t>());
         ids_of(fields, 0, 2, &read->changes.back().second);
       }
-      read->version = known;
-      ParseVersion(exec->element[0], &read->version);
+      read->version = now;
       read->entry = entry_id(entries->element[entries->elements - 1]);
       read->full = false;
       read->changed = true;

@@ -32,8 +32,10 @@ class HiddenItems:
             version = self.store.hidden_version()
             if version == self.version:
                 return None
-            changes = self.store.hidden_changes(self.entry) if self.hidden is not None else None
-            if changes is None:  # the first read, or the store no longer keeps the entry read last
+            changes = None
+            if self.hidden is not None and self.version is not None:
+                changes = self.store.hidden_changes(self.entry, self.version)
+            if changes is None:  # the first read, or the changes since the last one cannot be read alone
                 state = self.store.hidden_state()
                 hidden = np.zeros(len(self.predictor.vocab_ids), dtype=bool)
                 hidden[self._indices(state.items)] = True

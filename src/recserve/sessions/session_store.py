@@ -302,10 +302,12 @@ class SessionStore:
         version, members, last = self._call("the read of hidden items", lambda: pipe.execute())
         return HiddenState(int(version or 0), list(members), last[0][0] if last else "")
 
-    def hidden_changes(self, entry: str) -> HiddenChanges | None:
+    def hidden_changes(self, entry: str, version: int) -> HiddenChanges | None:
         """The changes of the hidden items after ``entry`` (the entry a ``hidden_state`` or an earlier call
-        ended at), and the version they bring the set to; None where the store no longer keeps ``entry`` (or
-        ``entry`` is ""): a full read (``hidden_state``) then."""
+        ended at, at ``version``), and the version they bring the set to; None where the store no longer keeps
+        ``entry`` (or ``entry`` is ""), or where the version moved by more or less than one a change (a writer
+        that changed the set without its entry, as a recserve before the stream did): a full read
+        (``hidden_state``) then."""
         if not entry:
             return None
         prefix = self.settings.prefix
@@ -313,12 +315,12 @@ class SessionStore:
         pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
         # XRANGE's start is inclusive: ``entry`` first where the stream still keeps it
         pipe.xrange(store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix), min=entry)
-        version, entries = self._call("the read of hidden items' changes", lambda: pipe.execute())
-        if not entries or entries[0][0] != entry:
+        now, entries = self._call("the read of hidden items' changes", lambda: pipe.execute())
+        if not entries or entries[0][0] != entry or int(now or 0) - version != len(entries) - 1:
             return None
         # each entry: its items (the field names), all hidden or all shown (the values); applied in order
         changes = [(next(iter(fields.values())) == store_contract.HIDE, list(fields)) for _, fields in entries[1:]]
-        return HiddenChanges(int(version or 0), changes, entries[-1][0])
+        return HiddenChanges(int(now or 0), changes, entries[-1][0])
 
     def forget(self, sessions: Sequence[str]) -> int:
         """Removes sessions (a shopper's request to be forgotten); returns how many the store held."""
