@@ -1,4 +1,5 @@
 """A 100k-item random run served fused and native (recserve's backend) with an embedded store, for hide_latency."""
+
 import sys
 from pathlib import Path
 
