@@ -701,8 +701,11 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
     if (entries->elements > 0 && entry_id(entries->element[0]) == entry && counted) {
       read->changes.clear();
       for (size_t e = 1; e < entries->elements; ++e) {
+        if (entry_id(entries->element[e]).empty()) {  // not [ID, fields]
+          continue;
+        }
         const redisReply* fields = entries->element[e]->element[1];  // item, "+" or "-", ...: one kind an entry
-        if (entry_id(entries->element[e]).empty() || fields->type != REDIS_REPLY_ARRAY || fields->elements < 2) {
+        if (fields->type != REDIS_REPLY_ARRAY || fields->elements < 2) {
           continue;
         }
         const redisReply* op = fields->element[1];
