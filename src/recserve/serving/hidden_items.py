@@ -1,7 +1,7 @@
 """The items hidden catalogue-wide, kept in the session store (``recserve items hide``), followed by a served
 model: one read of their version a batch, and of what changed only when the version moved (the whole set only
-where the store no longer keeps the change read last), so that a hide the store acknowledged holds for every
-batch that starts after it."""
+where the changes since the last read cannot be read alone: ``SessionStore.hidden_changes``), so that a hide
+the store acknowledged holds for every batch that starts after it."""
 
 from __future__ import annotations
 
