@@ -306,7 +306,8 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
 ):
     """After its first read a model reads the hides since the change it holds, not the whole set again: with the
     set's key removed behind its back (the changes kept), an item hidden before stays hidden. A model further
-    behind than the stream keeps, or whose version moved without the changes' entries, reads the whole set."""
+    behind than the stream keeps, whose version moved without the changes' entries, or after a change too large
+    to keep as items, reads the whole set."""
     from recserve.sessions import store_contract
 
     server, store_dir = one_instance
@@ -338,6 +339,16 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
             assert third not in got and second not in got, got
             store._client.srem(set_key, str(third))
             store._client.incr(version_key)
+            # a change too large to keep as items: one entry that says so, and the whole set read
+            many = [str(third)] + [str(10**12 + n) for n in range(store_contract.HIDDEN_CHANGE_MAX_ITEMS)]
+            store.hide(many)
+            changes_key = store_contract.HIDDEN_CHANGES_KEY.format(prefix=store.settings.prefix)
+            ((_, fields),) = store._client.xrevrange(changes_key, count=1)
+            assert fields == {store_contract.WHOLE_SET_ITEM: store_contract.WHOLE_SET}
+            got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert third not in got and second not in got, got
+            store.hide(many, hidden=False)
+            assert third in client.recommend(HISTORIES[1], k=10).item_ids.tolist()
         finally:
             store.hide([str(first), str(second)], hidden=False)
         assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top

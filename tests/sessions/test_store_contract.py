@@ -51,7 +51,8 @@ def test_recserves_backend_restates_the_contract():
     assert f'kStoreUnavailable = "{STORE_UNAVAILABLE}"' in CPP
     for key in (store_contract.HIDDEN_KEY, store_contract.HIDDEN_VERSION_KEY, store_contract.HIDDEN_CHANGES_KEY):
         assert f'"{key.replace("{prefix}", "")}"' in CPP, key  # the hidden items' keys, after the prefix
-    assert f"op->str[0] == '{store_contract.HIDE}'" in CPP  # a change's kind: hidden, or else shown
+    # a change's kind: hidden, shown, or too large to keep as items (the whole set read instead)
+    assert f"kind == '{store_contract.HIDE}'" in CPP and f"kind != '{store_contract.WHOLE_SET}'" in CPP
     sent = set(re.findall(r'\{"([A-Z]+)"', CPP)) | set(re.findall(r'"([A-Z]+)", keys\[i\]', CPP))
     assert {c.upper() for c in store_contract.COMMANDS} >= sent - {"AUTH", "SELECT", "SENTINEL"}, sent
     assert {"ZADD", "ZREMRANGEBYRANK", "ZRANGE", "EXPIRE", "MULTI", "EXEC"} <= sent

@@ -698,21 +698,25 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
     const redisReply* entries = exec->element[1];
     int64_t now = -1;  // each change raised the version by one: any other step is a writer that left no entry
     const bool counted = ParseVersion(exec->element[0], &now) && now - known == int64_t(entries->elements) - 1;
-    if (entries->elements > 0 && entry_id(entries->element[0]) == entry && counted) {
-      read->changes.clear();
-      for (size_t e = 1; e < entries->elements; ++e) {
-        if (entry_id(entries->element[e]).empty()) {  // not [ID, fields]
-          continue;
-        }
-        const redisReply* fields = entries->element[e]->element[1];  // item, "+" or "-", ...: one kind an entry
-        if (fields->type != REDIS_REPLY_ARRAY || fields->elements < 2) {
-          continue;
-        }
-        const redisReply* op = fields->element[1];
-        read->changes.emplace_back(op->type == REDIS_REPLY_STRING && op->len == 1 && op->str[0] == '+',
-                                   std::vector<int64_t>());
-        ids_of(fields, 0, 2, &read->changes.back().second);
+    // the changes alone where the stream still keeps `entry` and each version since is one entry read, and
+    // none of them is a change too large to keep as items (store_contract.WHOLE_SET)
+    bool alone = entries->elements > 0 && entry_id(entries->element[0]) == entry && counted;
+    read->changes.clear();
+    for (size_t e = 1; alone && e < entries->elements; ++e) {
+      if (entry_id(entries->element[e]).empty()) {  // not [ID, fields]
+        continue;
       }
+      const redisReply* fields = entries->element[e]->element[1];  // item, "+" or "-", ...: one kind an entry
+      if (fields->type != REDIS_REPLY_ARRAY || fields->elements < 2) {
+        continue;
+      }
+      const redisReply* op = fields->element[1];
+      const char kind = op->type == REDIS_REPLY_STRING && op->len == 1 ? op->str[0] : '?';
+      alone = kind != '=';
+      read->changes.emplace_back(kind == '+', std::vector<int64_t>());
+      ids_of(fields, 0, 2, &read->changes.back().second);
+    }
+    if (alone) {
       read->version = now;
       read->entry = entry_id(entries->element[entries->elements - 1]);
       read->full = false;

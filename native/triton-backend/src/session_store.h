@@ -80,8 +80,9 @@ class SessionStore {
   // The items hidden catalogue-wide (`recserve items hide`, store_contract.HIDDEN_KEY): where the store's
   // version (HIDDEN_VERSION_KEY, 0 before any hide) is not `known`, what changed since `entry` (the stream of
   // changes, HIDDEN_CHANGES_KEY, read from it on), or the whole set where the stream no longer keeps `entry`
-  // (or `entry` is ""), or where the version moved by more or less than one a change read (a writer that
-  // changed the set without its entry); either with its version in one MULTI/EXEC. `version_read`: the
+  // (or `entry` is ""), where a change was too large to keep as items (store_contract.WHOLE_SET), or where the
+  // version moved by more or less than one a change read (a writer that changed the set without its entry);
+  // either with its version in one MULTI/EXEC. `version_read`: the
   // version was just read (by AppendAndRead) and is `known`'s rival, so no GET is sent first. Integer IDs
   // only; others hide nothing. Returns "" or the store's problem (then nothing is read).
   std::string Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false);

@@ -277,8 +277,11 @@ class SessionStore:
         key = store_contract.HIDDEN_KEY.format(prefix=prefix)
         (pipe.sadd if hidden else pipe.srem)(key, *texts)
         op = store_contract.HIDE if hidden else store_contract.SHOW
+        fields = dict.fromkeys(texts, op)
+        if len(texts) > store_contract.HIDDEN_CHANGE_MAX_ITEMS:  # too many to keep twice: read the set instead
+            fields = {store_contract.WHOLE_SET_ITEM: store_contract.WHOLE_SET}
         changes = store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix)
-        pipe.xadd(changes, dict.fromkeys(texts, op), maxlen=store_contract.HIDDEN_CHANGES_KEPT, approximate=False)
+        pipe.xadd(changes, fields, maxlen=store_contract.HIDDEN_CHANGES_KEPT, approximate=False)
         pipe.incr(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
         return int(self._call("the change of hidden items", lambda: pipe.execute())[0])
 
@@ -305,9 +308,9 @@ class SessionStore:
     def hidden_changes(self, entry: str, version: int) -> HiddenChanges | None:
         """The changes of the hidden items after ``entry`` (the entry a ``hidden_state`` or an earlier call
         ended at, at ``version``), and the version they bring the set to; None where the store no longer keeps
-        ``entry`` (or ``entry`` is ""), or where the version moved by more or less than one a change (a writer
-        that changed the set without its entry, as a recserve before the stream did): a full read
-        (``hidden_state``) then."""
+        ``entry`` (or ``entry`` is ""), where a change was too large to keep as items (``WHOLE_SET``), or where
+        the version moved by more or less than one a change (a writer that changed the set without its entry,
+        as a recserve before the stream did): a full read (``hidden_state``) then."""
         if not entry:
             return None
         prefix = self.settings.prefix
@@ -319,7 +322,10 @@ class SessionStore:
         if not entries or entries[0][0] != entry or int(now or 0) - version != len(entries) - 1:
             return None
         # each entry: its items (the field names), all hidden or all shown (the values); applied in order
-        changes = [(next(iter(fields.values())) == store_contract.HIDE, list(fields)) for _, fields in entries[1:]]
+        ops = [next(iter(fields.values()), store_contract.WHOLE_SET) for _, fields in entries[1:]]
+        if store_contract.WHOLE_SET in ops:  # a change too large to keep as items
+            return None
+        changes = [(op == store_contract.HIDE, list(fields)) for op, (_, fields) in zip(ops, entries[1:])]
         return HiddenChanges(int(now or 0), changes, entries[-1][0])
 
     def forget(self, sessions: Sequence[str]) -> int:

@@ -28,9 +28,14 @@ HIDDEN_VERSION_KEY = "{prefix}items:version"
 # change, its entry and the raised version are one transaction. A reader holding the set as of one entry reads
 # the entries after it (and the version) instead of the whole set. The stream keeps the last
 # HIDDEN_CHANGES_KEPT entries: a reader whose entry is gone, or that holds none, reads the whole set again.
+# A change of more than HIDDEN_CHANGE_MAX_ITEMS items (a shop's whole availability file, say) is one entry
+# (WHOLE_SET_ITEM, WHOLE_SET) instead, and its readers read the whole set: the stream holds at most
+# HIDDEN_CHANGES_KEPT x HIDDEN_CHANGE_MAX_ITEMS item IDs, whatever the shop sends.
 HIDDEN_CHANGES_KEY = "{prefix}items:changes"
 HIDDEN_CHANGES_KEPT = 1024
-HIDE, SHOW = "+", "-"
+HIDDEN_CHANGE_MAX_ITEMS = 1000
+HIDE, SHOW, WHOLE_SET = "+", "-", "="
+WHOLE_SET_ITEM = "*"
 MEMBER_SEPARATOR = " "  # a member is EVENT_ID, this, ITEM (an event ID holds no space)
 MAX_SESSION_ID = 256  # characters of a session ID (valid UTF-8, at least one)
 MAX_ITEM_ID = 256  # characters of an item ID as the store keeps it
