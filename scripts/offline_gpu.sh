@@ -121,7 +121,8 @@ cmd_bench() {
 # PROFILE=1 first: the native graph in-process at each of PROFILE_ITEMS (default ITEMS), plain against ruled
 # at batches 1, 16 and 64, called and replayed as CUDA graphs, with each variant's costliest kernels and the
 # output layer's product alone in each form a step can take it (benchmarks/rules_overhead.py --native --profile).
-# Each size's results come back as one archive, items-N.tar.gz.
+# Each size's results come back as one archive, items-N.tar.gz. The backend logs its steps every STEP_SUMMARY_S
+# seconds (2: shorter than a variant's run, so that rule_steps_by_variant finds periods of one kind).
 cmd_rules() {
   carried_server
   out=${OUT:-runs/gpu-rules}; mkdir -p "$out"
@@ -138,7 +139,7 @@ cmd_rules() {
     python3 benchmarks/serving_layouts.py --out "$out/items-$items" --work "/tmp/gpu-rules-$items" --items "$items" \
       --client-cpus 4 --variants native-recserve-bf16-plain --concurrency "${LEVELS:-1,16,64,256}" \
       --measurement-ms "${WINDOW_MS:-1000}" --rules rule:bench_category,exclude:100,hidden:10 \
-      --step-summary-s "${STEP_SUMMARY_S:-10}" "$@" || true
+      --step-summary-s "${STEP_SUMMARY_S:-2}" "$@" || true
     # one file a size (its report, plots and summary), as a call brings back few files
     tar -czf "$out/items-$items.tar.gz" -C "$out" "items-$items" && rm -rf "${out:?}/items-$items"
   done
