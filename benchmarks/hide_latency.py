@@ -102,10 +102,11 @@ def main() -> None:
     histories = [np.random.default_rng(1000 + n).integers(1, 1000, 8) for n in range(args.probes)]
     result: dict = {"model": args.model, "threads": args.threads, "rate": args.rate, "probes": args.probes}
     result["hidden_beside"] = args.hidden_beside
-    beside = [str(10**12 + n) for n in range(args.hidden_beside)]
+    ids = [str(10**12 + n) for n in range(args.hidden_beside)]
+    beside = [ids[start : start + 10_000] for start in range(0, len(ids), 10_000)]  # as a shop's file is sent
     with TritonServer(args.repo, settings) as server, SessionStore(embedded_store.settings_of(args.store)) as store:
-        for start in range(0, len(beside), 10_000):  # in changes of 10,000, as a shop's file would be sent
-            store.hide(beside[start : start + 10_000])
+        for change in beside:
+            store.hide(change)
         stop, results = context.Event(), context.Queue()
         processes = [
             context.Process(target=_load, args=(server.grpc_url, args.model, n, args.rate, stop, results))
@@ -126,8 +127,8 @@ def main() -> None:
                 outcomes["answered per s"] += round(done["answered"] / seconds)
             for p in processes:
                 p.join()
-            for start in range(0, len(beside), 10_000):
-                store.hide(beside[start : start + 10_000], hidden=False)
+            for change in beside:
+                store.hide(change, hidden=False)
     delays = [p["ms"] for p in probes]
     result |= {
         "ms_from_ack_to_honoured_p50": round(percentile(delays, 50), 3),

@@ -266,8 +266,8 @@ def main() -> None:
             )
             if "native_vs_fused" in summary:
                 checks[name] = summary["native_vs_fused"]
+            text = Path(summary["server_log"]).read_text(errors="replace") if summary.get("server_log") else ""
             if settings.step_summary_s:  # the server's log lines of the steps, from this variant's run
-                text = Path(summary["server_log"]).read_text(errors="replace")
                 lines = [x for x in text.splitlines() if "p50/p99/max" in x]
                 (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
                 if args.rules:  # each step's median with no rule and under rules (one level: --concurrency 1,1,1)
@@ -275,8 +275,8 @@ def main() -> None:
                         steps[name] = steps_beside_none(read_step_lines(text))
                     except ValueError as err:  # periods too long for the variants' runs: see --step-summary-s
                         steps[name] = {"error": str(err)}
-            if summary.get("stopped") and summary.get("server_log"):  # why the server stopped answering
-                tail = Path(summary["server_log"]).read_text(errors="replace").splitlines()[-300:]
+            if summary.get("stopped") and text:  # why the server stopped answering
+                tail = text.splitlines()[-300:]
                 (args.out / name / "server-log-tail.txt").write_text("\n".join(tail) + "\n")
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
