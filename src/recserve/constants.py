@@ -32,6 +32,9 @@ OUTPUT_SCORES = "scores"
 DEFAULT_K = 10
 DEFAULT_MAX_K = 100
 OUTPUT_UNKNOWN_IDS = "unknown_item_ids"  # INT32 [1]: history IDs not in the vocabulary (dropped)
+# item IDs one row of a request may bring: a history (the newest up to the model's window are read) or the items a
+# session appends; more is refused before any work (recserve's backend: kMaxAppended)
+MAX_REQUEST_ITEMS = 4096
 
 # Seed-compatible layout (the PoC's names)
 SEED_ENSEMBLE = "bert4rec_ensemble"

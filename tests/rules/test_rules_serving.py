@@ -9,6 +9,7 @@ a bad rule fails its own request only, naming what to write."""
 import asyncio
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
@@ -220,6 +221,8 @@ def test_the_native_session_layout_keeps_to_a_stored_rule_and_refuses_one_writte
         (FUSED_MODEL, Rules(where="brand == 1"), "no attribute 'brand'; the item table has year (number), genre"),
         (FUSED_MODEL, Rules(where='price == "cheap"'), "price is a number attribute"),
         (FUSED_MODEL, Rules(where="category = 1"), "compare with ==, not ="),
+        (FUSED_MODEL, Rules(where="year < 1" + "0" * 400), "past int64's range"),  # an OverflowError once
+        (FUSED_MODEL, Rules(where="price > 1e400"), "not a finite number"),
         (FUSED_MODEL, Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),
         (FUSED_MODEL, Rules(exclude=list(range(2000))), "exclude_item_ids: 2000 items; at most 1024"),
         (NATIVE_MODEL, Rules(rule="nope"), "no rule named 'nope'; the repository stores cheap_games, grown_up"),
@@ -247,6 +250,37 @@ def test_a_bad_rule_fails_its_own_request_naming_the_fix_and_leaves_the_batch_al
     if "written out" not in message:  # that one the client refuses before sending
         assert answers[4].status in ("400", "StatusCode.INVALID_ARGUMENT")
     assert all(len(a.item_ids) == 10 for i, a in enumerate(answers) if i != 4)
+
+
+@pytest.mark.parametrize("model", [FUSED_MODEL, SESSION_MODEL])
+def test_a_rule_past_its_numbers_type_or_a_huge_append_fails_its_request_alone_in_a_batch_of_thirty(shop, model):
+    """Thirty requests at once (one batch, or a few), two of them bad: a rule whose number is past int64 (once
+    an OverflowError that failed every request batched with it) and a million items to append (once 18 s of
+    one instance's time). Each bad one gets its own error in one line; the 28 others their answers."""
+    server, _, _ = shop
+    bad = {7: ("rule", "year < 1" + "0" * 400), 19: ("append", 1_000_000)}
+
+    def ask(n: int):
+        with RecommenderClient(server.grpc_url, model=model) as client:
+            what, value = bad.get(n, (None, None))
+            rules = Rules(where=value) if what == "rule" else None
+            items = np.arange(1, value + 1) % 1682 + 1 if what == "append" else HISTORIES[1]
+            try:
+                if model == SESSION_MODEL:
+                    return client.recommend_session(f"batch-{n}", items.tolist(), k=10, rules=rules)
+                return client.recommend(items, k=10, rules=rules)
+            except RecommendError as err:
+                return err
+
+    with ThreadPoolExecutor(30) as pool:
+        answers = list(pool.map(ask, range(30)))
+    assert "past int64's range" in str(answers[7]) and "Traceback" not in str(answers[7])
+    assert "1000000 items a row; at most 4096" in str(answers[19])
+    assert all(
+        isinstance(a, RecommendError) and a.status in ("400", "StatusCode.INVALID_ARGUMENT")
+        for a in (answers[7], answers[19])
+    )
+    assert all(len(a.item_ids) == 10 for n, a in enumerate(answers) if n not in bad), answers
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

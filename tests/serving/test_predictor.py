@@ -1,14 +1,16 @@
 """The framework-free predictor: the defined answer for every odd input."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tests.conftest import model_top_ids
 
-from recserve.constants import POPULARITY_FILE
+from recserve.constants import MAX_REQUEST_ITEMS, MAX_RULE_ITEMS, POPULARITY_FILE
 from recserve.errors import RequestError
 from recserve.export.exporter import export_run
 from recserve.serving.predictor import Predictor
-from recserve.serving.requests import exclude_flags, parse_request
+from recserve.serving.requests import exclude_flags, parse_each, parse_request
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +96,35 @@ def test_a_catalogue_smaller_than_k_returns_only_the_unseen_items(string_predict
         (np.array([[1]]), np.array([[1.0]]), None, "k: wrong data type"),
         (np.array([[1], [2]]), np.array([[3], [4]]), None, "one k per request"),
         (np.array([[1]]), None, np.array([[1]]), "exclude_seen: wrong data type"),
+        (np.ones((1, 4097), np.int64), None, None, "4097 items a row; at most 4096"),
     ],
 )
 def test_malformed_requests_name_the_field(item_ids, k, exclude, message):
     with pytest.raises(RequestError, match=message):
         parse_request(item_ids, k, exclude, max_k=100, string_ids=False)
+
+
+def test_a_defect_met_while_reading_one_request_is_that_requests_error_alone(caplog):
+    """Whatever a request's input makes the reading raise (a defect, not a RequestError) becomes its own error,
+    in one line that names no code of the server's; the requests beside it are read as ever."""
+
+    def parse(n):
+        if n == 1:
+            raise OverflowError("int too large to convert to float")
+        return n
+
+    parsed, good = parse_each([0, 1, 2], parse)
+    assert good == [0, 2] and parsed[0] == 0 and parsed[2] == 2
+    assert isinstance(parsed[1], RequestError) and str(parsed[1]) == (
+        "the request could not be read (OverflowError); the server's log says why"
+    )
+    assert "int too large" in caplog.text  # the server's log keeps the cause
+
+
+def test_recserves_backend_bounds_a_rows_items_and_listed_ids_as_the_python_layouts_do():
+    source = (Path(__file__).parents[2] / "native" / "triton-backend" / "src" / "recserve.cc").read_text()
+    assert f"kMaxAppended = {MAX_REQUEST_ITEMS};" in source
+    assert f"kMaxRuleItems = {MAX_RULE_ITEMS};" in source
 
 
 def test_exclude_flags_default_to_true_and_keep_each_rows_choice():

@@ -18,6 +18,7 @@ expression parser and then only these forms are accepted.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from recserve.errors import RequestError
 
 MAX_TEXT = 2000  # characters of one rule
 MAX_NODES = 400  # parsed nodes of one rule (values of a list included)
+MAX_INTEGER = 2**63 - 1  # an integer in a rule lies within int64 (a float within float64, finite)
 
 ORDERING: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
     "<": np.less,
@@ -142,15 +144,24 @@ def _node(node: ast.AST, text: str) -> Node:
 def _value(node: ast.AST, text: str) -> Value:
     if isinstance(node, ast.Name) and node.id in ("true", "false"):
         return node.id == "true"
+    segment = ast.get_source_segment(text.strip(), node) or type(node).__name__
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
         value = node.operand.value
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return -float(value)
+            return _number(-value, segment, text)
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float):
         value = node.value
-        return value if isinstance(value, str | bool) else float(value)
-    segment = ast.get_source_segment(text.strip(), node) or type(node).__name__
+        return value if isinstance(value, str | bool) else _number(value, segment, text)
     raise RuleError(f'rule {text!r}: {segment} is not a value; write a "string", a number, true or false')
+
+
+def _number(value: int | float, segment: str, text: str) -> float:
+    """A number of a rule as the masks compare it: an integer within int64, a float finite in float64."""
+    if isinstance(value, int) and not -MAX_INTEGER - 1 <= value <= MAX_INTEGER:
+        raise RuleError(f"rule {text!r}: {segment:.40} is past int64's range; a number lies within +-{MAX_INTEGER}")
+    if not math.isfinite(value):
+        raise RuleError(f"rule {text!r}: {segment:.40} is not a finite number")
+    return float(value)
 
 
 def check(rule: Rule, attributes: ItemAttributes) -> None:

@@ -5,6 +5,7 @@ Shared by every server shell (the Triton python models and the SageMaker handler
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from recserve.constants import (
     INPUT_RULE,
     INPUT_SESSION_ID,
     INPUT_WHERE,
+    MAX_REQUEST_ITEMS,
     NATIVE_PAD_ID,
 )
 from recserve.errors import RequestError
@@ -28,6 +30,7 @@ from recserve.rules.rule_book import RequestRules, check_listed
 from recserve.sessions import store_contract
 
 P = TypeVar("P")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,11 @@ def parse_request(
         expected = "BYTES (string IDs)" if string_ids else "INT64 (integer IDs)"
         raise RequestError(f"{INPUT_ITEM_IDS}: this model takes {expected}, got {item_ids.dtype}")
     rows = item_ids.shape[0]
+    if item_ids.shape[1] > MAX_REQUEST_ITEMS:
+        raise RequestError(
+            f"{INPUT_ITEM_IDS}: {item_ids.shape[1]} items a row; at most {MAX_REQUEST_ITEMS} "
+            "(the model reads the newest)"
+        )
     if rows == 0:
         raise RequestError(f"{INPUT_ITEM_IDS}: the request holds no history (shape {list(item_ids.shape)})")
     k_value = DEFAULT_K
@@ -228,4 +236,9 @@ def parse_each(requests: Sequence[Any], parse: Callable[[Any], P]) -> tuple[list
             parsed.append(parse(request))
         except RequestError as err:
             parsed.append(err)
+        except Exception as err:  # a defect met by one request's input is that request's alone
+            log.exception("a request could not be read")
+            parsed.append(
+                RequestError(f"the request could not be read ({type(err).__name__}); the server's log says why")
+            )
     return parsed, [p for p in parsed if not isinstance(p, RequestError)]
