@@ -47,6 +47,13 @@ class Backend(Protocol):
     def load(self, out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner: ...
 
 
+def changed_rows(masks: np.ndarray, earlier: np.ndarray | None) -> np.ndarray | None:
+    """The rows of ``masks`` that differ from ``earlier``, where the masks can say (a rule book's hand-outs,
+    ``rules.rule_book.Masks``), else None: a device copy of ``earlier`` is then made whole again."""
+    since = getattr(masks, "rows_changed_since", None)
+    return None if since is None or earlier is None else since(earlier)
+
+
 def rule_inputs(
     num_items: int,
     batch: int,

@@ -16,7 +16,7 @@ import torch
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.constants import MAX_RULE_MASKS, MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import ExportError
-from recserve.export.backend_protocol import Runner, rule_inputs
+from recserve.export.backend_protocol import Runner, changed_rows, rule_inputs
 from recserve.export.graph import GraphSpec, build_graph
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -123,7 +123,12 @@ class CudaGraphRunner:
         """The masks into the graphs' buffer, where they are not already there."""
         if masks is self.masks_from:
             return
-        self.masks[: len(masks)].copy_(torch.tensor(masks))  # read-only: copied
+        rows = changed_rows(masks, self.masks_from)
+        plain = np.asarray(masks)
+        if rows is None:
+            self.masks[: len(plain)].copy_(torch.tensor(plain))  # read-only: copied
+        elif len(rows):  # the book says which rows changed since the masks the buffer holds
+            self.masks[torch.from_numpy(rows).to(self.device)] = torch.from_numpy(plain[rows]).to(self.device)
         self.masks_from = masks
 
     def _uncaptured(self, ids, lengths, exclude, mask_of_row, excluded, included, masks=None):

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recserve.export.backend_protocol import Runner, rule_inputs
+from recserve.export.backend_protocol import Runner, changed_rows, rule_inputs
 
 
 class DeviceMasks:
-    """The masks' copy on the device, made again only when the caller hands other masks: a predictor hands the
-    same read-only array batch after batch until its rules change (``recserve.rules.rule_book.RuleBook``)."""
+    """The masks' copy on the device, brought up to date only when the caller hands other masks: a predictor
+    hands the same read-only array batch after batch until its rules change, and then one that says which rows
+    changed (``backend_protocol.changed_rows``), which alone are copied."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -20,8 +21,21 @@ class DeviceMasks:
 
     def __call__(self, masks: np.ndarray) -> torch.Tensor:
         if masks is not self.source or self.copy is None:
-            self.source, self.copy = masks, torch.tensor(masks, device=self.device)  # read-only: copied
+            self.copy = copy_masks(masks, self.source, self.copy, self.device)
+            self.source = masks
         return self.copy
+
+
+def copy_masks(masks: np.ndarray, source: np.ndarray | None, copy: torch.Tensor | None, device) -> torch.Tensor:
+    """``copy`` (of ``source``, on ``device``) brought to ``masks``: in place, the changed rows alone, where the
+    masks say which rows changed since ``source``; else a whole new copy."""
+    rows = changed_rows(masks, source) if copy is not None else None
+    plain = np.asarray(masks)  # the book's array, as a plain one
+    if rows is None or copy is None or tuple(copy.shape) != plain.shape:
+        return torch.tensor(plain, device=device)  # read-only: copied
+    if len(rows):
+        copy[torch.from_numpy(rows).to(device)] = torch.from_numpy(plain[rows]).to(device)
+    return copy
 
 
 def torch_runner(fn, device: str | torch.device, num_items: int) -> Runner:

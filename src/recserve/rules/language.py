@@ -242,11 +242,22 @@ def _compare(attribute: Attribute, op: str, value: Value | tuple[Value, ...]) ->
         categories = attribute.categories if attribute.categories is not None else np.array([], dtype=str)
         codes = [int(np.searchsorted(categories, v)) for v in values]
         known = [c for c, v in zip(codes, values) if c < len(categories) and categories[c] == v]
-        hit = np.isin(attribute.values, known)
+        hit = _any_of(attribute.values, known)
     elif attribute.kind == "bool":
-        hit = np.isin(attribute.values, [int(v) for v in values])
+        hit = _any_of(attribute.values, [int(v) for v in values])
     elif op in ORDERING:
         return ORDERING[op](attribute.values, float(values[0]))
     else:
-        hit = np.isin(attribute.values, np.asarray(values, dtype=np.float64))
+        hit = _any_of(attribute.values, [float(v) for v in values])
     return ~hit if op in ("!=", "not in") else hit
+
+
+def _any_of(values: np.ndarray, wanted: list) -> np.ndarray:
+    """Where ``values`` holds one of ``wanted``: a comparison a value for a few (np.isin sorts, 10x slower at a
+    million items), np.isin for a long list."""
+    if len(wanted) > 16:
+        return np.isin(values, np.asarray(wanted, dtype=values.dtype))
+    hit = np.zeros(len(values), dtype=bool)
+    for value in wanted:
+        hit |= values == value
+    return hit

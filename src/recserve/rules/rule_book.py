@@ -4,13 +4,15 @@ the items hidden catalogue-wide, and the masks compiled from them, which each ba
 
 The masks are one array (``masks``): row 0 every item but the hidden ones; then a row for each named rule
 (compiled when the book is made, so a bad one fails the load, not a request) and for each rule written out in
-a request (compiled on first use, the least recently used of those dropped past ``MAX_RULE_MASKS``). The array
-is read-only and made anew whenever a row changes, so a runner keeps its device copy until it does.
+a request (compiled on first use into a row of its own, the least recently used of those dropped past
+``MAX_RULE_MASKS``; rows no rule holds are all false). They are handed out read-only, as a new object whenever
+a row changes, which says what changed (``changed_rows``): a runner keeps its device copy until then, and then
+copies the changed rows alone (a new written rule costs its own row, not every row again).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +54,49 @@ class BatchRules:
         return self.masks, self.mask_of_row, self.excluded, self.included
 
 
+class Masks(np.ndarray):
+    """A rule book's masks as it hands them out (read-only), knowing which hand-out they are, so that a runner
+    that holds a device copy of an earlier one copies only the rows changed since (``rows_changed_since``, the
+    protocol ``export.backend_protocol.changed_rows`` asks)."""
+
+    ledger: _Ledger | None
+    generation: int
+
+    def __array_finalize__(self, obj) -> None:
+        self.ledger = getattr(obj, "ledger", None)
+        self.generation = getattr(obj, "generation", -1)
+
+    def rows_changed_since(self, earlier: object) -> np.ndarray | None:
+        """The rows that differ from ``earlier`` (an earlier hand-out of the same book and shape), or None where
+        a copy must be made whole (another book or shape, or changes no longer kept)."""
+        if not isinstance(earlier, Masks) or self.ledger is None or self.ledger is not earlier.ledger:
+            return None
+        if self.shape != earlier.shape or earlier.generation > self.generation:
+            return None
+        return self.ledger.rows_since(earlier.generation, self.generation)
+
+
+class _Ledger:
+    """A book's recent changes: the rows each hand-out changed (None: every row), the last ``KEPT``."""
+
+    KEPT = 256
+
+    def __init__(self):
+        self.changes: deque[tuple[int, tuple[int, ...] | None]] = deque(maxlen=self.KEPT)
+
+    def rows_since(self, generation: int, now: int) -> np.ndarray | None:
+        """The rows changed after hand-out ``generation`` up to ``now``, or None where that is not known."""
+        if not self.changes or self.changes[0][0] > generation + 1:
+            return None
+        rows: set[int] = set()
+        for changed_at, changed in self.changes:
+            if generation < changed_at <= now:
+                if changed is None:
+                    return None
+                rows.update(changed)
+        return np.fromiter(sorted(rows), dtype=np.int64, count=len(rows))
+
+
 class RuleBook:
     def __init__(self, attributes: ItemAttributes, named: dict[str, str] | None = None):
         """
@@ -65,11 +110,16 @@ class RuleBook:
         self.attributes = attributes
         self.num_items = attributes.rows
         self.hidden = np.zeros(self.num_items, dtype=bool)
+        self._visible = np.ones(self.num_items, dtype=bool)
         self.named = {name: compile_rule(text, attributes) for name, text in (named or {}).items()}
         self.texts = dict(named or {})
         self._written: OrderedDict[tuple[str | None, str | None], np.ndarray] = OrderedDict()
-        self._rows: dict[tuple[str | None, str | None], int] = {}
-        self.masks = self._build()
+        self._rows: dict[tuple[str | None, str | None], int] = {(None, None): EVERY_ITEM}
+        self._rows |= {(name, None): row for row, name in enumerate(self.named, 1)}
+        self._free: list[int] = []  # rows of dropped written rules, kept for the next ones
+        self._buffer = np.zeros((len(self._rows), self.num_items + 2), dtype=bool)
+        self._ledger, self._generation = _Ledger(), 0
+        self.masks = self._fill(None)
 
     def check(self, rules: RequestRules) -> None:
         """Compiles the request's rule where it has not been (so a bad one fails its request alone).
@@ -84,35 +134,53 @@ class RuleBook:
             self._remember(rules)
 
     def _remember(self, rules: RequestRules, keep: frozenset = frozenset()) -> None:
-        """Compiles a request's rule into the masks; the least recently used written ones past
-        ``MAX_RULE_MASKS`` are dropped, but never those of ``keep`` (a batch's own, which may then hold more)."""
+        """Compiles a request's rule into a row of the masks (only that row is written); the least recently used
+        written ones past ``MAX_RULE_MASKS`` are dropped, but never those of ``keep`` (a batch's own, which may
+        then hold more)."""
         mask = np.ones(self.num_items, dtype=bool)
         if rules.rule is not None:
             mask &= self.named[rules.rule]
         if rules.where is not None:
             mask &= compile_rule(parse(rules.where), self.attributes)
+        droppable = [key for key in self._written if key not in keep]
+        while len(self._written) + len(self.named) >= MAX_RULE_MASKS and droppable:
+            dropped = droppable.pop(0)
+            del self._written[dropped]
+            self._free.append(self._rows.pop(dropped))
         self._written[rules.key] = mask
-        droppable = [key for key in self._written if key not in keep and key != rules.key]
-        while len(self._written) + len(self.named) > MAX_RULE_MASKS and droppable:
-            del self._written[droppable.pop(0)]
-        self.masks = self._build()
+        self._rows[rules.key] = self._free.pop() if self._free else self._grow()
+        self.masks = self._fill([self._rows[rules.key]])
+
+    def _grow(self) -> int:
+        """A new row at the end of the masks: the buffer doubles (up to the rows the book keeps at once, more
+        only for a batch of more rules), so a copy of it is made whole a few times in a model's life."""
+        used = len(self._rows)
+        if used == len(self._buffer):
+            rows = max(min(2 * used, MAX_RULE_MASKS + 1 + len(self.named)), used + 1)
+            grown = np.zeros((rows, self.num_items + 2), dtype=bool)
+            grown[:used] = self._buffer
+            self._buffer = grown  # another shape: a device copy is made whole
+        taken = set(self._rows.values())
+        return next(row for row in range(len(self._buffer)) if row not in taken)
 
     def hide(self, hidden: np.ndarray) -> None:
         """Replaces the hidden items: ``hidden`` (N,) bool over the catalogue."""
         if not np.array_equal(hidden, self.hidden):
             self.hidden = np.asarray(hidden, dtype=bool).copy()
-            self.masks = self._build()
+            self._visible = ~self.hidden
+            self.masks = self._fill(None)
 
-    def _build(self) -> np.ndarray:
-        """Every row of the masks, by vocabulary index (padding and the mask token never allowed)."""
-        keys: list[tuple[str | None, str | None]] = [(None, None)]
-        keys += [(name, None) for name in self.named if (name, None) not in self._written]
-        keys += list(self._written)
-        masks = np.zeros((len(keys), self.num_items + 2), dtype=bool)
-        for row, key in enumerate(keys):
-            masks[row, 1:-1] = ~self.hidden & self._mask(key)
-        self._rows = {key: row for row, key in enumerate(keys)}
+    def _fill(self, rows: list[int] | None) -> Masks:
+        """Writes ``rows`` of the masks (None: every one) by vocabulary index (padding and the mask token never
+        allowed) and hands them out anew, read-only, the changed rows noted for the device copies."""
+        keys = {row: key for key, row in self._rows.items()}
+        for row in keys if rows is None else rows:
+            self._buffer[row, 1:-1] = self._visible & self._mask(keys[row])
+        self._generation += 1
+        self._ledger.changes.append((self._generation, None if rows is None else tuple(rows)))
+        masks = self._buffer.view(Masks)
         masks.flags.writeable = False
+        masks.ledger, masks.generation = self._ledger, self._generation
         return masks
 
     def _mask(self, key: tuple[str | None, str | None]) -> np.ndarray:
