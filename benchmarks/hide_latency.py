@@ -104,7 +104,8 @@ def main() -> None:
     result["hidden_beside"] = args.hidden_beside
     ids = [str(10**12 + n) for n in range(args.hidden_beside)]
     beside = [ids[start : start + 10_000] for start in range(0, len(ids), 10_000)]  # as a shop's file is sent
-    with TritonServer(args.repo, settings) as server, SessionStore(embedded_store.settings_of(args.store)) as store:
+    operator = embedded_store.role_settings(args.store, "operator")  # the only user that may hide
+    with TritonServer(args.repo, settings) as server, SessionStore(operator) as store:
         for change in beside:
             store.hide(change)
         stop, results = context.Event(), context.Queue()

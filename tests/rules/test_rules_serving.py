@@ -29,7 +29,6 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 from recserve.serving.triton_server.launcher import TritonServer
 from recserve.sessions import embedded_store
 from recserve.sessions.session_store import SessionStore
-from recserve.sessions.store_settings import StoreSettings, read_store_record
 from tests.conftest import model_top_ids, server_settings
 
 NAMED = {"cheap_games": 'category == "games" and price < 50', "grown_up": "adult"}
@@ -118,7 +117,13 @@ def _agree(got: np.ndarray, want: np.ndarray, clear: bool) -> None:
 
 
 def _store(store_dir) -> SessionStore:
-    return SessionStore(StoreSettings.from_record(read_store_record(store_dir)), "int64")
+    """The store as its catalogue operator reaches it (``recserve items``): the only user that may hide."""
+    return SessionStore(embedded_store.role_settings(store_dir, "operator"), "int64")
+
+
+def _upkeep(store_dir) -> SessionStore:
+    """The store as its upkeep user reaches it: every command, to change it behind the models' backs."""
+    return SessionStore(embedded_store.admin_settings(store_dir))
 
 
 @pytest.mark.parametrize("model", BY_ITEMS)
@@ -172,7 +177,7 @@ def test_a_hidden_item_leaves_the_next_answer_of_every_layout_and_comes_back_whe
         # beside two of the answers' items, 30,000 IDs the catalogue lacks: a set longer than any session
         # (a tenth of a large catalogue), which the native layouts read whole
         hidden = [int(before[0]), int(by_session[1]), *range(500_000, 530_000)]
-        assert store.hide([str(x) for x in hidden]) == len(hidden)
+        assert store.hide([str(x) for x in hidden]).changed == len(hidden)
         try:
             after = client.recommend(HISTORIES[0], k=10).item_ids  # the next answer: the hide was acknowledged
             assert not set(after.tolist()) & set(hidden) and len(after) == 10
@@ -345,14 +350,18 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
     from recserve.sessions import store_contract
 
     server, store_dir = one_instance
-    with RecommenderClient(server.grpc_url, model=model) as client, _store(store_dir) as store:
+    with (
+        RecommenderClient(server.grpc_url, model=model) as client,
+        _store(store_dir) as store,
+        _upkeep(store_dir) as upkeep,
+    ):
         top = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
         first, second = top[0], top[1]
         store.hide([str(first)])
         try:
             assert first not in client.recommend(HISTORIES[1], k=3).item_ids.tolist()  # read: the model holds it
             set_key = store_contract.HIDDEN_KEY.format(prefix=store.settings.prefix)
-            store._client.delete(set_key)  # the set gone, its changes kept: a whole read would show `first`
+            upkeep._client.delete(set_key)  # the set gone, its changes kept: a whole read would show `first`
             store.hide([str(second)])
             got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
             assert first not in got and second not in got, got  # the change alone was read
@@ -367,12 +376,12 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
             # the version moved by more than the changes read, so the whole set is read
             version_key = store_contract.HIDDEN_VERSION_KEY.format(prefix=store.settings.prefix)
             third = got[1] if got[0] == first else got[0]
-            store._client.sadd(set_key, str(third))
-            store._client.incr(version_key)
+            upkeep._client.sadd(set_key, str(third))
+            upkeep._client.incr(version_key)
             got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
             assert third not in got and second not in got, got
-            store._client.srem(set_key, str(third))
-            store._client.incr(version_key)
+            upkeep._client.srem(set_key, str(third))
+            upkeep._client.incr(version_key)
             # a change too large to keep as items: one entry that says so, and the whole set read
             many = [str(third)] + [str(10**12 + n) for n in range(store_contract.HIDDEN_CHANGE_MAX_ITEMS)]
             store.hide(many)
@@ -388,6 +397,48 @@ def test_a_model_reads_what_changed_since_its_last_read_and_the_whole_set_only_p
         assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top
 
 
+@pytest.mark.parametrize("model", BY_ITEMS)
+def test_a_version_that_goes_back_or_is_gone_makes_every_reader_read_the_whole_set(one_instance, model):
+    """Once a deleted version left recserve's backend never reading the set again (a hidden item shown 8 of 8
+    times). Every reader now reads the whole set where the version went back, and at most a second apart while
+    there is none (each a warning in the server's log)."""
+    import time
+
+    from recserve.sessions import store_contract
+
+    server, store_dir = one_instance
+    with (
+        RecommenderClient(server.grpc_url, model=model) as client,
+        _store(store_dir) as store,
+        _upkeep(store_dir) as upkeep,
+    ):
+        prefix = store.settings.prefix
+        set_key, version_key = (
+            k.format(prefix=prefix) for k in (store_contract.HIDDEN_KEY, store_contract.HIDDEN_VERSION_KEY)
+        )
+        top = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+        store.hide([str(top[0])])
+        try:
+            assert top[0] not in client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            version = store.hidden_version()
+            upkeep._client.set(version_key, version - 1)  # back by one, the set changed behind it
+            upkeep._client.sadd(set_key, str(top[1]))
+            got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert top[0] not in got and top[1] not in got, got
+            upkeep._client.delete(version_key)  # gone: then a change with no version at all
+            upkeep._client.sadd(set_key, str(top[2]))
+            deadline, got = time.monotonic() + 5, top
+            while top[2] in got and time.monotonic() < deadline:
+                got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+                time.sleep(0.1)
+            assert top[2] not in got and top[0] not in got, got  # read within about a second
+        finally:
+            upkeep._client.srem(set_key, *(str(t) for t in top))
+            upkeep._client.set(version_key, 10**6)
+            store.hide([str(t) for t in top], hidden=False)
+        assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top
+
+
 def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(shop):
     server, store_dir, _ = shop
     runner = CliRunner()
@@ -398,7 +449,8 @@ def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(sh
     assert len(answer["item_id"]) == 5 and all(i % 3 == 1 and i not in (4, 13) for i in answer["item_id"])
     top = answer["item_id"][0]
     hidden = runner.invoke(app, ["items", "hide", str(top), "--store", str(store_dir)])
-    assert hidden.exit_code == 0 and "1 of 1 item(s) hidden" in hidden.output, hidden.output
+    assert hidden.exit_code == 0 and "1 item(s) hidden (version" in hidden.output, hidden.output
+    assert "1 changed the set" in hidden.output
     try:
         again = json.loads(runner.invoke(app, [*ask, "--where", 'category == "games"']).output)
         assert top not in again["item_id"]
@@ -410,6 +462,29 @@ def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(sh
     assert few.exit_code == 0 and "the rules let 2 of the 10 items asked for through" in few.output, few.output
     bad = runner.invoke(app, [*ask, "--where", "brand == 1"])
     assert bad.exit_code == 1 and "no attribute 'brand'" in bad.output and "Traceback" not in bad.output
+
+
+def test_items_hide_checks_ids_against_the_catalogue_and_a_change_run_again_by_its_id_changes_nothing(shop):
+    """`items hide 0289 410.0 ' 498' abc` once said "4 of 4 hidden" and hid nothing: against the catalogue each
+    is refused by name and nothing changes; an ID the catalogue lacks is hidden and named as unknown; a change
+    run again with its ID (a script's retry) moves the version once."""
+    server, store_dir, _ = shop
+    runner = CliRunner()
+    catalogue = ["--store", str(store_dir), "--catalogue", str(server.repo)]
+    with _store(store_dir) as store:
+        before = store.hidden_version()
+        bad = runner.invoke(app, ["items", "hide", "0289", "410.0", " 498", "abc", *catalogue], env={"COLUMNS": "300"})
+        assert bad.exit_code != 0 and "'0289', '410.0', ' 498', 'abc': not item IDs of this catalogue" in bad.output
+        assert store.hidden_version() == before and store.hidden()[1] == []
+        hide = ["items", "hide", "12", "99999999", *catalogue, "--change-id", "restock-7"]
+        first, again = runner.invoke(app, hide), runner.invoke(app, hide)
+        said, said_again = " ".join(first.output.split()), " ".join(again.output.split())
+        assert first.exit_code == 0 and "2 changed the set" in said, said
+        assert "1 not in the catalogue (99999999)" in said
+        assert again.exit_code == 0 and "0 changed the set, 2 were this change's ID applied before" in said_again
+        assert store.hidden_version() == (before or 0) + 1 and store.hidden()[1] == ["12", "99999999"]
+        shown = runner.invoke(app, ["items", "show", "12", "99999999", *catalogue])
+        assert shown.exit_code == 0 and store.hidden()[1] == [], shown.output
 
 
 def test_a_stored_rule_that_does_not_fit_the_export_is_refused_before_anything_is_written(shop_run, tmp_path):

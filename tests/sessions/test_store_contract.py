@@ -64,11 +64,17 @@ def test_recserves_backend_restates_the_contract():
         assert f'"{field}"' in CPP, f"recserve's backend does not read the record's field {field}"
 
 
-def test_the_acl_allows_recserves_commands_only():
-    rules = store_contract.acl_rules("recserve", "0" * 64, "shop:")
-    # the line docs/security.md gives a team for a store of its own is this one
+def test_each_roles_acl_line_is_the_one_docs_security_gives_and_allows_its_commands_only():
+    # the lines docs/security.md gives a team for a store of its own are these ones
     doc = " ".join((Path(__file__).parents[2] / "docs" / "security.md").read_text().split())
-    assert " ".join(f"+{c}" for c in store_contract.COMMANDS) in doc
-    assert rules.startswith("user default off\n")
-    assert "resetchannels resetkeys ~shop:* -@all +ping +multi +exec +discard +zadd" in rules
-    assert "@all" not in rules.replace("-@all", "")
+    users = {"serving": "recserve", "writer": "recserve-writer", "operator": "recserve-operator"}
+    for role, user in users.items():
+        line = store_contract.acl_line(role, user, "<sha256>", "<prefix>").strip()
+        assert line in doc, line
+        assert f"-@all {' '.join(f'+{c}' for c in store_contract.ROLE_COMMANDS[role])}" in line
+        assert "@all" not in line.replace("-@all", "") and "resetchannels resetkeys" in line
+    assert store_contract.acl_rules("recserve", "0" * 64, "shop:").startswith("user default off\n")
+    # serving reads the catalogue's keys only; writers never read; the operator never reaches a session
+    assert "%R~shop:items:*" in store_contract.acl_line("serving", "u", "0", "shop:")
+    assert not {"zrange", "del", "get", "smembers"} & set(store_contract.ROLE_COMMANDS["writer"])
+    assert "h:*" not in store_contract.ROLE_KEYS["operator"]

@@ -85,6 +85,8 @@ const TRITONSERVER_DataType kRuleInputTypes[kRuleInputs] = {
     TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT64};
 constexpr int64_t kMaxRuleItems = 1024;  // excluded, or included, items of a request (constants.MAX_RULE_ITEMS)
 constexpr double kHiddenRetryS = 0.5;  // after a failed read of the hidden items, the next try at the soonest
+constexpr double kHiddenWholeS = 1.0;  // with no version to follow, the whole set read at most this often
+                                       // (hidden_items.WHOLE_READ_S)
 constexpr int64_t kListed = 128;  // listed items a row may bring to a captured graph (more: it runs uncaptured)
 
 TRITONSERVER_Error*
@@ -574,7 +576,7 @@ class ModelInstanceState : public BackendModelInstance {
   at::Tensor visible_host_;  // the items not hidden, on the host: what visible_ copies
   int64_t hidden_count_ = 0;
   std::string hidden_problem_;  // the last read's problem ("" once the items were read)
-  double hidden_retry_at_ = 0, hidden_logged_at_ = 0;  // steady-clock seconds
+  double hidden_retry_at_ = 0, hidden_logged_at_ = 0, hidden_whole_at_ = -1e18;  // steady-clock seconds
 #ifdef TRITON_ENABLE_GPU
   struct Captured {
     int64_t batch;
@@ -1028,15 +1030,18 @@ void
 ModelInstanceState::RefreshHidden(int64_t version)
 {
   SessionStore* store = model_->BySession() ? store_.get() : hidden_store_.get();
-  if (store == nullptr || (model_->BySession() && version == hidden_version_)) {
+  const double clock = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  // no version to follow (none in the store, or not a count: read as 0): the whole set every kHiddenWholeS
+  const bool whole_due = hidden_version_ <= 0 && clock >= hidden_whole_at_ + kHiddenWholeS;
+  if (store == nullptr || (model_->BySession() && version == hidden_version_ && !whole_due)) {
     return;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
   }
-  const double clock = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (!hidden_problem_.empty() && clock < hidden_retry_at_) {
     return;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
   }
   SessionStore::HiddenRead read;
-  const std::string problem = store->Hidden(hidden_version_, hidden_entry_, &read, model_->BySession());
+  const std::string problem =
+      store->Hidden(hidden_version_, hidden_entry_, &read, model_->BySession() && !whole_due, whole_due);
   if (!problem.empty()) {  // the items read last stay hidden; said once a problem (again every minute it lasts)
     if (problem != hidden_problem_ || clock >= hidden_logged_at_ + 60) {
       LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
@@ -1078,6 +1083,16 @@ ModelInstanceState::RefreshHidden(int64_t version)
   c10::InferenceMode inference;
   visible_.copy_(visible_host_);
   at::logical_and_out(bank_, named_, visible_.unsqueeze(0));
+  if (read.full) {
+    hidden_whole_at_ = clock;
+    if (read.version < hidden_version_) {  // gone from the store, or moved back: said, and the whole set read
+      LOG_MESSAGE(
+          TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items' version went from " +
+                                  std::to_string(hidden_version_) + " to " + std::to_string(read.version) +
+                                  " (gone, or moved back): the whole set was read")
+                                     .c_str());
+    }
+  }
   hidden_version_ = read.version;
   hidden_entry_ = read.entry;
   hidden_count_ = count;

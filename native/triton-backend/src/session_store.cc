@@ -617,9 +617,10 @@ SessionStore::AppendAndRead(
 }
 
 std::string
-SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read)
+SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read, bool whole_due)
 {
   read->changed = false;
+  const double deadline = Monotonic() + s_.timeout_s;  // one deadline for the whole read, not one a reply
   if (c_ == nullptr) {
     const std::string problem = Connect();
     if (!problem.empty()) {
@@ -631,7 +632,7 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
   const std::string version_key = s_.prefix + "items:version", hidden_key = s_.prefix + "items:hidden",
                     changes_key = s_.prefix + "items:changes";
   auto failed = [&](const char* what) {
-    const std::string why = c_->errstr;
+    const std::string why = c_->err != 0 ? std::string(c_->errstr) : "no answer within the store's timeout";
     Drop();
     return "the session store at " + s_.url + ": " + what + " failed: " + why;
   };
@@ -641,15 +642,16 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
       return failed("reading the hidden items' version");
     }
     int64_t now = known;
-    if (!ParseVersion(reply.get(), &now) || now == known) {
-      return "";
+    const bool counted = ParseVersion(reply.get(), &now) && now > 0;
+    if (counted ? now == known : known <= 0 && !whole_due) {
+      return "";  // unmoved; or no count to follow, none before either, and the whole set read lately
     }
   }
   // One transaction (MULTI, the commands, EXEC), its EXEC's reply in `exec`. The items are the shop's own
   // (written by `recserve items hide`, up to the whole catalogue), not a shopper's: the guard on replies'
-  // lengths is lifted for these reads alone.
+  // lengths is the hidden items' own (kHiddenReplyCap) for these reads, all under the one deadline.
   auto transaction = [&](const std::vector<std::vector<std::string>>& commands, Reply* exec) -> bool {
-    c_->reader->maxelements = 0;
+    c_->reader->maxelements = kHiddenReplyCap;
     std::vector<std::vector<std::string>> all{{"MULTI"}};
     all.insert(all.end(), commands.begin(), commands.end());
     all.push_back({"EXEC"});
@@ -661,7 +663,8 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
     }
     for (size_t n = 0; n < all.size(); ++n) {  // MULTI's OK and a QUEUED a command, then EXEC's replies
       void* raw = nullptr;
-      if (redisGetReply(c_, &raw) != REDIS_OK) {
+      const double left = deadline - Monotonic();
+      if (left <= 0 || redisSetTimeout(c_, Timeval(left)) != REDIS_OK || redisGetReply(c_, &raw) != REDIS_OK) {
         return false;
       }
       exec->reset(static_cast<redisReply*>(raw));
@@ -688,7 +691,7 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
                : std::string();
   };
   Reply exec;
-  if (!entry.empty()) {  // the changes after `entry` (XRANGE's start is inclusive: `entry` first if still kept)
+  if (!entry.empty() && !whole_due) {  // the changes after `entry` (XRANGE's start is inclusive: `entry` first)
     if (!transaction({{"GET", version_key}, {"XRANGE", changes_key, entry, "+"}}, &exec)) {
       return failed("reading the hidden items' changes");
     }

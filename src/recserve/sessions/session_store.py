@@ -31,6 +31,7 @@ from recserve.sessions.store_settings import StoreSettings
 
 KINDS = ("view", "cart", "purchase")  # what an event may say it was; the model reads the items of all kinds
 _TIE_S = 1e-6  # events of one call without a time: "now", a microsecond apart, in call order
+HIDE_CHUNK = 10_000  # items of one change of the hidden items: a larger hide is several, each within the timeout
 
 
 @dataclass(frozen=True)
@@ -257,38 +258,78 @@ class SessionStore:
                 raise RequestError(problem)
         return min(count or self.settings.window, self.settings.window)
 
-    def hide(self, items: Sequence[str], hidden: bool = True) -> int:
-        """Hides items catalogue-wide (``hidden``), or shows them again; returns how many changed. The change,
-        its entry in the stream of changes and the raised version are one transaction: a batch that reads the
-        new version reads the new set (or the entries that bring it there).
+    def hide(self, items: Sequence[str | int], hidden: bool = True, change_id: str | None = None) -> HiddenChangeResult:
+        """Hides items catalogue-wide (``hidden``), or shows them again, as one change (or, past
+        ``HIDE_CHUNK`` items, one change a chunk, each within the store's timeout). A change, its entry in the
+        stream of changes, its change ID and the raised version are one transaction: a batch that reads the
+        new version reads the new set (or the entries that bring it there). A change is applied once by its
+        ID (``change_id``, else one made for this call): a change whose reply was lost is sent again and found
+        applied, so the version moves once a change.
 
         Raises:
-            StoreError: the store did not acknowledge it.
-            RequestError: an item ID that breaks the store's rule for the catalogue's type.
+            StoreError: the store did not acknowledge it (the chunks acknowledged before stay applied).
+            RequestError: an item ID that breaks the store's rule for the catalogue's type, or a bad change ID.
         """
         for item in items:
             if problem := store_contract.item_problem(item, self.id_type):
                 raise RequestError(problem)
-        if not items:
-            return 0
-        prefix = self.settings.prefix
+        change = change_id or secrets.token_hex(12)
+        if not store_contract.CHANGE_ID_PATTERN.fullmatch(change) or len(change) > 56:
+            raise RequestError(f"change_id: 1 to 56 letters, digits or '._:-', got {change!r:.80}")
         texts = list(dict.fromkeys(str(item) for item in items))  # once each: an entry's field names
-        pipe = self._client.pipeline(transaction=True)
-        key = store_contract.HIDDEN_KEY.format(prefix=prefix)
-        (pipe.sadd if hidden else pipe.srem)(key, *texts)
+        result = HiddenChangeResult(0, 0, 0)
+        for n, start in enumerate(range(0, len(texts), HIDE_CHUNK)):
+            part = self._change_once(texts[start : start + HIDE_CHUNK], hidden, f"{change}.{n}")
+            result = HiddenChangeResult(
+                result.changed + part.changed, result.applied_before + part.applied_before, part.version
+            )
+        return result
+
+    def _change_once(self, texts: list[str], hidden: bool, change: str) -> HiddenChangeResult:
+        """One change of the hidden items by its ID: applied, or found applied by an earlier try of it."""
+        prefix = self.settings.prefix
+        change_key = store_contract.CHANGE_KEY.format(prefix=prefix, change=change)
+        version_key = store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix)
         op = store_contract.HIDE if hidden else store_contract.SHOW
         fields = dict.fromkeys(texts, op)
         if len(texts) > store_contract.HIDDEN_CHANGE_MAX_ITEMS:  # too many to keep twice: read the set instead
             fields = {store_contract.WHOLE_SET_ITEM: store_contract.WHOLE_SET}
-        changes = store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix)
-        pipe.xadd(changes, fields, maxlen=store_contract.HIDDEN_CHANGES_KEPT, approximate=False)
-        pipe.incr(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
-        return int(self._call("the change of hidden items", lambda: pipe.execute())[0])
 
-    def hidden_version(self) -> int:
-        """The hidden items' version: raised by every change (0 before the first)."""
+        def attempt() -> HiddenChangeResult:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.watch(change_key)  # a try of this change that lands meanwhile fails this one
+                if pipe.exists(change_key):
+                    return HiddenChangeResult(0, len(texts), int(pipe.get(version_key) or 0))
+                pipe.multi()
+                pipe.set(change_key, "1", ex=store_contract.CHANGE_KEPT_S)
+                key = store_contract.HIDDEN_KEY.format(prefix=prefix)
+                (pipe.sadd if hidden else pipe.srem)(key, *texts)
+                changes = store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix)
+                pipe.xadd(changes, fields, maxlen=store_contract.HIDDEN_CHANGES_KEPT, approximate=False)
+                pipe.incr(version_key)
+                replies = pipe.execute()
+                return HiddenChangeResult(int(replies[1]), 0, int(replies[3]))
+
+        last: Exception | None = None
+        for _ in range(4):  # a lost reply (a timeout, a dropped connection) or a try that landed meanwhile
+            try:
+                return self._call("the change of hidden items", attempt)
+            except StoreError as err:
+                if not isinstance(err.__cause__, redis.ConnectionError | redis.TimeoutError):
+                    raise
+                last = err
+            except redis.WatchError as err:
+                last = err
+        raise StoreError(
+            f"the session store at {self.settings.url} did not acknowledge the change of hidden items in 4 tries "
+            f"({last}); send it again with its change ID {change.rpartition('.')[0]!r}: it is applied once"
+        ) from last
+
+    def hidden_version(self) -> int | None:
+        """The hidden items' version, raised by every change; None where the store holds none (before the
+        first change, or removed since) or holds no count there."""
         key = store_contract.HIDDEN_VERSION_KEY.format(prefix=self.settings.prefix)
-        return int(self._call("the hidden items' version", lambda: self._client.get(key)) or 0)
+        return _version(self._call("the hidden items' version", lambda: self._client.get(key)))
 
     def hidden(self) -> tuple[int, list[str]]:
         """The hidden items (text) and the version they are at, read together."""
@@ -303,7 +344,7 @@ class SessionStore:
         pipe.smembers(store_contract.HIDDEN_KEY.format(prefix=prefix))
         pipe.xrevrange(store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix), count=1)
         version, members, last = self._call("the read of hidden items", lambda: pipe.execute())
-        return HiddenState(int(version or 0), list(members), last[0][0] if last else "")
+        return HiddenState(_version(version) or 0, list(members), last[0][0] if last else "")
 
     def hidden_changes(self, entry: str, version: int) -> HiddenChanges | None:
         """The changes of the hidden items after ``entry`` (the entry a ``hidden_state`` or an earlier call
@@ -318,21 +359,31 @@ class SessionStore:
         pipe.get(store_contract.HIDDEN_VERSION_KEY.format(prefix=prefix))
         # XRANGE's start is inclusive: ``entry`` first where the stream still keeps it
         pipe.xrange(store_contract.HIDDEN_CHANGES_KEY.format(prefix=prefix), min=entry)
-        now, entries = self._call("the read of hidden items' changes", lambda: pipe.execute())
-        if not entries or entries[0][0] != entry or int(now or 0) - version != len(entries) - 1:
+        text, entries = self._call("the read of hidden items' changes", lambda: pipe.execute())
+        now = _version(text)
+        if now is None or not entries or entries[0][0] != entry or now - version != len(entries) - 1:
             return None
         # each entry: its items (the field names), all hidden or all shown (the values); applied in order
         ops = [next(iter(fields.values()), store_contract.WHOLE_SET) for _, fields in entries[1:]]
         if store_contract.WHOLE_SET in ops:  # a change too large to keep as items
             return None
         changes = [(op == store_contract.HIDE, list(fields)) for op, (_, fields) in zip(ops, entries[1:])]
-        return HiddenChanges(int(now or 0), changes, entries[-1][0])
+        return HiddenChanges(now, changes, entries[-1][0])
 
     def forget(self, sessions: Sequence[str]) -> int:
         """Removes sessions (a shopper's request to be forgotten); returns how many the store held."""
         if not sessions:
             return 0
         return self._call("the removal", lambda: self._client.delete(*(self.settings.key(s) for s in sessions)))
+
+
+class HiddenChangeResult(NamedTuple):
+    """What a change of the hidden items did: the items it added to (or took from) the set, those of a change
+    found applied by an earlier try of it (its reply lost), and the version after it."""
+
+    changed: int
+    applied_before: int
+    version: int
 
 
 class HiddenState(NamedTuple):
@@ -381,6 +432,13 @@ class _Queued:
                 problem = "the store holds something else at this session's key; nothing was added to it"
                 self.result.errors.extend((position, problem) for position in positions)
         self.result.errors.sort()
+
+
+def _version(text: str | None) -> int | None:
+    """A version as the store holds it: a count in decimal, else None (none there, or something else)."""
+    if text is None or not store_contract.INTEGER_ID_PATTERN.fullmatch(text) or text.startswith("-"):
+        return None
+    return int(text)
 
 
 def items(members: Sequence[str]) -> list[str]:

@@ -47,31 +47,65 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 RESERVED_INTEGER_IDS = (NATIVE_PAD_ID,)
 SENTINEL_SERVICE = "recserve"  # the primary's name to the Sentinels of a replicated store
 
-# The only commands recserve sends (lower case, as an ACL names them): appends, reads, forgetting, a ping, and
-# WAIT for a replica's copy (acknowledge "replica")
-COMMANDS = (
-    "ping",
-    "multi",
-    "exec",
-    "discard",
-    "zadd",
-    "zremrangebyrank",
-    "zrange",
-    "expire",
-    "del",
-    "wait",
-    "sadd",
-    "srem",
-    "smembers",
-    "incrby",
-    "get",
-    "xadd",
-    "xrange",
-    "xrevrange",
-)
-# the ACL a store gives recserve: the default user off; one user who holds the password's SHA-256, may send
-# COMMANDS only, touch only its prefix's keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
-ACL_RULES = "user default off\nuser {user} on #{sha256} resetchannels resetkeys ~{prefix}* -@all {commands}\n"
+# The store's roles, each an ACL user with the allow-list its work needs and no more (docs/security.md):
+# - serving: the served models and recserve's own event verbs: sessions read, appended and forgotten; the hidden
+#   items' set, version and stream read only (their keys read-only, so no write command reaches them);
+# - writer: a shop's event writers: sessions appended only (no read, no removal, no catalogue key);
+# - operator: `recserve items`: the hidden items' set, version, stream and change IDs, and no session.
+SERVING, WRITER, OPERATOR = "serving", "writer", "operator"
+ROLE_COMMANDS: dict[str, tuple[str, ...]] = {
+    # appends, reads, forgetting, a ping, WAIT for a replica's copy (acknowledge "replica"); the catalogue's state
+    SERVING: (
+        "ping",
+        "multi",
+        "exec",
+        "discard",
+        "zadd",
+        "zremrangebyrank",
+        "zrange",
+        "expire",
+        "del",
+        "wait",
+        "smembers",
+        "get",
+        "xrange",
+        "xrevrange",
+    ),
+    WRITER: ("ping", "multi", "exec", "discard", "zadd", "zremrangebyrank", "expire", "wait"),
+    # a change: WATCH of its change ID's key and the version, then SET of the ID, SADD or SREM, XADD and INCR
+    # in one MULTI/EXEC (a retried change finds its ID and is not applied again)
+    OPERATOR: (
+        "ping",
+        "multi",
+        "exec",
+        "discard",
+        "watch",
+        "unwatch",
+        "exists",
+        "set",
+        "get",
+        "sadd",
+        "srem",
+        "smembers",
+        "incrby",
+        "xadd",
+        "xrange",
+        "xrevrange",
+    ),
+}
+# the keys of each role, after the prefix ({p}): every key a session's ("h:"), the catalogue's ("items:"),
+# read-only ("%R~") where the role only reads them
+ROLE_KEYS = {SERVING: "~{p}h:* %R~{p}items:*", WRITER: "~{p}h:*", OPERATOR: "~{p}items:*"}
+# every command recserve sends, whatever the role
+COMMANDS = tuple(dict.fromkeys(c for commands in ROLE_COMMANDS.values() for c in commands))
+# one role's ACL line: a user who holds the password's SHA-256, may send the role's commands only, touch only
+# its keys, and no channel (no scripts, no SELECT, no SCAN, no pub/sub)
+ACL_LINE = "user {user} on #{sha256} resetchannels resetkeys {keys} -@all {commands}\n"
+ACL_RULES = "user default off\n" + ACL_LINE  # the serving role's file, the default user off
+# a change of the hidden items by ID: a change's key says it was applied (kept a day, past any retry)
+CHANGE_KEY = "{prefix}items:change:{change}"
+CHANGE_KEPT_S = 24 * 3600
+CHANGE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 # Cases each side must decide alike: (what, text, accepted). Held against the Python rules by unit tests and
 # against recserve's backend and the session model by storing each item and asking for the session.
@@ -109,9 +143,15 @@ def history_key(prefix: str, session: str) -> str:
     return HISTORY_KEY.format(prefix=prefix, session=session)
 
 
+def acl_line(role: str, user: str, sha256: str, prefix: str) -> str:
+    """One role's ACL line (``ACL_LINE``) for ``user``, its password by SHA-256 only."""
+    commands = " ".join(f"+{c}" for c in ROLE_COMMANDS[role])
+    return ACL_LINE.format(user=user, sha256=sha256, keys=ROLE_KEYS[role].format(p=prefix), commands=commands)
+
+
 def acl_rules(user: str, sha256: str, prefix: str) -> str:
-    """The ACL file (``ACL_RULES``) of one recserve user, its password by SHA-256 only."""
-    return ACL_RULES.format(user=user, sha256=sha256, prefix=prefix, commands=" ".join(f"+{c}" for c in COMMANDS))
+    """The ACL file (``ACL_RULES``) of recserve's serving user alone, the default user off."""
+    return "user default off\n" + acl_line(SERVING, user, sha256, prefix)
 
 
 def session_problem(session: object) -> str | None:

@@ -157,21 +157,6 @@ def password_problem(password: str) -> str | None:
     return None
 
 
-def acl_rules(user: str, password: str, prefix: str) -> str:
-    """The store's ACL file for one recserve user (``store_contract.ACL_RULES``): the password's hash, never
-    the password.
-
-    Raises:
-        ConfigError: the prefix or the password is refused.
-    """
-    import hashlib
-
-    StoreSettings(prefix=prefix)  # the prefix checked before the server holds it in its ACL
-    if problem := password_problem(password):
-        raise ConfigError(problem)
-    return store_contract.acl_rules(user, hashlib.sha256(password.encode()).hexdigest(), prefix)
-
-
 def password_from_env(name: str | None) -> str | None:
     """The password in the environment variable ``name`` (None: not asked); a named but unset one is an error."""
     if not name:

@@ -26,12 +26,14 @@ WRITER_LABEL = "recserve.io/session-writer"  # a pod with this label "true" may 
 MAXMEMORY_SHARE = 0.75  # of the container's memory limit: the rest for the append-only file's rewrite and buffers
 # the init container: the ACL file (store_contract.ACL_RULES: recserve's commands and prefix only) from the
 # Secret, the password's SHA-256 only; the password is the file's first line, as StoreSettings.secret reads it
-_ACL_FORMAT = store_contract.acl_rules("%s", "%s", "%s").replace("\n", "\\n")  # printf's format
+# printf's format: the rules' own '%' (read-only keys, "%R~") doubled; the user, the hash, then the prefix each
+# time the keys name it
+_ACL_FORMAT = store_contract.acl_rules("\0", "\0", "\0").replace("%", "%%").replace("\0", "%s").replace("\n", "\\n")
 ACL_SCRIPT = (
     "set -eu\n"
     f"hash=$(head -n 1 {SECRET_DIR}/{SECRET_KEY} | tr -d '\\r\\n' | sha256sum | cut -d ' ' -f 1)\n"
     f"printf '{_ACL_FORMAT}' "
-    f'"$STORE_USER" "$hash" "$STORE_PREFIX" > {ACL_DIR}/users.acl\n'
+    '"$STORE_USER" "$hash"' + ' "$STORE_PREFIX"' * (_ACL_FORMAT.count("%s") - 2) + f" > {ACL_DIR}/users.acl\n"
 )
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
