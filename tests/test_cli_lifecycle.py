@@ -38,9 +38,12 @@ def test_a_detached_server_is_listed_answers_and_stops_and_its_log_is_kept(tiny_
         status = json.loads(_recserve("status", "--json").stdout)
         (server,) = status["servers"]
         assert server["state"] == "ready" and server["repo"] == str(repo.resolve()) and server["grpc_port"] == grpc
+        record = tmp_path / "cache" / "servers" / f"{http}.json"
+        assert record.stat().st_mode & 0o777 == 0o600 and server["server_id"].startswith("recserve-")
         assert any(store["state"] in ("running", "not running") for store in status["stores"])
         again = _recserve("serve", "--repo", str(repo), *ports, "--detach")
-        assert again.returncode == 1 and "already in use" in again.stdout + again.stderr
+        said = " ".join((again.stdout + again.stderr).split())
+        assert again.returncode == 1 and f"recserve already serves {repo.resolve()} there" in said, said
         assert "Traceback" not in again.stdout + again.stderr
         empty = tmp_path / "empty"
         empty.mkdir()
@@ -52,7 +55,31 @@ def test_a_detached_server_is_listed_answers_and_stops_and_its_log_is_kept(tiny_
     assert json.loads(_recserve("status", "--json").stdout)["servers"] == []
     logs = sorted((tmp_path / "cache" / "servers" / "logs").glob(f"triton-{http}-*.log"))
     assert len(logs) == 1 and "Started GRPCInferenceService" in logs[0].read_text()
+    for private in (tmp_path / "cache" / "servers", logs[0].parent):  # the user's alone
+        assert private.stat().st_mode & 0o777 == 0o700
+    assert all(log.stat().st_mode & 0o777 == 0o600 for log in logs[0].parent.iterdir())
     assert _recserve("stop").stdout.strip() == "no detached server runs"
+
+
+def test_two_detached_serves_on_one_port_leave_one_server_and_its_record(tiny_export, tmp_path, monkeypatch):
+    """Once both said "ready" and the loser deleted the winner's record (an orphan serving still). The port's lock
+    lets one start; the other says so, and the winner's record stays, naming its own server."""
+    monkeypatch.setenv("RECSERVE_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "repo"
+    write_repository(tiny_export, repo, ("echo",), RepositorySettings())
+    http, grpc, metrics = free_ports(3)
+    ports = ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+    command = [sys.executable, "-m", "recserve.cli.main", "serve", "--repo", str(repo), *ports, "--detach"]
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        said = [p.communicate(timeout=180)[0] for p in both]
+        codes = sorted(p.returncode for p in both)
+        assert codes == [0, 1], said
+        (server,) = json.loads(_recserve("status", "--json").stdout)["servers"]
+        assert server["state"] == "ready", server  # the winner's record, and the server answering is its own
+    finally:
+        _recserve("stop", "--http-port", str(http))
+    assert json.loads(_recserve("status", "--json").stdout)["servers"] == []
 
 
 @pytest.fixture(scope="module")

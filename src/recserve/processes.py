@@ -72,3 +72,24 @@ def stop_with_parent() -> None:
     """In the child before exec: SIGTERM the server when the process that started it dies (Linux)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def seal_shared_memory(pid: int) -> int:
+    """Makes the shared-memory regions that ``pid``'s child processes map (Triton's python-backend stubs: their
+    requests and answers pass through them) readable by their owner only; returns how many it changed. The
+    python backend creates them 0644 whatever the umask, before any request reaches them."""
+    changed = 0
+    for child in child_pids(pid):
+        try:
+            maps = Path(f"/proc/{child}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        for region in {line.split(None, 5)[5] for line in maps if len(line.split(None, 5)) == 6}:
+            path = Path(region)
+            if path.parent != Path("/dev/shm"):
+                continue
+            with contextlib.suppress(OSError):
+                if path.stat().st_mode & 0o077:
+                    path.chmod(0o600)
+                    changed += 1
+    return changed

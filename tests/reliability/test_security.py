@@ -72,3 +72,99 @@ def test_the_bundled_server_gets_a_backend_folder_of_its_own(tmp_path, monkeypat
     assert bundle.backend_dir.is_relative_to(tmp_path)
     assert (bundle.backend_dir / "python" / "triton_python_backend_stub").is_file()
     assert (bundle.backend_dir / "python" / "libtriton_python.so").resolve().is_file()
+
+
+def test_the_python_models_shared_memory_is_the_servers_owners_alone(int_server):
+    """Once the python backend's regions were 0644: another local user read a shopper's session ID and rule from
+    them. The server starts with a private umask, so every region its model processes map is 0600."""
+    from recserve.processes import child_pids
+
+    stubs = child_pids(int_server.process.pid)
+    regions = {
+        line.split(None, 5)[5]
+        for pid in stubs
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+        if "/dev/shm/" in line and len(line.split(None, 5)) == 6
+    }
+    assert stubs and regions, "the python models map their shared memory"
+    for region in regions:
+        path = Path(region.removesuffix(" (deleted)"))
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+
+
+def test_a_server_on_the_port_that_is_not_ours_is_never_taken_for_ours():
+    """Once `serve` declared ready when any server answered its port (a test server on 8000 was taken for its
+    own). Readiness now asks for the server's ID too (Triton's `--id`, its metadata's name)."""
+    import http.server
+    import threading
+
+    from recserve.serving.triton_server.launcher import answers_ready
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"name": "someone-else"}).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body if self.path == "/v2" else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{server.server_address[1]}"
+        assert answers_ready(url)  # ready, to a client that asks nothing more
+        assert not answers_ready(url, "recserve-0123456789abcdef")
+    finally:
+        server.shutdown()
+
+
+def test_our_server_answers_with_its_own_id(int_server):
+    from recserve.serving.triton_server.launcher import answers_ready
+
+    assert answers_ready(int_server.http_url, int_server.server_id)
+    assert not answers_ready(int_server.http_url, "recserve-not-this-one")
+
+
+def test_stop_signals_no_process_that_a_stale_record_names(tmp_path, monkeypatch):
+    """Once `recserve stop` killed an unrelated process named by a stale record, and its whole group with
+    SIGKILL. A record's process is its own only with the record's start time and a detached server's command."""
+    import os
+    import subprocess
+
+    from recserve.serving.triton_server.detached import ServerRecord, servers_dir, start_ticks, stop_server
+
+    monkeypatch.setenv("RECSERVE_CACHE", str(tmp_path / "cache"))
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        fields = dict(host="127.0.0.1", grpc_port=2, metrics_port=3, triton_log="", log="", started="", repo="r")
+        for ticks in (start_ticks(bystander.pid), 12345):  # its real start time (not a server's command), a wrong one
+            record = ServerRecord(bystander.pid, http_port=1, server_id="x", start_ticks=ticks, **fields)
+            record.path.write_text(json.dumps(record.__dict__))
+            assert not record.alive()
+            assert stop_server(record, timeout_s=1) is False
+            assert bystander.poll() is None and not record.path.exists()  # it lives; the stale record is gone
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert servers_dir().stat().st_mode & 0o777 == 0o700
+    assert os.stat(servers_dir()).st_uid == os.getuid()
+
+
+def test_a_shared_fallback_cache_folder_another_user_made_is_refused(tmp_path):
+    import os
+
+    from recserve.files import private_dir
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # another user's (the tests run as root, which may give it away)
+    with pytest.raises(PermissionError, match="not this user's own folder"):
+        private_dir(theirs)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PermissionError):
+        private_dir(tmp_path / "link")
+    mine = private_dir(tmp_path / "mine")
+    assert mine.stat().st_mode & 0o777 == 0o700

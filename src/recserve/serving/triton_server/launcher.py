@@ -9,7 +9,9 @@ backend folder are ``bundle``'s; watching its model processes is ``supervisor``'
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 from recserve.constants import GRPC_PORT, HTTP_PORT, METRICS_PORT
 from recserve.errors import ServingError
 from recserve.option_fields import option
-from recserve.processes import exit_code, stop_with_parent
+from recserve.processes import exit_code, seal_shared_memory, stop_with_parent
 from recserve.serving.triton_repository.placement import DEVICE_ENV
 from recserve.serving.triton_server.bundle import Bundle, check_backends, find_bundle
 
@@ -176,12 +178,18 @@ def check_repository(repo: Path) -> None:
     raise ServingError(f"{repo}: not a model repository, {what}")
 
 
-def answers_ready(http_url: str) -> bool:
-    """Whether a Triton server at ``http_url`` (host:port) says every model is ready."""
+def answers_ready(http_url: str, server_id: str | None = None) -> bool:
+    """Whether a Triton server at ``http_url`` (host:port) says every model is ready and, given ``server_id``,
+    is that server (its metadata's name: ``--id``), not another that answers on the port."""
     try:
         with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, OSError):
+            if reply.status != 200:
+                return False
+        if server_id is None:
+            return True
+        with urllib.request.urlopen(f"http://{http_url}/v2", timeout=2) as reply:
+            return json.loads(reply.read()).get("name") == server_id
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
         return False
 
 
@@ -194,6 +202,7 @@ class TritonServer:
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     gpu: bool = False  # models run on the GPU even in CPU instances (RECSERVE_DEVICE=cuda for the stubs)
+    server_id: str = field(default_factory=lambda: f"recserve-{secrets.token_hex(8)}")  # `--id`: this server's
 
     @property
     def http_url(self) -> str:
@@ -212,15 +221,19 @@ class TritonServer:
         bundle = find_bundle()
         check_backends(Path(self.repo), bundle.backend_dir)
         self.log_path = self.log_path or Path(self.repo).parent / f"tritonserver-{self.settings.http_port}.log"
-        log_file = open(self.log_path, "wb")  # noqa: SIM115 - the server writes to it for its lifetime
+        # the log, and every file the server and its model processes make (the python backend's shared-memory
+        # regions, which carry requests: session IDs, rules), its owner's alone
+        log_file = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+        os.fchmod(log_file.fileno(), 0o600)  # a log kept from an earlier server, too
         env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
         self.process = subprocess.Popen(
-            server_args(bundle, Path(self.repo).resolve(), self.settings),
+            [*server_args(bundle, Path(self.repo).resolve(), self.settings), f"--id={self.server_id}"],
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=stop_with_parent,
+            umask=0o077,
         )
         log_file.close()
         return self
@@ -230,7 +243,8 @@ class TritonServer:
         return exit_code(self.process, "the server")
 
     def is_ready(self) -> bool:
-        return answers_ready(self.http_url)
+        """Whether this server (its server ID: not another on its port) says every model is ready."""
+        return answers_ready(self.http_url, self.server_id)
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         """Waits until every model is ready; raises with the server's own words if it exits or times out."""
@@ -239,10 +253,17 @@ class TritonServer:
             if (code := self.exit_code()) is not None:
                 raise ServingError(f"tritonserver exited with code {code}:\n{self.failure_summary()}")
             if self.is_ready():
+                self.seal()
                 return
             time.sleep(0.25)
         self.stop()
         raise ServingError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.failure_summary()}")
+
+    def seal(self) -> None:
+        """The model processes' shared memory their owner's alone (``processes.seal_shared_memory``): once
+        ready, before a request, and again at each watch of the model processes (a model loaded since)."""
+        if self.process is not None and self.process.poll() is None:
+            seal_shared_memory(self.process.pid)
 
     def failure_summary(self, lines: int = 30) -> str:
         """The log lines that say why (model load errors first)."""

@@ -51,6 +51,9 @@ def supervise(
     while not stop.wait(0.5):
         if (code := server.exit_code()) is not None:
             return code
+        if watch_secs and time.monotonic() >= next_check and server.settings.model_control_mode != "none":
+            server.seal()  # models loaded since (poll, explicit): their shared memory their owner's alone
+            next_check = time.monotonic() + watch_secs
         if watch_secs and server.settings.model_control_mode == "none" and time.monotonic() >= next_check:
             alive, dead = stub_count(server), dead_stubs(server)
             if alive < stubs or dead:  # dead: also one that died before the first count
