@@ -208,3 +208,20 @@ def test_a_new_rule_writes_its_own_row_and_a_device_copy_takes_that_row_alone():
             assert book.masks.rows_changed_since(batch.masks) is None  # every row: copied whole
             np.testing.assert_array_equal(on_device(book.masks).numpy(), np.asarray(book.masks))
     assert len(book.masks) <= MAX_RULE_MASKS + 2  # bounded: the rows kept, the named one's and every item's
+
+
+def test_each_row_of_a_batch_gets_its_own_listed_items_whatever_the_lists_lengths():
+    """Rows with lists of different lengths (and none): each row's indices are its own list's, known ones first,
+    padded with 0; a list of only unknown IDs keeps the never-allowed index for an include list."""
+    book = RuleBook(ATTRIBUTES)
+    rows = [
+        RequestRules(exclude=np.array([20, 40])),
+        None,
+        RequestRules(exclude=np.array([99, 10, 50])),
+        RequestRules(exclude=np.array([30])),
+        RequestRules(include=np.array([99])),
+    ]
+    lookup = lambda ids: np.where(np.isin(ids, TABLE["item_id"].to_numpy()), ids // 10, 0)  # noqa: E731
+    batch = book.batch(rows, lookup)
+    assert batch.excluded.tolist() == [[4, 2, 0], [0, 0, 0], [5, 1, 0], [3, 0, 0], [0, 0, 0]]
+    assert batch.included[4].tolist() == [6] and not batch.included[:4].any()

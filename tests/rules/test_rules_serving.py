@@ -167,6 +167,29 @@ def test_excluded_items_never_appear_and_a_list_to_keep_to_is_all_an_answer_hold
         assert len(none) == 0  # a list of items the catalogue lacks lets nothing through, never everything
 
 
+@pytest.mark.parametrize("model", BY_ITEMS)
+def test_each_request_of_a_batch_keeps_out_its_own_excluded_items_and_no_neighbours(shop, model):
+    """Eight requests at once, one batch, the same history, each excluding another one of the top items (and
+    each a list of another length): every answer lacks its own and holds its neighbours'. A row's list shifted
+    onto the next row (in the python rule book or recserve's backend) fails this."""
+    server, _, _ = shop
+    with RecommenderClient(server.grpc_url, model=model) as client:
+        top = client.recommend(HISTORIES[1], k=20).item_ids.tolist()
+    lists = [[top[n]] + [99990 - m for m in range(n)] for n in range(8)]  # IDs the catalogue lacks pad some
+
+    async def batch():
+        client = AsyncRecommenderClient(server.grpc_url, model=model)
+        try:
+            return await asyncio.gather(*(client.recommend(HISTORIES[1], k=12, rules=Rules(exclude=x)) for x in lists))
+        finally:
+            await client.close()
+
+    for n, answer in enumerate(asyncio.run(batch())):
+        got = answer.item_ids.tolist()
+        assert top[n] not in got, (n, got)
+        assert all(top[m] in got for m in range(8) if m != n), (n, got)
+
+
 @pytest.mark.parametrize(("model", "session_model"), zip(BY_ITEMS, BY_SESSION))
 def test_a_hidden_item_leaves_the_next_answer_of_every_layout_and_comes_back_when_shown(shop, model, session_model):
     server, store_dir, _ = shop

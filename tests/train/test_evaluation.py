@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from recserve.cli.main import app
@@ -24,7 +25,44 @@ def test_a_sequence_model_is_tested_leave_one_out_under_every_protocol(tiny_run,
 
 
 def test_multvae_is_tested_on_held_out_users(vae_run, ml100k_implicit_dir):
+    """The report's figures are the run's own test users' (its split drawn again from run.json's share and seed),
+    every one of them and no training user: recomputed here on that fold, they agree."""
+    import torch
+
+    from recserve.data.datasets import load_prepared
+    from recserve.models.run_loader import load_run
+    from recserve.train.heldout import evaluate_fold, split_heldout
+
     assert split_of(vae_run) is HELD_OUT_USERS
     output = _evaluate(vae_run, ml100k_implicit_dir)
     assert "test split (held-out test users, 80% of items fed)" in output and "recall@20" in output
-    assert "heldout" in json.loads((vae_run / METRICS_FILE).read_text())["test"]
+    reported = json.loads((vae_run / METRICS_FILE).read_text())["test"]["heldout"]
+    settings = json.loads((vae_run / "run.json").read_text())["train"]
+    data = load_prepared(ml100k_implicit_dir)
+    split = split_heldout(data.sequences, settings["heldout_share"], seed=settings["seed"])
+    assert reported["users"] == split.test.fed.num_users < data.sequences.num_users // 2
+    model = load_run(vae_run).eval()
+    with torch.no_grad():
+        mine = evaluate_fold(model, split.test, model.cfg.vocab_size)
+    for key in ("recall@20", "ndcg@100"):
+        assert reported[key] == pytest.approx(mine[key], abs=1e-6), key
+
+
+def test_multvae_is_refused_a_data_folder_of_the_same_catalogue_but_other_histories(
+    vae_run, ml100k_implicit_dir, tmp_path
+):
+    import shutil
+
+    import polars as pl
+
+    from recserve.errors import DataError
+    from recserve.train.heldout import evaluate_heldout_run
+
+    shutil.copytree(ml100k_implicit_dir, tmp_path / "other")
+    sequences = pl.read_parquet(tmp_path / "other" / "sequences.parquet")
+    longest = int(sequences["items"].list.len().arg_max())
+    shortened = sequences["items"].to_list()
+    shortened[longest] = shortened[longest][1:]
+    sequences.with_columns(pl.Series("items", shortened)).write_parquet(tmp_path / "other" / "sequences.parquet")
+    with pytest.raises(DataError, match="not the data the run .* was trained on"):
+        evaluate_heldout_run(vae_run, tmp_path / "other")

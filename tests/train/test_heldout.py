@@ -94,18 +94,24 @@ def test_shares_of_a_fold_weighted_by_their_users_give_the_whole_folds_metrics()
 
 
 def test_held_out_targets_rank_behind_every_item_they_tie_with():
-    """Items 1..200 for every user: fed 1..10 and targets 11..20 for user 0. A constant scorer puts the 180
-    other items before the targets, so nothing is found in the top 100; one that ties the targets with the 15
-    items 21..35 above the rest finds them after those (ranks 15..24: half in the top 20)."""
+    """Items 1..200. User 0: fed 1..10, targets 11..20; user 1: fed 191..200, targets 181..190 (so the targets
+    sit below their tied items' indices for one user and above them for the other, and no tie order of top-k
+    can favour both). A constant scorer puts the 180 other items before the targets, so nothing is found in the
+    top 100; one that ties each user's targets with 15 other items above the rest finds them after those
+    (ranks 15..24: half in the top 20)."""
     from recserve.train.heldout import FoldIn
 
-    fold = FoldIn(fed=sequences([list(range(1, 11))]), targets=sequences([list(range(11, 21))]))
+    fold = FoldIn(
+        fed=sequences([list(range(1, 11)), list(range(191, 201))]),
+        targets=sequences([list(range(11, 21)), list(range(181, 191))]),
+    )
     flat = evaluate_fold(lambda tokens: torch.zeros(len(tokens), 202), fold, 202)
     assert flat["recall@20"] == flat["recall@50"] == flat["ndcg@100"] == 0.0
-    tied = torch.zeros(202)
-    tied[11:36] = 1.0  # targets 11..20 tie with items 21..35 above the rest
-    tied[1:11] = 2.0  # the fed items above all: excluded, they take no place
-    metrics = evaluate_fold(lambda tokens: tied.expand(len(tokens), -1), fold, 202)
+    tied = torch.zeros(2, 202)
+    tied[0, 11:36] = 1.0  # user 0: targets 11..20 tie with items 21..35 above the rest
+    tied[1, 166:191] = 1.0  # user 1: targets 181..190 tie with items 166..180
+    tied[0, 1:11] = tied[1, 191:201] = 2.0  # the fed items above all: excluded, they take no place
+    metrics = evaluate_fold(lambda tokens: tied[: len(tokens)], fold, 202)
     assert metrics["recall@20"] == 0.5 and metrics["recall@50"] == 1.0
 
 

@@ -182,6 +182,19 @@ def test_metric_of_sampled_protocol_is_reproducible(tiny_run, ml100k_dir):
 
 
 def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_data_dir, tmp_path):
+    """The refit's own training sequences are each user's items but the test one: the validation item in, the
+    test item never (a refit that trained on the test item would report a test it had seen)."""
+    from recserve.data.datasets import load_prepared
+    from recserve.train.lightning_modules import build_task
+
+    data = load_prepared(string_data_dir)
+    refit = build_task("bert4rec", data, SMALL, TrainConfig(device="cpu"), refit=True).module.train_seq
+    first = build_task("bert4rec", data, SMALL, TrainConfig(device="cpu")).module.train_seq
+    for user in range(data.sequences.num_users):
+        items = data.sequences.items[data.sequences.offsets[user] : data.sequences.offsets[user + 1]]
+        refitted = refit.items[refit.offsets[user] : refit.offsets[user + 1]]
+        assert refitted.tolist() == items[:-1].tolist()  # the validation item included, the test item not
+        assert first.items[first.offsets[user] : first.offsets[user + 1]].tolist() == items[:-2].tolist()
     cfg = TrainConfig(epochs=3, samples_per_user=2, patience=3, device="cpu", resume=False, refit=True)
     summary = train(string_data_dir, tmp_path / "run", SMALL, cfg)
     assert summary["refit"]["epochs"] == summary["best_epoch"] + 1
