@@ -177,6 +177,13 @@ def test_an_event_sent_twice_with_its_id_is_stored_once(store_dir):
         assert store.append([Event("s", 42, event_id="click-1")]).accepted == 1  # acknowledged again
         assert store.append([Event("s", 44)]).accepted == 1
         assert store.recent(["s"]) == [["42", "43", "44"]]
+        # an event ID names one event: sent again with another item (now, or twice in one call), it is refused
+        other = store.append(
+            [Event("s", 99, event_id="click-1"), Event("s", 7, event_id="c3"), Event("s", 8, event_id="c3")]
+        )
+        assert other.accepted == 1 and [p for p, _ in other.errors] == [0, 2]
+        assert "'click-1' names item '42' already" in other.errors[0][1] and "names item '7'" in other.errors[1][1]
+        assert store.recent(["s"]) == [["42", "43", "44", "7"]]
         bad = store.append([Event("s", 45, event_id="has space"), Event("s", 46, event_id="x" * 65)])
         assert bad.accepted == 0 and [p for p, _ in bad.errors] == [0, 1]
         assert "event_id" in bad.errors[0][1]

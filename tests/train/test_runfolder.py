@@ -153,3 +153,25 @@ def test_the_cli_prints_one_line_and_no_traceback(two_epoch_run, string_data_dir
     )
     assert result.exit_code == 1
     assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other weights"])
+def test_a_tampered_weights_file_gets_one_line_naming_it_never_a_traceback(tiny_run, ml100k_dir, tmp_path, damage):
+    """Once a tampered checkpoint gave torch's traceback: every reader names the file and what to do."""
+    import shutil
+
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    weights = run / "model.pt"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x80\x04not a pickle of tensors at all" * 50)
+    else:
+        torch.save({"item_emb.weight": torch.zeros(3, 3)}, weights)
+    result = runner.invoke(app, ["evaluate", "--run", str(run), "--data", str(ml100k_dir)])
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert f"{weights}:" in said and "train the run again" in said, said

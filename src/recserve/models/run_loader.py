@@ -42,5 +42,29 @@ def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
     if not (run_dir / WEIGHTS_FILE).is_file():
         raise DataError(f"{run_dir}: not a training run, missing {WEIGHTS_FILE}; run `recserve train` first")
     model = model_entry(model_name(run_dir)).module_class()(cfg)
-    model.load_state_dict(torch.load(run_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+    try:
+        model.load_state_dict(read_weights(run_dir / WEIGHTS_FILE))
+    except RuntimeError as err:  # another shape or other names than the run's model_config.json says
+        raise DataError(
+            f"{run_dir / WEIGHTS_FILE}: not the weights of the model {MODEL_CONFIG_FILE} describes "
+            f"({str(err).splitlines()[0][:200]}); train the run again"
+        ) from None
     return model.eval()
+
+
+def read_weights(path: Path, mmap: bool = False) -> dict:
+    """A weights or checkpoint file as torch saved it (tensors and plain values only: ``weights_only``).
+
+    Raises:
+        DataError: a file torch cannot read as one (truncated, tampered with, or of another kind).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # torch's unpickler raises many kinds, all meaning "not a file of weights"
+        raise DataError(
+            f"{path}: not a weights file recserve can read ({type(err).__name__}); it may be truncated or "
+            "changed since it was written: train the run again"
+        ) from None
+    if not isinstance(state, dict):
+        raise DataError(f"{path}: holds a {type(state).__name__}, not a model's weights; train the run again")
+    return state

@@ -158,12 +158,30 @@ class SessionStore:
         Raises:
             StoreError: the store did not acknowledge them (none of this call's events is then counted).
         """
+        events = list(events)
         pipe = self._client.pipeline(transaction=False)
-        queued = self._queue_append(pipe, events)
+        queued = self._queue_append(pipe, events, self._stored_event_ids(events))
         if queued.sessions:
             replies = self._call("the append", lambda: _execute(pipe))
             self._call("the append", lambda: queued.settle(replies))
         return queued.result
+
+    def _stored_event_ids(self, events: list[Event]) -> dict[tuple[str, str], str]:
+        """The items the store holds under the senders' event IDs of ``events`` ((session, event ID) -> item), read
+        in one round trip before an append that carries any (recserve's own IDs are new each call): an event ID
+        names one event, so an event sent again with its ID and another item is refused, not stored twice."""
+        sessions = list(dict.fromkeys(e.session for e in events if e.event_id is not None and not event_problem(e)))
+        if not sessions:
+            return {}
+        pipe = self._client.pipeline(transaction=False)
+        for session in sessions:
+            pipe.zrange(self.settings.key(session), 0, -1)
+        stored: dict[tuple[str, str], str] = {}
+        for session, members in zip(sessions, self._call("the read before the append", lambda: _execute(pipe))):
+            for m in _members(members):
+                event_id, _, item = m.partition(store_contract.MEMBER_SEPARATOR)
+                stored[(session, event_id)] = item
+        return stored
 
     def append_and_read(
         self, events: Iterable[Event], sessions: Sequence[str], count: int | None = None
@@ -175,8 +193,9 @@ class SessionStore:
             StoreError: the store did not answer (nothing of this call is then counted as acknowledged).
         """
         count = self._read_count(sessions, count)
+        events = list(events)
         pipe = self._client.pipeline(transaction=False)
-        queued = self._queue_append(pipe, events)
+        queued = self._queue_append(pipe, events, self._stored_event_ids(events))
         for session in sessions:
             pipe.zrange(self.settings.key(session), -count, -1)
         replies = self._call("the append and read", lambda: _execute(pipe))
@@ -184,15 +203,23 @@ class SessionStore:
             queued.settle(replies, strict=False)
         return queued.result, [_members(reply) for reply in replies[len(replies) - len(sessions) :]]
 
-    def _queue_append(self, pipe, events: Iterable[Event]) -> _Queued:
+    def _queue_append(self, pipe, events: Iterable[Event], stored: dict[tuple[str, str], str] | None = None) -> _Queued:
         """Queues the good events on ``pipe`` in one MULTI/EXEC, each session's ZADD NX, ZREMRANGEBYRANK and
-        EXPIRE (then a WAIT for a replica where ``acknowledge`` says so), and reports the bad ones."""
+        EXPIRE (then a WAIT for a replica where ``acknowledge`` says so), and reports the bad ones: among them an
+        event whose ID names another item in the store (``stored``) or earlier in the call."""
+        stored = dict(stored or {})
         wait_ms = int(self.settings.timeout_s * 1000) if self.settings.acknowledge == "replica" else None
         queued = _Queued(AppendResult(), [], 3 if self.settings.ttl_s else 2, wait_ms)
         by_session: dict[str, tuple[dict[str, float], list[int]]] = {}
         now, call = time.time(), secrets.token_hex(8)
         for position, event in enumerate(events):
             problem = event_problem(event, self.id_type)
+            if not problem and event.event_id is not None:
+                held = stored.setdefault((event.session, event.event_id), str(event.item))
+                if held != str(event.item):
+                    problem = (
+                        f"event_id: {event.event_id!r} names item {held!r:.80} already; an event ID names one event"
+                    )
             if problem:
                 queued.result.errors.append((position, problem))
                 continue

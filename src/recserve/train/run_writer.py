@@ -13,7 +13,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from recserve.artifacts.catalogue import write_catalogue
 from recserve.artifacts.run_record import DATA_FOLDER, read_run_record, write_run_record
@@ -137,7 +136,9 @@ def trained_epochs(out_dir: Path) -> int:
     path = Path(out_dir) / LAST_CHECKPOINT
     if not path.is_file():
         return 0
-    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("epoch", -1)) + 1
+    from recserve.models.run_loader import read_weights
+
+    return int(read_weights(path, mmap=True).get("epoch", -1)) + 1
 
 
 def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
