@@ -59,6 +59,10 @@ def test_explicit_mode_loads_models_only_with_the_key_and_never_logs_it(int_repo
         assert _request(f"http://{server.http_url}/v2/models/echo/ready") != 200  # nothing loaded yet
         assert _request(load, "POST", headers={HEADER: key}) == 200
         assert _request(f"http://{server.http_url}/v2/models/echo/ready") == 200
+        # once readable by any local user in /proc/PID/cmdline: the server's command line holds a mark instead
+        command = Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
+        assert key.encode() not in command and b"@RECSERVE_SECRET@" in command
+        assert key.encode() not in Path(f"/proc/{server.process.pid}/environ").read_bytes()
     assert key not in (tmp_path / "server.log").read_text()
 
 

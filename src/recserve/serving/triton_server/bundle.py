@@ -5,17 +5,24 @@ before the server starts."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recserve.errors import ServingError
-from recserve.files import cache_dir
+from recserve.files import cache_dir, private_dir
+
+log = logging.getLogger(__name__)
+SECRET_MARK = "@RECSERVE_SECRET@"  # argv_secret.c's MARK: where the admin key goes, for main alone
+SECRET_ENV = "RECSERVE_ARGV_SECRET"
 
 
 @dataclass(frozen=True)
@@ -155,3 +162,29 @@ def _link(link: Path, target: Path) -> None:
         return
     link.unlink(missing_ok=True)
     link.symlink_to(target)
+
+
+def argv_secret_library() -> Path | None:
+    """``argv_secret.c`` built for this machine (once, into recserve's cache folder, the user's alone): loaded
+    into tritonserver, it gives its main the admin key where the command line holds ``SECRET_MARK``, so that
+    the key is not in /proc/PID/cmdline. None, said in the log, where no C compiler is found: the key is then
+    on the command line, as Triton takes it."""
+    source = Path(__file__).with_name("argv_secret.c")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    built = private_dir(cache_dir() / "argv-secret") / f"argv_secret-{digest}.so"
+    if built.is_file():
+        return built
+    compiler = next((found for name in ("cc", "gcc", "clang") if (found := shutil.which(name))), None)
+    if compiler is None:
+        log.warning("no C compiler: the server's admin key is on its command line, which local users can read")
+        return None
+    staging = built.with_suffix(f".{os.getpid()}.tmp")
+    result = subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", "-o", str(staging), str(source)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        staging.unlink(missing_ok=True)
+        log.warning("argv_secret.c did not build (%s): the admin key is on the server's command line", result.stderr)
+        return None
+    staging.replace(built)
+    return built

@@ -27,7 +27,14 @@ from recserve.errors import ServingError
 from recserve.option_fields import option
 from recserve.processes import exit_code, seal_shared_memory, stop_with_parent
 from recserve.serving.triton_repository.placement import DEVICE_ENV
-from recserve.serving.triton_server.bundle import Bundle, check_backends, find_bundle
+from recserve.serving.triton_server.bundle import (
+    SECRET_ENV,
+    SECRET_MARK,
+    Bundle,
+    argv_secret_library,
+    check_backends,
+    find_bundle,
+)
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,9 @@ def check_latency_quantiles(text: str) -> None:
             )
 
 
-def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
+def server_args(bundle: Bundle, repo: Path, s: ServerSettings, key: str | None = None) -> list[str]:
+    """The server's command line. ``key``: what the restricted APIs take (default: the settings' key, else a
+    random one, so that nobody can use them); ``start`` passes ``SECRET_MARK`` and the key beside it."""
     args = [
         str(bundle.binary),
         f"--model-repository={repo}",
@@ -132,7 +141,7 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings) -> list[str]:
     if s.model_control_mode == "poll":
         args.append(f"--repository-poll-secs={s.repository_poll_secs}")
     restricted = "model-repository,shared-memory,logging"
-    key = s.restricted_api_key or os.urandom(16).hex()  # without a key, nobody can use them
+    key = key or s.restricted_api_key or os.urandom(16).hex()  # without a key, nobody can use them
     args += [
         f"--http-restricted-api={restricted}:{s.restricted_api_header}={key}",
         f"--grpc-restricted-protocol={restricted}:{s.restricted_api_header}={key}",
@@ -226,8 +235,13 @@ class TritonServer:
         log_file = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
         os.fchmod(log_file.fileno(), 0o600)  # a log kept from an earlier server, too
         env = server_env(bundle, self.settings) | ({DEVICE_ENV: "cuda"} if self.gpu else {})
+        key = self.settings.restricted_api_key or secrets.token_hex(16)
+        shim = argv_secret_library()  # the key kept out of /proc/PID/cmdline, which every local user reads
+        if shim is not None:
+            env |= {"LD_PRELOAD": " ".join(filter(None, [str(shim), env.get("LD_PRELOAD")])), SECRET_ENV: key}
+        args = server_args(bundle, Path(self.repo).resolve(), self.settings, SECRET_MARK if shim else key)
         self.process = subprocess.Popen(
-            [*server_args(bundle, Path(self.repo).resolve(), self.settings), f"--id={self.server_id}"],
+            [*args, f"--id={self.server_id}"],
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
