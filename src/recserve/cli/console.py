@@ -11,8 +11,10 @@ from typing import TypeVar, cast
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from recserve.errors import RecserveError
+from recserve.extras import missing_extra
 
 console = Console()
 err_console = Console(stderr=True)
@@ -39,6 +41,11 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RecserveError as err:
             err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from err
+        except ModuleNotFoundError as err:
+            if (line := missing_extra(err)) is None:
+                raise
+            err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from err
 
     return cast(F, wrapper)

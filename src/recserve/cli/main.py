@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from typer.core import TyperGroup
 
 from recserve.cli.bench import bench
-from recserve.cli.console import setup_logging, whole_option_names
+from recserve.cli.console import err_console, setup_logging, whole_option_names
 from recserve.cli.data import data
-from recserve.cli.deploy import app as deploy_app
 from recserve.cli.env import env
 from recserve.cli.evaluate import evaluate
 from recserve.cli.events import app as events_app
@@ -18,11 +20,31 @@ from recserve.cli.items import app as items_app
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
 from recserve.cli.runs import runs
-from recserve.cli.sagemaker import app as sagemaker_app
 from recserve.cli.serve import serve
 from recserve.cli.status import status, stop
 from recserve.cli.store import app as store_app
 from recserve.cli.train import train
+from recserve.extras import missing_extra
+
+
+def _optional_app(module: str, extra: str) -> typer.Typer:
+    """A group of commands whose options come from an extra's classes (``recserve deploy``, ``recserve
+    sagemaker``): the module's app where the extra is installed, else a group that answers any of its commands
+    with the one line naming the extra (the other verbs run as ever)."""
+    try:
+        return importlib.import_module(module).app
+    except ModuleNotFoundError as err:
+        line = missing_extra(err, extra)
+        if line is None:
+            raise
+
+    class Missing(TyperGroup):
+        def resolve_command(self, ctx, args):
+            err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+            ctx.exit(1)
+
+    return typer.Typer(cls=Missing, help=escape(line), no_args_is_help=True)
+
 
 whole_option_names()
 
@@ -54,8 +76,8 @@ def main(
 
 for command in (data, train, runs, evaluate, export, repo, serve, recommend, bench, env, status, stop):
     app.command()(command)
-app.add_typer(sagemaker_app, name="sagemaker")
-app.add_typer(deploy_app, name="deploy")
+app.add_typer(_optional_app("recserve.cli.sagemaker", "sagemaker"), name="sagemaker")
+app.add_typer(_optional_app("recserve.cli.deploy", "deploy"), name="deploy")
 app.add_typer(store_app, name="store")
 app.add_typer(events_app, name="events")
 app.add_typer(items_app, name="items")
