@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from typer.testing import CliRunner
 
 from recserve.client import AsyncRecommenderClient, RecommenderClient, RecommendError
+from recserve.constants import OUTPUT_UNKNOWN_IDS
 from recserve.errors import ServingError
 from recserve.export.validate import FP32_SCORE_TOL
 from recserve.pipeline import repository_from_run
@@ -248,6 +249,22 @@ def test_string_ids_end_to_end_on_fused_and_seed(string_server, string_run):
     with pytest.raises(Exception) as err:
         _infer(string_server.http_url, "recommender", item_ids=np.array([[1, 2]], np.int64))
     assert err.value.status() == "400"
+
+
+def test_recommend_asks_the_model_which_ids_it_takes(string_server, int_server):
+    """No --string-ids: the command reads the ID type from the model's metadata. A string catalogue's IDs go
+    as strings (once `recommend 42` there got Triton's raw dtype message), a word to an integer one is one line."""
+    from recserve.cli.main import app
+
+    with RecommenderClient(string_server.grpc_url) as client:
+        assert client.id_type() == "string"
+    with RecommenderClient(int_server.http_url, "http") as client:
+        assert client.id_type() == "int64"
+    asked = CliRunner().invoke(app, ["recommend", "sku-001", "42", "--url", string_server.grpc_url, "--json"])
+    assert asked.exit_code == 0 and json.loads(asked.output)[OUTPUT_UNKNOWN_IDS] == 1, asked.output
+    wrong = CliRunner().invoke(app, ["recommend", "1", "abc", "--url", int_server.grpc_url], env={"COLUMNS": "200"})
+    said = " ".join(wrong.output.split())
+    assert wrong.exit_code == 2 and "'abc': this model's item IDs are integers (int64)" in said, said
 
 
 def test_recommend_command_prints_json(int_server, tiny_run):

@@ -52,13 +52,22 @@ def handle_errors(fn: F) -> F:
 
 
 def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
-    """Command-line item IDs as the model takes them: integers, or strings with ``--string-ids``."""
+    """Command-line item IDs as the model takes them: integers (the model's items are int64), or strings."""
     if string_ids:
         return item_ids
+    bad = [x for x in item_ids if not _is_int64(x)]
+    if bad:
+        raise typer.BadParameter(
+            f"{', '.join(repr(b) for b in bad[:5])}: this model's item IDs are integers (int64)", param_hint="ITEM_IDS"
+        )
+    return [int(x) for x in item_ids]
+
+
+def _is_int64(text: str) -> bool:
     try:
-        return [int(x) for x in item_ids]
-    except ValueError as err:
-        raise typer.BadParameter(f"{err}; pass --string-ids for a string-ID model", param_hint="ITEM_IDS") from err
+        return -(2**63) <= int(text) < 2**63
+    except ValueError:
+        return False
 
 
 def export_or_run(export: Path | None, run: Path | None) -> Path:

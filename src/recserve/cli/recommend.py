@@ -46,7 +46,6 @@ def recommend(
     ] = None,
     protocol: Annotated[str, typer.Option(help="grpc or http.")] = "grpc",
     include_seen: Annotated[bool, typer.Option(help="Allow items of the history in the answer.")] = False,
-    string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
     items: Annotated[Path | None, typer.Option(help="items.parquet for titles (a data or run folder's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     model: Annotated[
@@ -69,15 +68,17 @@ def recommend(
     from recserve.client import RecommenderClient
     from recserve.client.triton import Recommendations
 
-    history = history_ids(item_ids or [], string_ids)
-    asked = None
-    if rules.given:  # the listed IDs as the model takes them (integers, or strings with --string-ids)
-        as_model = lambda ids: history_ids(list(ids), string_ids) if ids else None  # noqa: E731
-        asked = dataclasses.replace(rules, exclude=as_model(rules.exclude), include=as_model(rules.include))
     extra: dict = {}
     with RecommenderClient(url, protocol, model=model) as client:
         if session is not None:
             model = SESSION_MODEL if model == FUSED_MODEL else model
+        string_ids = client.id_type(model) == "string"  # the model says which IDs it takes
+        history = history_ids(item_ids or [], string_ids)
+        asked = None
+        if rules.given:  # the listed IDs as the model takes them
+            as_model = lambda ids: history_ids(list(ids), string_ids) if ids else None  # noqa: E731
+            asked = dataclasses.replace(rules, exclude=as_model(rules.exclude), include=as_model(rules.include))
+        if session is not None:
             by_session = client.recommend_session(
                 session, history, k=k, exclude_seen=not include_seen, model=model, rules=asked
             )

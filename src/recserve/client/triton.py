@@ -343,6 +343,14 @@ class RecommenderClient(_ModelClient):
             reply = self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native, rules), **kwargs)
         return self._answer(reply, native, k)
 
+    def id_type(self, model: str | None = None) -> str:
+        """The item IDs ``model`` (default: the client's) takes, from its metadata: "string" (BYTES) or "int64"
+        (INT64), so that a caller never has to be told."""
+        with self._errors():
+            metadata = self.client.get_model_metadata(model or self.model, **_as_json(self.protocol))
+        inputs = {t["name"]: t["datatype"] for t in metadata.get("inputs", [])}
+        return "string" if inputs.get(INPUT_ITEM_IDS) == "BYTES" else "int64"
+
     def is_ready(self) -> bool:
         try:
             return bool(self.client.is_model_ready(self.model))
