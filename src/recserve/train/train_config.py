@@ -91,6 +91,12 @@ class TrainConfig:
         "BERT4Rec, SASRec: then train again on every item but the test one, for the epoch count validation "
         "chose, and keep that model.",
     )
+    warm_start: str | None = option(
+        None,
+        "BERT4Rec, SASRec: a run folder to start from (a newer data folder's catalogue may gain and lose items): "
+        "weights carried by item ID, a new item starting from the catalogue's mean; its model and settings must be "
+        "this run's.",
+    )
     input_mask: float = option(
         0.0,
         "SASRec: share of input items that training replaces by the reserved token, each position still "
@@ -169,6 +175,7 @@ class TrainConfig:
             "input_mask": (entry.task == "next-item", "SASRec's augmentation of its next-item inputs"),
             "label_smoothing": (entry.sequential, "BERT4Rec's and SASRec's softmax over items"),
             "ema_epochs": (entry.sequential, "BERT4Rec and SASRec average their weights"),
+            "warm_start": (entry.sequential, "BERT4Rec's and SASRec's item rows are carried by ID"),
         }
         for name, (taken, what) in takes.items():
             if getattr(self, name) and not taken:

@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -51,6 +52,12 @@ def train(
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, model_overrides or {}, cfg)
+    carried = None
+    if cfg.warm_start:  # before the run folder is written: a run that cannot be carried changes nothing
+        from recserve.train.warm_start import carry_by_id
+
+        module = cast(torch.nn.Module, task.module.model)
+        carried = carry_by_id(module, task.model_cfg, model, data.vocab.ids, Path(cfg.warm_start))
     out_dir = Path(out_dir)
     identity = run_identity(model, task.model_cfg, cfg, data, data_dir)
     prepare_run_folder(out_dir, identity, cfg.epochs, cfg.resume, overwrite)
@@ -96,6 +103,8 @@ def train(
     }
     if model_entry(model).sequential:
         summary["loss"] = task.module.loss_settings.describe()  # type: ignore[operator, union-attr]
+    if carried is not None:
+        summary["warm_start"] = carried
     if cfg.refit:
         epochs = (best_epoch or 0) + 1
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
