@@ -35,7 +35,6 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 from recserve.serving.triton_server.launcher import ServerSettings, TritonServer
 from recserve.sessions import embedded_store
 
-
 MILLION = np.arange(1, 1_000_001, dtype=np.int64) % 2000 + 1  # the items of the bad append, made once
 
 
