@@ -35,3 +35,16 @@ def test_every_option_name_is_shown_whole_at_80_columns():
         output = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
         cut += [f"{' '.join(path)}: {line.strip()}" for line in output.splitlines() if "…" in line]
     assert not cut, "cut short at 80 columns:\n" + "\n".join(cut)
+
+
+def test_at_80_columns_each_options_help_reads_under_its_name_not_in_a_squeezed_column():
+    """Once `train --help` took 295 lines at 80 columns, its help column ~19 characters wide, and option names
+    were folded mid-word (--min-user-interactio / ns). Each option now has its names on a line and its help
+    under them, as wide as the terminal."""
+    narrow = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "80"}).output
+    wide = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "160"}).output
+    assert len(narrow.splitlines()) < 1.8 * len(wide.splitlines()), len(narrow.splitlines())
+    names = re.findall(r"^│ (--[a-z-]+)", narrow, flags=re.M)
+    assert {"--data", "--relative-positions", "--warm-start"} <= set(names), names
+    data = runner.invoke(app, ["data", "--help"], env={"COLUMNS": "80"}).output
+    assert re.search(r"^│ --min-user-interactions\b", data, flags=re.M), data

@@ -106,3 +106,37 @@ def whole_option_names() -> None:
         return columns
 
     rich_utils._get_parameter_help = help_whole
+    rich_utils._print_options_panel = _options_below_where_narrow(rich_utils._print_options_panel)
+
+
+NARROW_HELP = 120  # columns below which an option's help goes under its name, not into a squeezed column
+
+
+def _options_below_where_narrow(table_panel):
+    """typer's options panel as a table where the terminal is wide; where it is narrow (80 columns: the help
+    column was ~19 characters, a name folded mid-word), each option's names and type on a line of their own and
+    its help indented below, the width of the terminal."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.text import Text
+    from typer import rich_utils
+
+    def panel(*, name, params, ctx, markup_mode, console) -> None:
+        if console.width >= NARROW_HELP or not params:
+            return table_panel(name=name, params=params, ctx=ctx, markup_mode=markup_mode, console=console)
+        rows = []
+        for param in params:
+            names = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("-")]
+            shown = ", ".join(names) or str(getattr(param, "display_name_raw", None) or param.name).upper()
+            head = Text(shown, style="bold cyan", overflow="fold")
+            kind = None if getattr(param, "is_flag", False) else param.display_type_rich(ctx=ctx)
+            if kind:
+                head.append(f"  {kind}", style="yellow")
+            rows += [
+                head,
+                Padding(rich_utils._get_parameter_help(param=param, ctx=ctx, markup_mode=markup_mode), (0, 0, 0, 4)),
+            ]
+        console.print(Panel(Group(*rows), title=name, title_align="left", border_style="dim"))
+
+    return panel
