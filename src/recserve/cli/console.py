@@ -116,7 +116,7 @@ def _options_below_where_narrow(table_panel):
     """typer's options panel as a table where the terminal is wide; where it is narrow (80 columns: the help
     column was ~19 characters, a name folded mid-word), each option's names and type on a line of their own and
     its help indented below, the width of the terminal."""
-    from rich.console import Group
+    from rich.console import Group, RenderableType
     from rich.padding import Padding
     from rich.panel import Panel
     from rich.text import Text
@@ -125,7 +125,7 @@ def _options_below_where_narrow(table_panel):
     def panel(*, name, params, ctx, markup_mode, console) -> None:
         if console.width >= NARROW_HELP or not params:
             return table_panel(name=name, params=params, ctx=ctx, markup_mode=markup_mode, console=console)
-        rows = []
+        rows: list[RenderableType] = []
         for param in params:
             names = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("-")]
             shown = ", ".join(names) or str(getattr(param, "display_name_raw", None) or param.name).upper()
