@@ -38,6 +38,10 @@ def test_a_detached_server_is_listed_answers_and_stops_and_its_log_is_kept(tiny_
         status = json.loads(_recserve("status", "--json").stdout)
         (server,) = status["servers"]
         assert server["state"] == "ready" and server["repo"] == str(repo.resolve()) and server["grpc_port"] == grpc
+        assert server["models"] == [{"name": "echo", "versions": ["1"]}]  # what it serves, asked of it
+        assert server["run"] == json.loads((repo / "recserve.json").read_text()).get("run")
+        said = " ".join(_recserve("status").stdout.split())
+        assert "model echo: version 1" in said, said
         record = tmp_path / "cache" / "servers" / f"{http}.json"
         assert record.stat().st_mode & 0o777 == 0o600 and server["server_id"].startswith("recserve-")
         assert any(store["state"] in ("running", "not running") for store in status["stores"])

@@ -37,7 +37,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object: servers and stores.")] = False,
 ) -> None:
     """What runs: the servers `recserve serve --detach` started (ready or not, their addresses, repository and
-    logs) and recserve's embedded session stores."""
+    the run it came from, each model's serving versions, logs) and recserve's embedded session stores."""
     from recserve.serving.triton_server.detached import read_records
 
     records = read_records()
@@ -51,7 +51,10 @@ def status(
     for s in servers:
         console.print(
             f"server {s['host']}:{s['http_port']} (gRPC {s['grpc_port']}, metrics {s['metrics_port']}): {s['state']}, "
-            f"process {s['pid']}, since {s['started']}\n  repository {s['repo']}\n  log {s['triton_log']}",
+            f"process {s['pid']}, since {s['started']}\n  repository {s['repo']}"
+            + (f" (from run {s['run']})" if s.get("run") else "")
+            + "".join(f"\n  model {m['name']}: version {', '.join(m['versions']) or 'none ready'}" for m in s["models"])
+            + f"\n  log {s['triton_log']}",
             markup=False,
             highlight=False,
         )

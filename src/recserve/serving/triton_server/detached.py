@@ -94,8 +94,32 @@ class ServerRecord:
         return answers_ready(f"{self.host}:{self.http_port}", self.server_id)
 
     def status(self) -> dict:
+        """The record, its state, and what it serves: each model of its repository with the versions its
+        server holds ready (asked of the server), and the run the repository was written from."""
+        from recserve.artifacts.repository_record import read_repository_info
+
         state = ("ready" if self.ready() else "starting or not ready") if self.alive() else "exited"
-        return dataclasses.asdict(self) | {"state": state}
+        models = served_versions(f"{self.host}:{self.http_port}", Path(self.repo)) if state == "ready" else []
+        run = read_repository_info(Path(self.repo)).get("run")
+        return dataclasses.asdict(self) | {"state": state, "models": models, "run": run}
+
+
+def served_versions(http_url: str, repo: Path) -> list[dict]:
+    """Each model of ``repo`` with the versions the server at ``http_url`` serves (its metadata; [] for one it
+    does not serve)."""
+    import urllib.error
+    import urllib.request
+
+    models = []
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        name = config.parent.name
+        try:
+            with urllib.request.urlopen(f"http://{http_url}/v2/models/{name}", timeout=2) as reply:
+                versions = json.loads(reply.read()).get("versions", [])
+        except (urllib.error.URLError, OSError, ValueError):
+            versions = []
+        models.append({"name": name, "versions": versions})
+    return models
 
 
 def read_records() -> list[ServerRecord]:
