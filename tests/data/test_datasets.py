@@ -155,3 +155,30 @@ def test_window_sampling_left_pads_short_histories(ml100k_dir):
     seq = load_prepared(ml100k_dir).sequences
     windows = seq.windows(np.array([0]), np.array([2]), 4)
     assert windows.tolist() == [[0, 0, *seq.items[:2].tolist()]]
+
+
+def test_the_item_table_names_its_own_id_column(tmp_path):
+    """Once the item table had to use the log's ID column name: the shop's own (`product_ref`) is an option."""
+    from typer.testing import CliRunner
+
+    from recserve.cli.main import app
+
+    log = _write_csv(tmp_path / "log.csv", header="user_id,sku,timestamp")
+    (tmp_path / "items.csv").write_text("product_ref,price\na,5\nb,7\nc,9\nd,1\n")
+    args = [
+        "data",
+        str(log),
+        "--item-col",
+        "sku",
+        "--min-user-interactions",
+        "3",
+        "--items",
+        str(tmp_path / "items.csv"),
+    ]
+    missing = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "no")], env={"COLUMNS": "200"})
+    said = " ".join(missing.output.split())
+    assert missing.exit_code == 1 and "no item column 'sku'" in said and "--items-id-col" in said, said
+    named = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out"), "--items-id-col", "product_ref"])
+    assert named.exit_code == 0, named.output
+    items = pl.read_parquet(tmp_path / "out" / ITEMS_FILE)
+    assert items.select("item_id", "price").rows() == [("a", 5), ("b", 7), ("c", 9), ("d", 1)]

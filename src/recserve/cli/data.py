@@ -33,9 +33,12 @@ def data(
     items: Annotated[
         Path | None,
         typer.Option(
-            help="The shop's item table (CSV, Parquet or JSON lines): the item column (--item-col) and any "
+            help="The shop's item table (CSV, Parquet or JSON lines): the item column (--items-id-col) and any "
             "attributes (category, brand, price, flags), which business rules filter on; kept in items.parquet."
         ),
+    ] = None,
+    items_id_col: Annotated[
+        str | None, typer.Option(help="The item table's ID column (default: the log's, --item-col).")
     ] = None,
 ) -> None:
     """Prepare an interaction log: item vocabulary, per-user sequences, leave-one-out split, popularity."""
@@ -51,6 +54,7 @@ def data(
         dedup=dedup,
         columns=Columns(user=user_col, item=item_col, timestamp=time_col, rating=rating_col),
         items=str(items) if items is not None else None,
+        items_id_col=items_id_col,
     )
     with console.status(f"preparing {source}"):
         info = prepare(source, out, options)

@@ -32,6 +32,7 @@ class PrepareOptions:
     dedup: bool = False  # keep only the first interaction of each (user, item) pair
     columns: Columns = field(default_factory=Columns)
     items: str | None = None  # the shop's item table (attributes by item ID), kept in items.parquet
+    items_id_col: str | None = None  # the item table's ID column (None: the log's, ``columns.item``)
 
     def validate(self) -> None:
         problems = []
@@ -104,7 +105,7 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
         items = items.join(titles.unique("item_id", keep="first"), on="item_id", how="left", maintain_order="left")
     described: dict = {}
     if options.items is not None:
-        items, described = _with_attributes(items, Path(options.items), options.columns.item)
+        items, described = _with_attributes(items, Path(options.items), options.items_id_col or options.columns.item)
     kinds = {name: column.kind for name, column in attributes_of(items).columns.items()}
     info = {
         "format_version": DATA_FORMAT_VERSION,

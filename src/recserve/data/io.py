@@ -179,7 +179,7 @@ def read_item_table(path: Path, item_col: str = "item_id") -> pl.DataFrame:
         raise DataError(f"{path}: cannot be read as an item table (CSV, Parquet or JSON lines): {err}") from err
     if item_col not in raw.columns:
         raise DataError(
-            f"{path}: no item column '{item_col}'; the file has columns {raw.columns}: name yours with --item-col"
+            f"{path}: no item column '{item_col}'; the file has columns {raw.columns}: name yours with --items-id-col"
         )
     table = raw.rename({item_col: "item_id"}) if item_col != "item_id" else raw
     twice = table["item_id"].is_duplicated()
