@@ -225,3 +225,18 @@ def test_each_row_of_a_batch_gets_its_own_listed_items_whatever_the_lists_length
     batch = book.batch(rows, lookup)
     assert batch.excluded.tolist() == [[4, 2, 0], [0, 0, 0], [5, 1, 0], [3, 0, 0], [0, 0, 0]]
     assert batch.included[4].tolist() == [6] and not batch.included[:4].any()
+
+
+def test_a_value_no_item_holds_is_named_with_the_closest_ones_the_items_hold():
+    """`category == "game"` lets nothing through: no error (a value may come with a later catalogue), but said,
+    with the closest values the items hold; numbers and values the items hold say nothing."""
+    from recserve.rules.language import values_no_item_holds
+
+    said = values_no_item_holds(parse('category == "game" or category in ("toys", "boks") or price < 3'), ATTRIBUTES)
+    assert said == [
+        'rule \'category == "game" or category in ("toys", "boks") or price < 3\': no item\'s category is '
+        "'game'; the closest it holds: 'games'",
+        'rule \'category == "game" or category in ("toys", "boks") or price < 3\': no item\'s category is '
+        "'boks'; the closest it holds: 'books', 'toys'",
+    ]
+    assert values_no_item_holds(parse('category != "games" and price < 50'), ATTRIBUTES) == []

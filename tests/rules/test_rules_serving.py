@@ -481,6 +481,11 @@ def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(sh
         assert listed["hidden"] == [str(top)]
     finally:
         runner.invoke(app, ["items", "show", str(top), "--store", str(store_dir)])
+    typo = runner.invoke(
+        app, [*ask, "--where", 'category == "game"', "--items", str(server.repo.parent / "export" / ITEMS_FILE)]
+    )
+    said = " ".join(typo.output.split())
+    assert typo.exit_code == 0 and "no item's category is 'game'; the closest it holds: 'games'" in said, said
     few = runner.invoke(app, [*ask[:-2], "--include", "5,6"])
     assert few.exit_code == 0 and "the rules let 2 of the 10 items asked for through" in few.output, few.output
     bad = runner.invoke(app, [*ask, "--where", "brand == 1"])
@@ -520,6 +525,19 @@ def test_a_stored_rule_that_does_not_fit_the_export_is_refused_before_anything_i
     with pytest.raises(ServingError, match="rule 'acme'.*no attribute 'brand'"):
         write_repository(export, tmp_path / "repo", ("fused",), RepositorySettings(rules=str(rules)))
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_stored_rule_with_a_value_no_item_holds_is_written_and_said(shop_run, tmp_path, caplog):
+    """`category == "game"` where the items hold "games": stored (a value may come with a later catalogue),
+    and the log names the closest values, so an empty carousel is never a silent surprise."""
+    from recserve.export.exporter import export_run
+
+    export_run(shop_run, "eager", "fp32", tmp_path / "export")
+    rules = tmp_path / "rules.toml"
+    rules.write_text("typo = 'category == \"game\"'\n")
+    with caplog.at_level("WARNING"):
+        write_repository(tmp_path / "export", tmp_path / "repo", ("fused",), RepositorySettings(rules=str(rules)))
+    assert "rule 'typo'" in caplog.text and "no item's category is 'game'; the closest it holds: 'games'" in caplog.text
 
 
 def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each_costs(shop, ml100k_dir, tmp_path):

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from recserve.artifacts.served import Rules
-from recserve.cli.console import console, handle_errors, history_ids
+from recserve.cli.console import console, err_console, handle_errors, history_ids
 from recserve.cli.options import Settings, takes
 from recserve.constants import (
     FUSED_MODEL,
@@ -31,6 +31,23 @@ def _titles(path: Path | None) -> dict:
 
     items = pl.read_parquet(path)
     return dict(zip(items["item_id"].to_list(), items["title"].to_list())) if "title" in items.columns else {}
+
+
+def _say_values_no_item_holds(where: str, items: Path) -> None:
+    """A line for each value of the written rule that no item of ``items`` (an items.parquet) holds, naming the
+    closest ones: an answer short for that reason is said, not left to look like the model's."""
+    import polars as pl
+    from rich.markup import escape
+
+    from recserve.artifacts.item_table import attributes_of
+    from recserve.rules.language import RuleError, parse, values_no_item_holds
+
+    try:
+        lines = values_no_item_holds(parse(where), attributes_of(pl.read_parquet(items)))
+    except (RuleError, OSError, pl.exceptions.PolarsError):
+        return  # the server has said what is wrong with the rule; a table that cannot be read checks nothing
+    for line in lines:
+        err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 @handle_errors
@@ -92,6 +109,8 @@ def recommend(
         extra["note"] = f"the rules let {len(answer.item_ids)} of the {k} items asked for through"
     if extra.get("history_source") == HISTORY_FROM_REQUEST:
         extra["note"] = "the session store is down: answered from the request's items alone"
+    if rules.where and items is not None:
+        _say_values_no_item_holds(rules.where, items)
     if as_json:
         print(
             json.dumps(

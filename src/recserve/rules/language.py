@@ -205,6 +205,26 @@ def _check_leaf(rule: Rule, node: Compare | Flag, attribute: Attribute) -> None:
         raise RuleError(f"rule {rule.text!r}: {name} is a {kind} attribute; {node.op} orders numbers only")
 
 
+def values_no_item_holds(rule: Rule, attributes: ItemAttributes) -> list[str]:
+    """A line for each string value the rule compares an attribute with that no item holds (``category ==
+    "shoe"`` where the items hold "shoes"): a rule that lets nothing through for it, which is no error (a value may
+    come with a later catalogue) but is said, naming the closest values the items hold."""
+    import difflib
+
+    said = []
+    for node in _leaves(rule.tree):
+        attribute = attributes.columns.get(node.attribute)
+        if not isinstance(node, Compare) or attribute is None or attribute.kind != "string":
+            continue
+        held = [str(c) for c in attribute.categories] if attribute.categories is not None else []
+        for value in node.value if isinstance(node.value, tuple) else (node.value,):
+            if isinstance(value, str) and value not in held:
+                close = difflib.get_close_matches(value, held, n=3, cutoff=0.5)
+                hint = f"; the closest it holds: {', '.join(repr(c) for c in close)}" if close else ""
+                said.append(f"rule {rule.text!r}: no item's {attribute.name} is {value!r}{hint}")
+    return said
+
+
 def _example(attribute: Attribute) -> str:
     if attribute.kind == "string":
         first = attribute.categories[0] if attribute.categories is not None and len(attribute.categories) else "x"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from recserve.artifacts.served import Contract, ServedLayout
 from recserve.constants import ITEMS_FILE
 from recserve.errors import ConfigError, ServingError
 from recserve.files import replaced_on_success
-from recserve.rules.language import RuleError, compile_rule
+from recserve.rules.language import RuleError, compile_rule, parse, values_no_item_holds
 from recserve.rules.named import read_named_rules
 from recserve.serving.triton_repository.pbtxt import (
     DynamicBatching,
@@ -32,6 +33,8 @@ from recserve.serving.triton_repository.pbtxt import (
 )
 from recserve.serving.triton_repository.python_models.served_model import RULES_PARAMETER, STORE_PARAMETER
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
+
+log = logging.getLogger(__name__)
 
 EXPORT_SUBDIR = "export"
 
@@ -148,6 +151,8 @@ def _compiled_rules(export_dir: str, num_items: int, rules: str, stamps: tuple) 
             masks[name].flags.writeable = False  # shared by every caller
         except RuleError as err:
             raise ServingError(f"--rules {rules}: rule {name!r}: {err}") from err
+        for line in values_no_item_holds(parse(text), attributes):  # lets nothing through for that value: said
+            log.warning("--rules %s: rule %r: %s", rules, name, line)
     return masks
 
 
