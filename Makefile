@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch; GPU machines bring their own.
 TORCH  ?= torch==2.13.0
 DEMO   ?= runs/demo
+# make demo PORTS="HTTP GRPC METRICS ENDPOINT" (empty: four free ports found on loopback)
+PORTS  ?=
 
 .PHONY: demo test lint format setup clean bench-gpu
 
@@ -14,16 +16,19 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@date +%s > $(VENV)/.setup-started
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[all]"
 	$(PIP) install -q --no-deps recbole  # only for the ML-100K files it ships
 	bash scripts/install_perf_analyzer.sh $(PY)
 	touch $(STAMP)
+	@echo "[setup] .venv with recserve and its extras in $$(( $$(date +%s) - $$(cat $(VENV)/.setup-started) )) s" >&2
 
 demo: $(STAMP)
-	bash scripts/build_triton_backends.sh $(PY)  # Triton's native PyTorch and ONNX Runtime backends, once
-	bash scripts/demo.sh $(DEMO)
+	@start=$$(date +%s); bash scripts/build_triton_backends.sh $(PY) && \
+	  echo "[demo] Triton's native backends in place after $$(( $$(date +%s) - start )) s" >&2
+	PORTS="$(PORTS)" bash scripts/demo.sh $(DEMO)
 
 test: $(STAMP)
 	bash scripts/install_test_tools.sh  # promtool, prometheus and redis-cli, which only tests/deploy uses

@@ -9,10 +9,19 @@ bin=.venv/bin
 rs="$bin/recserve"
 mkdir -p "$out"
 mark() { echo "[demo] $1 after $SECONDS s" >&2; }  # where the time goes
+# its ports: PORTS="HTTP GRPC METRICS ENDPOINT" (make demo PORTS="..."), else four free ones on loopback, so
+# that a server of another's on the usual ports never fails it
+read -r http grpc metrics endpoint_port <<< "${PORTS:-$($bin/python -c 'from recserve.processes import free_ports; print(*free_ports(4))')}"
+echo "[demo] ports: HTTP $http, gRPC $grpc, metrics $metrics, SageMaker endpoint $endpoint_port" >&2
 
 $rs data ml-100k --out "$out/data"
-$rs train --data "$out/data" --out "$out/run" --epochs "${DEMO_EPOCHS:-60}"
-mark "trained SASRec"
+if [ -f "$out/run/model.pt" ] && [ -f "$out/run/metrics.json" ] && [ "${DEMO_RETRAIN:-0}" != 1 ]; then
+  mark "trained SASRec: kept from an earlier demo ($out/run; DEMO_RETRAIN=1 trains again)"
+else
+  # a run cut short before resumes from its last checkpoint; DEMO_RETRAIN=1 starts afresh
+  $rs train --data "$out/data" --out "$out/run" --epochs "${DEMO_EPOCHS:-60}" $([ "${DEMO_RETRAIN:-0}" = 1 ] && echo --overwrite)
+  mark "trained SASRec"
+fi
 $rs export --run "$out/run" --out "$out/export-onnx" --backend onnx
 $rs export --run "$out/run" --out "$out/export-eager" --backend eager
 $rs export --run "$out/run" --out "$out/export-torchscript" --backend torchscript
@@ -55,24 +64,24 @@ PY
 )
 
 # in the background: it returns once every model is ready; `recserve status` says what runs
-trap '$rs stop --http-port 18000 >/dev/null 2>&1 || true; $rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
-$rs serve --repo "$out/repo" --http-port 18000 --grpc-port 18001 --metrics-port 18002 --detach
+trap '$rs stop --http-port $http >/dev/null 2>&1 || true; $rs store stop --dir "$out/store" >/dev/null 2>&1 || true' EXIT
+$rs serve --repo "$out/repo" --http-port $http --grpc-port $grpc --metrics-port $metrics --detach
 $rs status
 echo "history of user 1 (oldest first): $history"
-$rs recommend $history --url 127.0.0.1:18001 --items "$out/run/items.parquet"
+$rs recommend $history --url 127.0.0.1:$grpc --items "$out/run/items.parquet"
 # the same shopper by session: the store holds user 1's whole history (the newest 200 items); then a click,
 # sent as an event, is in the very next answer
 user=$($bin/python -c "import sys; from recserve.data.datasets import load_prepared; print(load_prepared(sys.argv[1]).user_ids[0])" "$out/data")
-$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
+$rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 5 --items "$out/run/items.parquet"
 $rs events send "user-$user" 50 --kind view --store "$out/store"
-$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --items "$out/run/items.parquet"
+$rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 5 --items "$out/run/items.parquet"
 # Business rules inside the top k: ML-100K's items carry their release year and genre (`recserve data --items`
 # adds a shop's own attributes); a rule keeps the answer to what it lets through, and an item hidden in the
 # store (out of stock) is gone from the session's next answer
-$rs recommend $history --url 127.0.0.1:18001 --k 5 --where 'genre == "Comedy" and year >= 1990' --items "$out/run/items.parquet"
-top=$($rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 1 --json | $bin/python -c 'import json, sys; print(json.load(sys.stdin)["item_id"][0])')
+$rs recommend $history --url 127.0.0.1:$grpc --k 5 --where 'genre == "Comedy" and year >= 1990' --items "$out/run/items.parquet"
+top=$($rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 1 --json | $bin/python -c 'import json, sys; print(json.load(sys.stdin)["item_id"][0])')
 $rs items hide "$top" --store "$out/store"
-$rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --json | $bin/python -c '
+$rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 5 --json | $bin/python -c '
 import json, sys
 answer = json.load(sys.stdin)["item_id"]
 assert int(sys.argv[1]) not in answer, "a hidden item was recommended"
@@ -80,19 +89,20 @@ print(f"item {sys.argv[1]} hidden: the next answer is {answer}")' "$top"
 $rs items show "$top" --store "$out/store"
 if [ -d "$out/repo/recommender_native_session" ]; then  # the same session from recserve's own backend,
   # then with its top item excluded there (recserve's backend keeps to a request's rules too)
-  $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session --json
-  $rs recommend --session "user-$user" --url 127.0.0.1:18001 --k 5 --model recommender_native_session \
+  $rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 5 --model recommender_native_session --json
+  $rs recommend --session "user-$user" --url 127.0.0.1:$grpc --k 5 --model recommender_native_session \
     --exclude "$top" --json
 fi
 if [ "$native" = 1 ]; then  # the same answer from the whole graph on ONNX Runtime's backend, no Python
-  $rs recommend $history --url 127.0.0.1:18001 --model recommender_native --json
+  $rs recommend $history --url 127.0.0.1:$grpc --model recommender_native --json
   # the PoC's own client, unchanged: 39 INT64 IDs in `inputs` of bert4rec_ensemble, IDs and scores back
-  $bin/python - $history <<'PY'
+  DEMO_HTTP=$http $bin/python - $history <<'PY'
+import os
 import sys
 import numpy as np
 import tritonclient.http as httpclient
 
-client = httpclient.InferenceServerClient(url="127.0.0.1:18000")
+client = httpclient.InferenceServerClient(url=f"127.0.0.1:{os.environ['DEMO_HTTP']}")
 item_ids = np.array(sys.argv[1:], dtype=np.int64)[-39:]
 item_ids = np.concatenate([np.zeros(39 - len(item_ids), dtype=np.int64), item_ids])  # 0: no item
 inputs = [httpclient.InferInput("inputs", item_ids.shape, "INT64")]
@@ -102,7 +112,7 @@ result = client.infer("bert4rec_ensemble", inputs, outputs=outputs)
 print("seed layout (the PoC's client):", result.as_numpy("output__0").tolist())
 PY
 fi
-$rs stop --http-port 18000
+$rs stop --http-port $http
 mark "served every layout"
 
 # A short load test of the repository's layouts side by side (the full sweep: docs/benchmarks.md), the
@@ -120,15 +130,15 @@ mark "trained Mult-VAE"
 # The SageMaker path: the SASRec run as a model.tar.gz, served locally by the SageMaker PyTorch
 # toolkit over TorchServe, asked for user 1's recommendations
 $rs sagemaker package --export "$out/export-eager" --runtime pytorch --out "$out/model.tar.gz"
-$rs sagemaker serve --model "$out/model.tar.gz" --port 18080 &
+$rs sagemaker serve --model "$out/model.tar.gz" --port $endpoint_port &
 endpoint=$!
 trap 'kill -TERM $endpoint 2>/dev/null; wait $endpoint 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
-  curl -sf 127.0.0.1:18080/invocations -H 'Content-Type: application/json' -d '{"item_id": []}' >/dev/null && break
+  curl -sf 127.0.0.1:$endpoint_port/invocations -H 'Content-Type: application/json' -d '{"item_id": []}' >/dev/null && break
   kill -0 $endpoint 2>/dev/null || { echo "endpoint failed to start" >&2; exit 1; }
   sleep 1
 done
-$rs sagemaker invoke $history --k 5 --url http://127.0.0.1:18080
+$rs sagemaker invoke $history --k 5 --url http://127.0.0.1:$endpoint_port
 kill -TERM $endpoint; wait $endpoint 2>/dev/null || true
 trap - EXIT
 mark "done"

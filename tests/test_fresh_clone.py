@@ -238,3 +238,14 @@ def test_no_step_of_make_demo_calls_sudo_or_apt(clone):
         commands = [line.split("#")[0] for line in text.splitlines()]  # comments may name them
         for name in FORBIDDEN:
             assert not any(re.search(rf"(^|[\s;&|(]){name}\s", c) for c in commands), name
+
+
+def test_the_demo_takes_its_ports_and_keeps_a_trained_run(clone):
+    """Once `make demo` had fixed ports (it failed after 28 min where another server held them) and a rerun
+    trained again: its ports come from PORTS or are found free, and a run it trained before is kept."""
+    dry = subprocess.run(["make", "-n", "-B", "demo", "PORTS=1 2 3 4"], cwd=clone, capture_output=True, text=True)
+    assert 'PORTS="1 2 3 4" bash scripts/demo.sh' in dry.stdout, dry.stdout
+    demo = (clone / "scripts" / "demo.sh").read_text()
+    assert not re.search(r"\b180[0-9]{2}\b", demo), "a fixed port"
+    assert "free_ports(4)" in demo and 'read -r http grpc metrics endpoint_port <<< "${PORTS:-' in demo
+    assert '[ -f "$out/run/model.pt" ] && [ -f "$out/run/metrics.json" ]' in demo
