@@ -580,3 +580,55 @@ def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each
         assert store.hidden()[1] == []  # shown again after the hidden variant's runs
     with pytest.raises(ServingError, match="--rules 'hidden:200': expected none, rule:NAME, exclude:N"):
         sweep(["fused"], [LoadLevel("concurrency", 1)], tmp_path, histories, repo=server.repo, rules="hidden:200")
+
+
+def _integration_blocks() -> list[str]:
+    """docs/integration.md's blocks that this file runs, each as one shell script."""
+    from tests.test_docs import shell_blocks
+
+    marker = "<!-- run by tests/rules/test_rules_serving.py -->"
+    return ["\n".join(cmds) for where, before, cmds in shell_blocks() if before == marker and "integration" in where]
+
+
+def test_docs_integrations_curl_and_redis_cli_blocks_answer_as_they_say(shop):
+    """Each block a Java or Go team would copy, run as written against the real server and store (their ports
+    and folder put in): JSON answers of what the rules let through, a session that took its items, a hide and an
+    event written as the contract says, and honoured by the next answers."""
+    import subprocess
+
+    server, store_dir, attributes = shop
+    port = embedded_store.settings_of(store_dir).url.rsplit(":", 1)[1].split("/")[0]
+    blocks = _integration_blocks()
+    assert len(blocks) == 5, blocks
+    outputs = []
+    try:
+        for block in blocks:
+            script = block.replace("127.0.0.1:8000", server.http_url).replace("-p 6379", f"-p {port}")
+            script = script.replace("STORE/", f"{store_dir}/")
+            run = subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], capture_output=True, text=True)
+            if run.returncode != 0:  # the block fails the test, with what the server said
+                said = subprocess.run(
+                    ["bash", "-c", script.replace("curl -sf", "curl -s")], capture_output=True, text=True
+                )
+                raise AssertionError(f"{block}\n{said.stdout}\n{run.stderr}")
+            outputs.append(run.stdout)
+        answers = [json.loads(line) for out in outputs[:3] for line in out.replace("}{", "}\n{").splitlines() if line]
+        ids = [next(o["data"] for o in a["outputs"] if o["name"] == "item_ids") for a in answers]
+        assert len(ids[0]) == 5 and ids[0] == model_top_ids_of(server, [1, 2, 3], 5)
+        allowed = _ids_of(compile_rule('category == "games" and price < 50', attributes)) - {4, 13}
+        assert len(ids[1]) == 5 and set(ids[1]) <= allowed
+        assert len(ids[2]) == 5 and set(ids[2]) <= _ids_of(compile_rule(NAMED["cheap_games"], attributes))
+        session = next(o["data"] for o in answers[3]["outputs"] if o["name"] == "history_length")
+        assert session == [2] and len(ids[3]) == 5  # the two items appended, then answered from the store
+        with RecommenderClient(server.grpc_url) as client:  # the hide written by hand is honoured
+            assert 313 not in client.recommend([300, 313], k=50).item_ids.tolist()
+            after = client.recommend_session("shopper-42", k=5)
+            assert after.history_length == 3  # the writer's event appended to the same session
+    finally:
+        with _store(store_dir) as store:
+            store.hide(["313"], hidden=False)
+
+
+def model_top_ids_of(server, history: list[int], k: int) -> list[int]:
+    with RecommenderClient(server.grpc_url) as client:
+        return client.recommend(history, k=k).item_ids.tolist()
