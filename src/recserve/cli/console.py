@@ -51,15 +51,15 @@ def handle_errors(fn: F) -> F:
     return cast(F, wrapper)
 
 
-def history_ids(item_ids: list[str], string_ids: bool) -> list[int] | list[str]:
-    """Command-line item IDs as the model takes them: integers (the model's items are int64), or strings."""
+def history_ids(item_ids: list[str], string_ids: bool, hint: str = "") -> list[int] | list[str]:
+    """Command-line item IDs as the model takes them: integers (the model's items are int64), or strings;
+    ``hint`` ends the message for IDs that are no integers (what to do where the type was not asked of the model)."""
     if string_ids:
         return item_ids
     bad = [x for x in item_ids if not _is_int64(x)]
     if bad:
-        raise typer.BadParameter(
-            f"{', '.join(repr(b) for b in bad[:5])}: this model's item IDs are integers (int64)", param_hint="ITEM_IDS"
-        )
+        message = f"{', '.join(repr(b) for b in bad[:5])}: this model's item IDs are integers (int64){hint}"
+        raise typer.BadParameter(message, param_hint="ITEM_IDS")
     return [int(x) for x in item_ids]
 
 

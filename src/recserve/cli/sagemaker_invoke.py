@@ -42,7 +42,7 @@ def invoke(
     from recserve.serving.sagemaker import invocations
     from recserve.serving.sagemaker.package import inspect_package
 
-    history = history_ids(item_ids, string_ids)
+    history = history_ids(item_ids, string_ids, "; pass --string-ids for a string-ID model")
     settings = None
     if not url:
         from recserve.deploy.sagemaker.cloud import load_settings

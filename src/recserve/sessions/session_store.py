@@ -169,15 +169,22 @@ class SessionStore:
     def _stored_event_ids(self, events: list[Event]) -> dict[tuple[str, str], str]:
         """The items the store holds under the senders' event IDs of ``events`` ((session, event ID) -> item), read
         in one round trip before an append that carries any (recserve's own IDs are new each call): an event ID
-        names one event, so an event sent again with its ID and another item is refused, not stored twice."""
+        names one event, so an event sent again with its ID and another item is refused, not stored twice. A
+        user that may not read (the writer's role) appends without this check."""
         sessions = list(dict.fromkeys(e.session for e in events if e.event_id is not None and not event_problem(e)))
         if not sessions:
             return {}
         pipe = self._client.pipeline(transaction=False)
         for session in sessions:
             pipe.zrange(self.settings.key(session), 0, -1)
+        try:
+            replies = self._call("the read before the append", lambda: _execute(pipe))
+        except StoreError as err:
+            if "no permission" not in str(err):
+                raise
+            return {}  # a writer's user may append but not read: ZADD NX alone keeps an event stored once
         stored: dict[tuple[str, str], str] = {}
-        for session, members in zip(sessions, self._call("the read before the append", lambda: _execute(pipe))):
+        for session, members in zip(sessions, replies):
             for m in _members(members):
                 event_id, _, item = m.partition(store_contract.MEMBER_SEPARATOR)
                 stored[(session, event_id)] = item
