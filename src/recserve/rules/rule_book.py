@@ -6,8 +6,8 @@ The masks are one array (``masks``): row 0 every item but the hidden ones; then 
 (compiled when the book is made, so a bad one fails the load, not a request) and for each rule written out in
 a request (compiled on first use into a row of its own, the least recently used of those dropped past
 ``MAX_RULE_MASKS``; rows no rule holds are all false). They are handed out read-only, as a new object whenever
-a row changes, which says what changed (``changed_rows``): a runner keeps its device copy until then, and then
-copies the changed rows alone (a new written rule costs its own row, not every row again).
+a row changes, which says what changed (``Masks.rows_changed_since``): a runner keeps its device copy until then, and
+then copies the changed rows alone (a new written rule costs its own row, not every row again).
 """
 
 from __future__ import annotations
@@ -152,11 +152,12 @@ class RuleBook:
         self.masks = self._fill([self._rows[rules.key]])
 
     def _grow(self) -> int:
-        """A new row at the end of the masks: the buffer doubles (up to the rows the book keeps at once, more
-        only for a batch of more rules), so a copy of it is made whole a few times in a model's life."""
+        """A new row at the end of the masks: the buffer doubles (up to the rows an exported graph takes,
+        ``MAX_RULE_MASKS`` + 1, more only for a batch of more rules), so a copy of it is made whole a few times in
+        a model's life."""
         used = len(self._rows)
         if used == len(self._buffer):
-            rows = max(min(2 * used, MAX_RULE_MASKS + 1 + len(self.named)), used + 1)
+            rows = max(min(2 * used, MAX_RULE_MASKS + 1), used + 1)
             grown = np.zeros((rows, self.num_items + 2), dtype=bool)
             grown[:used] = self._buffer
             self._buffer = grown  # another shape: a device copy is made whole
