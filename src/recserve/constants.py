@@ -64,6 +64,9 @@ MAX_RULE_MASKS = 64  # the catalogue-wide masks one model keeps at once (compile
 # Session layout: the `recommender` contract by session ID, the history kept in a session store
 SESSION_MODEL = "recommender_session"
 INPUT_SESSION_ID = "session_id"  # BYTES [1] a row: the session to answer (item_ids, optional: appended first)
+# BYTES [-1] a row, optional (the session layout): the client's ID of each item to append, as item_ids holds them
+# ("" where the client has none): an event sent again with its ID (a retry) is stored once
+INPUT_EVENT_IDS = "event_ids"
 OUTPUT_HISTORY_SOURCE = "history_source"  # INT32 [1]: HISTORY_FROM_STORE, or HISTORY_FROM_REQUEST (store down)
 OUTPUT_HISTORY_LENGTH = "history_length"  # INT32 [1]: the items the answer was computed from
 HISTORY_FROM_STORE = 0

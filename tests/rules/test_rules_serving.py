@@ -8,6 +8,7 @@ a bad rule fails its own request only, naming what to write."""
 
 import asyncio
 import json
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -632,3 +633,23 @@ def test_docs_integrations_curl_and_redis_cli_blocks_answer_as_they_say(shop):
 def model_top_ids_of(server, history: list[int], k: int) -> list[int]:
     with RecommenderClient(server.grpc_url) as client:
         return client.recommend(history, k=k).item_ids.tolist()
+
+
+def test_items_appended_with_the_clients_event_ids_are_stored_once_when_the_request_is_sent_again(shop):
+    """Once the session model took no event ID, so a client's retry stored its click twice. With the client's
+    IDs the request sent again changes nothing; a bad ID or shape fails its own request in one line."""
+    server, _, _ = shop
+    with RecommenderClient(server.grpc_url) as client:
+        first = client.recommend_session("evt-shopper", [50, 172], k=5, event_ids=["click-1", "click-2"])
+        again = client.recommend_session("evt-shopper", [50, 172], k=5, event_ids=["click-1", "click-2"])
+        assert first.history_length == again.history_length == 2  # the retry stored nothing twice
+        mixed = client.recommend_session("evt-shopper", [181, 258], k=5, event_ids=["click-3", ""])
+        assert mixed.history_length == 4  # an item without the client's ID gets one of recserve's
+        for ids, message in (
+            (["has space", "x"], "event_ids: 1 to 64 letters, digits or '._:-'"),
+            (["only-one"], "event_ids: BYTES of item_ids' shape [1, 2]"),
+        ):
+            with pytest.raises(RecommendError, match=re.escape(message)) as err:
+                client.recommend_session("evt-shopper", [7, 8], k=5, event_ids=ids)
+            assert err.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert client.recommend_session("evt-shopper", k=5).history_length == 4  # nothing of those stored

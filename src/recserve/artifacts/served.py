@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from recserve.constants import (
     ECHO_MODEL,
     FUSED_MODEL,
+    INPUT_EVENT_IDS,
     INPUT_EXCLUDE_ITEMS,
     INPUT_EXCLUDE_SEEN,
     INPUT_INCLUDE_ITEMS,
@@ -110,8 +111,11 @@ def _by_session(contract: Contract) -> Contract:
 
 
 def by_session(id_type: str) -> Contract:
-    """The ``recommender`` contract by session (the session layout)."""
-    return _by_session(recommender(id_type))
+    """The ``recommender`` contract by session (the session layout), the client's event IDs beside the items
+    to append (optional)."""
+    contract = _by_session(recommender(id_type))
+    event_ids = TensorSpec(INPUT_EVENT_IDS, "BYTES", (-1,), optional=True)
+    return dataclasses.replace(contract, inputs=(*contract.inputs[:2], event_ids, *contract.inputs[2:]))
 
 
 def native(history_length: int, onnx: bool = False, ruled: bool = False) -> Contract:

@@ -30,6 +30,7 @@ from recserve.constants import (
     FUSED_MODEL,
     GRPC_PORT,
     HTTP_PORT,
+    INPUT_EVENT_IDS,
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
@@ -295,8 +296,10 @@ class RecommenderClient(_ModelClient):
         exclude_seen: bool = True,
         model: str = SESSION_MODEL,
         rules: Rules | None = None,
+        event_ids: list[str] | None = None,
     ) -> SessionRecommendations:
-        """Top-k for a session of the session layout, ``item_ids`` (in order) appended to it first; under
+        """Top-k for a session of the session layout, ``item_ids`` (in order) appended to it first (``event_ids``:
+        the caller's ID of each, so that the request sent again stores them once; the session layout); under
         ``rules``, only items they allow.
 
         Raises:
@@ -307,6 +310,8 @@ class RecommenderClient(_ModelClient):
         tensors = [(INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_))]
         if item_ids is not None and len(item_ids):
             tensors.append((INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)))
+            if event_ids is not None:
+                tensors.append((INPUT_EVENT_IDS, np.array([[e.encode() for e in event_ids]], dtype=np.object_)))
         tensors += [
             (INPUT_K, np.array([[k]], dtype=np.int32)),
             (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),

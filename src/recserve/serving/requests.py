@@ -14,6 +14,7 @@ import numpy as np
 
 from recserve.constants import (
     DEFAULT_K,
+    INPUT_EVENT_IDS,
     INPUT_EXCLUDE_ITEMS,
     INPUT_EXCLUDE_SEEN,
     INPUT_INCLUDE_ITEMS,
@@ -105,6 +106,7 @@ class SessionRequest:
     k: int
     exclude_seen: np.ndarray | None
     rules: RequestRules | None = None  # what the request keeps out of its answer (every row alike)
+    event_ids: list[list[str | None]] | None = None  # per row the client's ID of each item to append (None: none)
 
     def rows_rules(self) -> list[RequestRules | None]:
         return [self.rules] * len(self.sessions)
@@ -117,6 +119,7 @@ def parse_session_request(
     exclude_seen: np.ndarray | None,
     max_k: int,
     string_ids: bool,
+    event_ids: np.ndarray | None = None,
 ) -> SessionRequest:
     """Checks one request by session: ``session_ids`` (rows, 1) or (rows,) BYTES, and optionally the items
     to append to each row's session first, ``item_ids`` (rows, L), padded on the right with -1 (integer
@@ -141,6 +144,8 @@ def parse_session_request(
             raise RequestError(f"{INPUT_SESSION_ID}: {problem.removeprefix('session: ')}")
     rows = len(sessions)
     if item_ids is None:
+        if event_ids is not None:
+            raise RequestError(f"{INPUT_EVENT_IDS}: event IDs name items to append; send them with {INPUT_ITEM_IDS}")
         parsed = parse_request(
             np.full((rows, 1), b"" if string_ids else NATIVE_PAD_ID), k, exclude_seen, max_k, string_ids
         )
@@ -150,9 +155,41 @@ def parse_session_request(
         if len(parsed.histories) != rows:
             raise RequestError(f"{INPUT_ITEM_IDS}: {len(parsed.histories)} rows for {rows} sessions")
         padding = (b"", "") if string_ids else (NATIVE_PAD_ID,)
-        events = [h[~np.isin(h, padding)] for h in parsed.histories]
+        kept = [~np.isin(h, padding) for h in parsed.histories]
+        events = [h[keep] for h, keep in zip(parsed.histories, kept)]
         _check_events(events, string_ids)
+        if event_ids is not None:
+            return replace(
+                SessionRequest(sessions, events, parsed.k, parsed.exclude_seen),
+                event_ids=_event_ids(event_ids, parsed.histories, kept),
+            )
     return SessionRequest(sessions, events, parsed.k, parsed.exclude_seen)
+
+
+def _event_ids(values: np.ndarray, histories: list[np.ndarray], kept: list[np.ndarray]) -> list[list[str | None]]:
+    """Each row's event IDs for the items it appends (as ``item_ids`` holds them, padding dropped alike; "" for
+    an item the client gave no ID).
+
+    Raises:
+        RequestError: not BYTES of ``item_ids``' shape, not UTF-8, or an ID that breaks the store's rule.
+    """
+    values = np.asarray(values)
+    shape = [len(histories), len(histories[0])]
+    if values.dtype.kind not in "OSU" or list(values.reshape(len(histories), -1).shape) != shape:
+        raise RequestError(f"{INPUT_EVENT_IDS}: BYTES of {INPUT_ITEM_IDS}' shape {shape}, got {list(values.shape)}")
+    out: list[list[str | None]] = []
+    for row, keep in zip(values.reshape(len(histories), -1), kept):
+        ids: list[str | None] = []
+        for value in row[keep].tolist():
+            try:
+                text = value.decode() if isinstance(value, bytes) else str(value)
+            except UnicodeDecodeError as err:
+                raise RequestError(f"{INPUT_EVENT_IDS}: not UTF-8 ({err.reason})") from None
+            if text and (problem := store_contract.event_id_problem(text)):
+                raise RequestError(f"{INPUT_EVENT_IDS}: {problem.removeprefix('event_id: ')}")
+            ids.append(text or None)
+        out.append(ids)
+    return out
 
 
 def _check_events(events: list[np.ndarray], string_ids: bool) -> None:

@@ -26,17 +26,24 @@ class SessionHistories:
 
 
 def session_histories(
-    store: SessionStore, sessions: list[str], events: list[np.ndarray], window: int, string_ids: bool
+    store: SessionStore,
+    sessions: list[str],
+    events: list[np.ndarray],
+    window: int,
+    string_ids: bool,
+    event_ids: list[list[str | None] | None] | None = None,
 ) -> SessionHistories:
-    """Appends ``events[i]`` to ``sessions[i]`` (in order), then reads each session's newest ``window``
-    items. An acknowledged append is always in the read that follows it."""
+    """Appends ``events[i]`` to ``sessions[i]`` (in order; ``event_ids[i]``: the client's ID of each, where it
+    gave them, so that a retried request stores them once), then reads each session's newest ``window`` items.
+    An acknowledged append is always in the read that follows it."""
     rows = len(sessions)
     sources = np.full(rows, HISTORY_FROM_STORE, dtype=np.int32)
+    ids = event_ids or [None] * rows
     try:
         appended = [
-            Event(s, item.decode() if isinstance(item, bytes) else item)  # checked by the request's parse
-            for s, row in zip(sessions, events)
-            for item in row.tolist()
+            Event(s, item.decode() if isinstance(item, bytes) else item, event_id=(given or [None] * len(row))[n])
+            for s, row, given in zip(sessions, events, ids)  # each checked by the request's parse
+            for n, item in enumerate(row.tolist())
         ]
         # one round trip: the request's items (IDs of the catalogue's type: none is refused), then the reads
         _, stored = store.append_and_read(appended, sessions, window)

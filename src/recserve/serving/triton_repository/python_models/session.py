@@ -17,6 +17,7 @@ if (Path(__file__).parent / "recserve").is_dir():  # a packaged repository carri
     sys.path.insert(0, str(Path(__file__).parent))
 
 from recserve.constants import (
+    INPUT_EVENT_IDS,
     INPUT_EXCLUDE_SEEN,
     INPUT_ITEM_IDS,
     INPUT_K,
@@ -53,6 +54,7 @@ class TritonPythonModel:
             inputs.get(INPUT_EXCLUDE_SEEN),
             self.predictor.max_k,
             self.predictor.string_ids,
+            inputs.get(INPUT_EVENT_IDS),
         )
         rules = parse_rules(inputs.get, self.predictor.string_ids)
         if rules is not None:
@@ -71,6 +73,7 @@ class TritonPythonModel:
             [e for p in good for e in p.events],
             self.window,
             self.predictor.string_ids,
+            [ids for p in good for ids in (p.event_ids or [None] * len(p.sessions))],
         )
         exclude = np.concatenate(
             [np.ones(len(p.sessions), dtype=bool) if p.exclude_seen is None else p.exclude_seen for p in good]
