@@ -67,6 +67,10 @@ INPUT_SESSION_ID = "session_id"  # BYTES [1] a row: the session to answer (item_
 # BYTES [-1] a row, optional (the session layout): the client's ID of each item to append, as item_ids holds them
 # ("" where the client has none): an event sent again with its ID (a retry) is stored once
 INPUT_EVENT_IDS = "event_ids"
+# the session layout's events-only model: session_id, item_ids and event_ids in; how many of each row's items
+# the store acknowledged (stored now, or stored before under their event IDs) out, and nothing else
+EVENTS_MODEL = "events"
+OUTPUT_STORED = "stored"  # INT32 [1] a row
 OUTPUT_HISTORY_SOURCE = "history_source"  # INT32 [1]: HISTORY_FROM_STORE, or HISTORY_FROM_REQUEST (store down)
 OUTPUT_HISTORY_LENGTH = "history_length"  # INT32 [1]: the items the answer was computed from
 HISTORY_FROM_STORE = 0

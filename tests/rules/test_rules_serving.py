@@ -600,7 +600,7 @@ def test_docs_integrations_curl_and_redis_cli_blocks_answer_as_they_say(shop):
     server, store_dir, attributes = shop
     port = embedded_store.settings_of(store_dir).url.rsplit(":", 1)[1].split("/")[0]
     blocks = _integration_blocks()
-    assert len(blocks) == 5, blocks
+    assert len(blocks) == 6, blocks
     outputs = []
     try:
         for block in blocks:
@@ -621,6 +621,8 @@ def test_docs_integrations_curl_and_redis_cli_blocks_answer_as_they_say(shop):
         assert len(ids[2]) == 5 and set(ids[2]) <= _ids_of(compile_rule(NAMED["cheap_games"], attributes))
         session = next(o["data"] for o in answers[3]["outputs"] if o["name"] == "history_length")
         assert session == [2] and len(ids[3]) == 5  # the two items appended, then answered from the store
+        stored = json.loads(outputs[3])["outputs"]
+        assert stored == [{"name": "stored", "datatype": "INT32", "shape": [1, 1], "data": [1]}]
         with RecommenderClient(server.grpc_url) as client:  # the hide written by hand is honoured
             assert 313 not in client.recommend([300, 313], k=50).item_ids.tolist()
             after = client.recommend_session("shopper-42", k=5)
@@ -653,3 +655,21 @@ def test_items_appended_with_the_clients_event_ids_are_stored_once_when_the_requ
                 client.recommend_session("evt-shopper", [7, 8], k=5, event_ids=ids)
             assert err.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
         assert client.recommend_session("evt-shopper", k=5).history_length == 4  # nothing of those stored
+
+
+def test_the_events_model_stores_an_event_sent_twice_with_its_id_once(shop):
+    """The session layout's `events` model: appends and answers how many the store acknowledged, nothing else;
+    an event sent again with its ID is acknowledged and stored once, and the next answer by session has it."""
+    from recserve.constants import EVENTS_MODEL
+
+    server, _, _ = shop
+    with RecommenderClient(server.grpc_url) as client:
+        assert client.send_events("events-only", [50, 172, 181], ["e-1", "e-2", "e-3"]) == 3
+        assert client.send_events("events-only", [50, 172, 181], ["e-1", "e-2", "e-3"]) == 3  # a retry
+        assert client.send_events("events-only", [258]) == 1  # no ID: one of recserve's
+        assert client.recommend_session("events-only", k=5).history_length == 4
+        with pytest.raises(RecommendError, match="event_ids: 1 to 64 letters") as err:
+            client.send_events("events-only", [7], ["bad id"])
+        assert err.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
+        config = client.client.get_model_config(EVENTS_MODEL, as_json=True)["config"]
+        assert [o["name"] for o in config["output"]] == ["stored"]

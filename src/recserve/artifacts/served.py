@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from recserve.constants import (
     ECHO_MODEL,
+    EVENTS_MODEL,
     FUSED_MODEL,
     INPUT_EVENT_IDS,
     INPUT_EXCLUDE_ITEMS,
@@ -33,6 +34,7 @@ from recserve.constants import (
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
+    OUTPUT_STORED,
     OUTPUT_UNKNOWN_IDS,
     SEED_ENSEMBLE,
     SEED_HISTORY_LENGTH,
@@ -118,6 +120,19 @@ def by_session(id_type: str) -> Contract:
     return dataclasses.replace(contract, inputs=(*contract.inputs[:2], event_ids, *contract.inputs[2:]))
 
 
+def events(id_type: str) -> Contract:
+    """The session layout's events-only model: a session a row, its items to append (and their event IDs,
+    optional), how many the store acknowledged back."""
+    return Contract(
+        (
+            TensorSpec(INPUT_SESSION_ID, "BYTES", (1,)),
+            TensorSpec(INPUT_ITEM_IDS, id_type, (-1,)),
+            TensorSpec(INPUT_EVENT_IDS, "BYTES", (-1,), optional=True),
+        ),
+        (TensorSpec(OUTPUT_STORED, "INT32", (1,)),),
+    )
+
+
 def native(history_length: int, onnx: bool = False, ruled: bool = False) -> Contract:
     """The ``recommender`` contract as native batching allows it: integer histories padded on the left to one
     length (with ``NATIVE_PAD_ID``), k and exclude_seen required, answers as wide as the batch's largest k (or
@@ -190,7 +205,7 @@ LAYOUTS: dict[str, ServedLayout] = {
     "fused": ServedLayout((FUSED_MODEL,)),
     "native": ServedLayout((NATIVE_MODEL,), "native", native=True),
     "seed": ServedLayout((SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING), "seed"),
-    "session": ServedLayout((SESSION_MODEL,), "session"),
+    "session": ServedLayout((SESSION_MODEL, EVENTS_MODEL), "session"),
     "native_session": ServedLayout((NATIVE_SESSION_MODEL,), "session", native=True),
     "echo": ServedLayout((ECHO_MODEL,)),
 }

@@ -27,6 +27,7 @@ from recserve.artifacts import served
 from recserve.artifacts.served import NativeShape, Rules, id_array
 from recserve.constants import (
     DEFAULT_K,
+    EVENTS_MODEL,
     FUSED_MODEL,
     GRPC_PORT,
     HTTP_PORT,
@@ -40,6 +41,7 @@ from recserve.constants import (
     OUTPUT_HISTORY_SOURCE,
     OUTPUT_ITEM_IDS,
     OUTPUT_SCORES,
+    OUTPUT_STORED,
     OUTPUT_UNKNOWN_IDS,
     SESSION_MODEL,
 )
@@ -334,6 +336,30 @@ class RecommenderClient(_ModelClient):
             int(reply.as_numpy(OUTPUT_HISTORY_SOURCE)[0, 0]),
             int(reply.as_numpy(OUTPUT_HISTORY_LENGTH)[0, 0]),
         )
+
+    def send_events(self, session: str, item_ids, event_ids: list[str] | None = None) -> int:
+        """Appends ``item_ids`` (in order) to ``session`` through the session layout's ``events`` model
+        (``event_ids``: the caller's ID of each, so that sending them again stores them once); returns how many
+        the store acknowledged.
+
+        Raises:
+            SessionStoreError: the store is down (nothing was acknowledged).
+        """
+        tensors = [
+            (INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_)),
+            (INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)),
+        ]
+        if event_ids is not None:
+            tensors.append((INPUT_EVENT_IDS, np.array([[e.encode() for e in event_ids]], dtype=np.object_)))
+        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        with self._errors():
+            reply = self.client.infer(
+                EVENTS_MODEL,
+                inputs=[_tensor(self.module, name, value) for name, value in tensors],
+                outputs=[self.module.InferRequestedOutput(OUTPUT_STORED)],
+                **kwargs,
+            )
+        return int(reply.as_numpy(OUTPUT_STORED)[0, 0])
 
     def native_shape(self) -> NativeShape | None:
         """What the model takes if it is a native-layout model (asked of the server once), else None."""

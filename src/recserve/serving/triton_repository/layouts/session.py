@@ -1,6 +1,7 @@
 """The session layout: ``recommender_session``, the export (copied whole) behind a batched python model that
 reads each request's session from the store (``settings.session_store``: its address, user, prefix and
-password file, never the password)."""
+password file, never the password); and ``events``, a batched python model that only appends a request's
+events to the same store (no export)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ from pathlib import Path
 
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
-from recserve.constants import SESSION_MODEL
+from recserve.constants import EVENTS_MODEL, SESSION_MODEL
+from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.layouts.common import (
     Layout,
     batched_config,
     id_type,
+    python_model,
     python_parameters,
+    store_parameter,
     store_record,
     write_config,
     write_python_version,
 )
+from recserve.serving.triton_repository.python_models.served_model import ITEM_ID_TYPE_PARAMETER
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 
@@ -32,10 +37,15 @@ def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: Repo
         repo / SESSION_MODEL, batched_config(SESSION_MODEL, served.by_session(id_type(manifest)), settings, parameters)
     )
     write_python_version(repo / SESSION_MODEL, version, export_dir, "session")
+    events = store_parameter(settings) | {ITEM_ID_TYPE_PARAMETER: manifest.item_id_type}
+    write_config(repo / EVENTS_MODEL, batched_config(EVENTS_MODEL, served.events(id_type(manifest)), settings, events))
+    with replaced_on_success(repo / EVENTS_MODEL / str(version)) as staging:  # whole or not at all
+        python_model("events", staging)
 
 
 def describe(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
-    return [{"name": SESSION_MODEL, "store": store_record(settings)["url"]}]
+    store = store_record(settings)["url"]
+    return [{"name": SESSION_MODEL, "store": store}, {"name": EVENTS_MODEL, "store": store}]
 
 
 LAYOUT = Layout(served.LAYOUTS["session"], (None, None), check, write, describe)

@@ -13,6 +13,7 @@ from recserve.serving.triton_repository.placement import instance_device
 
 RULES_PARAMETER = "rules"  # the rules stored by name (JSON: name -> rule), where the repository has any
 STORE_PARAMETER = "session_store"  # the session store's record (never a password), where it names one
+ITEM_ID_TYPE_PARAMETER = "item_id_type"  # the events model's: the catalogue's ID type (it loads no export)
 
 
 def load_served(args: dict):
@@ -29,3 +30,14 @@ def load_served(args: dict):
         return predictor, None, None
     store = SessionStore(StoreSettings.from_record(json.loads(str(value(STORE_PARAMETER)))), predictor.id_type)
     return predictor, store, HiddenItems(store, predictor)
+
+
+def load_store(args: dict):
+    """(store, ID type) of the events model, from Triton's ``initialize`` args: the store its config names."""
+    from recserve.sessions.session_store import SessionStore
+    from recserve.sessions.store_settings import StoreSettings
+
+    parameters = json.loads(args["model_config"])["parameters"]
+    id_type = parameters[ITEM_ID_TYPE_PARAMETER]["string_value"]
+    record = json.loads(parameters[STORE_PARAMETER]["string_value"])
+    return SessionStore(StoreSettings.from_record(record), id_type), id_type
