@@ -251,3 +251,19 @@ def vae_run(ml100k_implicit_dir, tmp_path_factory) -> Path:
     write_metrics(out, train(ml100k_implicit_dir, out, {}, cfg, model="multvae"))
     write_metrics(out, evaluate_heldout_run(out, ml100k_implicit_dir))
     return out
+
+
+def other_histories(data_dir: Path, out: Path) -> Path:
+    """A copy of a prepared data folder whose longest history lacks its first item: the same items and users
+    (the item count agrees), another fingerprint."""
+    import shutil
+
+    import polars as pl
+
+    shutil.copytree(data_dir, out)
+    sequences = pl.read_parquet(out / "sequences.parquet")
+    longest = int(sequences["items"].list.len().arg_max())
+    shortened = sequences["items"].to_list()
+    shortened[longest] = shortened[longest][1:]
+    sequences.with_columns(pl.Series("items", shortened)).write_parquet(out / "sequences.parquet")
+    return out

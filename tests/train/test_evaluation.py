@@ -51,18 +51,11 @@ def test_multvae_is_tested_on_held_out_users(vae_run, ml100k_implicit_dir):
 def test_multvae_is_refused_a_data_folder_of_the_same_catalogue_but_other_histories(
     vae_run, ml100k_implicit_dir, tmp_path
 ):
-    import shutil
 
-    import polars as pl
+    from tests.conftest import other_histories
 
     from recserve.errors import DataError
     from recserve.train.heldout import evaluate_heldout_run
 
-    shutil.copytree(ml100k_implicit_dir, tmp_path / "other")
-    sequences = pl.read_parquet(tmp_path / "other" / "sequences.parquet")
-    longest = int(sequences["items"].list.len().arg_max())
-    shortened = sequences["items"].to_list()
-    shortened[longest] = shortened[longest][1:]
-    sequences.with_columns(pl.Series("items", shortened)).write_parquet(tmp_path / "other" / "sequences.parquet")
     with pytest.raises(DataError, match="not the data the run .* was trained on"):
-        evaluate_heldout_run(vae_run, tmp_path / "other")
+        evaluate_heldout_run(vae_run, other_histories(ml100k_implicit_dir, tmp_path / "other"))

@@ -123,16 +123,10 @@ def test_evaluating_on_another_dataset_is_refused(tiny_run, string_data_dir):
 
 def test_a_data_folder_of_the_same_catalogue_but_other_histories_is_refused(tiny_run, ml100k_dir, tmp_path):
     """The same items and users, one history a first item short: the item count agrees, the fingerprint not."""
-    import polars as pl
+    from tests.conftest import other_histories
 
-    shutil.copytree(ml100k_dir, tmp_path / "other")
-    sequences = pl.read_parquet(tmp_path / "other" / "sequences.parquet")
-    longest = int(sequences["items"].list.len().arg_max())
-    shortened = sequences["items"].to_list()
-    shortened[longest] = shortened[longest][1:]
-    sequences.with_columns(pl.Series("items", shortened)).write_parquet(tmp_path / "other" / "sequences.parquet")
     with pytest.raises(DataError, match="not the data the run .* was trained on .*interactions 100000 there, 99999"):
-        evaluate_run(tiny_run, tmp_path / "other")
+        evaluate_run(tiny_run, other_histories(ml100k_dir, tmp_path / "other"))
 
 
 def test_a_run_without_its_record_is_evaluated_with_a_warning_the_report_keeps(tiny_run, ml100k_dir, tmp_path, caplog):
