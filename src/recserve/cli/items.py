@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from recserve.cli.console import console, err_console, handle_errors
 from recserve.cli.events import PasswordEnvOption, StoreOption, open_store
@@ -111,7 +112,7 @@ def _change(items, file, store, password_env, catalogue, change_id, hidden: bool
     if unknown:
         shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
         err_console.print(
-            f"[yellow]{len(unknown)} not in the catalogue ({shown}): kept in the set, for a later catalogue[/]",
+            f"[yellow]{len(unknown)} not in the catalogue ({escape(shown)}): kept in the set, for a later catalogue[/]",
             highlight=False,
         )
     elif catalogue is None:
