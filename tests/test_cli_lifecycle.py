@@ -4,6 +4,7 @@ the last runs'; `recserve train --config FILE` takes TOML or YAML settings that 
 `recserve runs` shows runs side by side."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -100,6 +101,10 @@ def configured_run(ml100k_dir, tmp_path_factory):
     )
     assert result.exit_code == 0, result.output
     assert "Epoch 1/1" in result.output and "Epoch 0/" not in result.output  # the bar counts from 1, as curves.png
+    # no terminal here: a line an epoch (a bar would draw nothing in a log), with its validation metric
+    assert re.search(r"^Epoch 1/1: ndcg@10 [0-9.]+, hr@10 [0-9.]+ \([0-9]+ s\)$", result.output, flags=re.M), (
+        result.output
+    )
     return out
 
 

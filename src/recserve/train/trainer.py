@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -116,8 +117,12 @@ def train(
 
 def _epochs_from_one():
     """Lightning's rich progress bar, its epochs counted from 1 as --epochs, curves.png and metrics.json count
-    them ("Epoch 2/2", where Lightning says "Epoch 1/1")."""
+    them ("Epoch 2/2", where Lightning says "Epoch 1/1"); where the output is no terminal (a CI log, `make demo
+    | tee`), where a bar draws nothing, a line an epoch instead."""
     from lightning.pytorch.callbacks import RichProgressBar
+
+    if not sys.stderr.isatty():
+        return _epoch_lines()
 
     class EpochsFromOne(RichProgressBar):
         def _get_train_description(self, current_epoch: int) -> str:
@@ -125,6 +130,34 @@ def _epochs_from_one():
             return f"{f'Epoch {current_epoch + 1}{total}':{len(self.validation_description)}}"
 
     return EpochsFromOne()
+
+
+def _epoch_lines():
+    """A progress display of a line an epoch (``_epochs_from_one``'s where the output is no terminal)."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    class EpochLines(ProgressBar):
+        """One line an epoch on stderr: the epoch counted from 1, the validation metric and the time."""
+
+        def __init__(self):
+            super().__init__()
+            self.started = time.perf_counter()
+            self.enabled = True
+
+        def disable(self) -> None:
+            self.enabled = False
+
+        def on_validation_epoch_end(self, trainer, pl_module) -> None:
+            if not self.enabled or trainer.sanity_checking or not trainer.is_global_zero:
+                return  # one line an epoch, from the first process where several train
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+            shown = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in metrics.items())
+            total = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
+            elapsed = time.perf_counter() - self.started
+            sys.stderr.write(f"Epoch {trainer.current_epoch + 1}{total}: {shown or 'validated'} ({elapsed:.0f} s)\n")
+            sys.stderr.flush()
+
+    return EpochLines()
 
 
 EMA_EVERY = 10  # steps between updates of the weights' average, where an epoch has 80 or more
