@@ -25,6 +25,19 @@ class SessionHistories:
     failed: list[StoreError | None]  # per row: the store's error where the row cannot be answered
 
 
+def row_events(
+    sessions: list[str], events: list[np.ndarray], event_ids: list[list[str | None] | None] | None = None
+) -> list[Event]:
+    """The events of a batch by session: each row's items (as a request holds them, checked by its parse) in
+    order, with the client's event ID of each where it gave them."""
+    ids = event_ids or [None] * len(sessions)
+    return [
+        Event(session, item.decode() if isinstance(item, bytes) else item, event_id=(given or [None] * len(row))[n])
+        for session, row, given in zip(sessions, events, ids)
+        for n, item in enumerate(row.tolist())
+    ]
+
+
 def session_histories(
     store: SessionStore,
     sessions: list[str],
@@ -38,13 +51,8 @@ def session_histories(
     An acknowledged append is always in the read that follows it."""
     rows = len(sessions)
     sources = np.full(rows, HISTORY_FROM_STORE, dtype=np.int32)
-    ids = event_ids or [None] * rows
     try:
-        appended = [
-            Event(s, item.decode() if isinstance(item, bytes) else item, event_id=(given or [None] * len(row))[n])
-            for s, row, given in zip(sessions, events, ids)  # each checked by the request's parse
-            for n, item in enumerate(row.tolist())
-        ]
+        appended = row_events(sessions, events, event_ids)
         # one round trip: the request's items (IDs of the catalogue's type: none is refused), then the reads
         _, stored = store.append_and_read(appended, sessions, window)
     except StoreError as err:

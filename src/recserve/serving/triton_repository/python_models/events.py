@@ -27,7 +27,7 @@ from recserve.constants import (
 from recserve.errors import RequestError, StoreError
 from recserve.serving.requests import parse_each, parse_session_request
 from recserve.serving.triton_repository.python_models.served_model import load_store
-from recserve.sessions.session_store import Event
+from recserve.sessions.session_histories import row_events
 
 
 class TritonPythonModel:
@@ -55,13 +55,12 @@ class TritonPythonModel:
 
     def execute(self, requests):
         parsed, good = parse_each(requests, self._parse)
-        events, owner = [], []  # the batch's events, and each one's (request, row)
-        for n, p in enumerate(good):
-            for row, (session, items) in enumerate(zip(p.sessions, p.events)):
-                ids = p.event_ids[row] if p.event_ids else [None] * len(items)
-                for item, event_id in zip(items.tolist(), ids):
-                    events.append(Event(session, item.decode() if isinstance(item, bytes) else item, event_id=event_id))
-                    owner.append((n, row))
+        events = row_events(
+            [s for p in good for s in p.sessions],
+            [e for p in good for e in p.events],
+            [ids for p in good for ids in (p.event_ids or [None] * len(p.sessions))],
+        )
+        owner = [(n, row) for n, p in enumerate(good) for row, items in enumerate(p.events) for _ in range(len(items))]
         try:
             result = self.store.append(events)
         except StoreError as err:
