@@ -8,9 +8,13 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
+from recserve.cli.options import Settings, takes
+from recserve.data.io import Columns
+from recserve.data.splits import SplitSettings
 
 
 @handle_errors
+@takes(Settings("columns", (Columns,)), Settings("split", (SplitSettings,)))
 def data(
     source: Annotated[
         str,
@@ -26,10 +30,6 @@ def data(
         float | None, typer.Option(help="Keep only ratings at or above this (implicit feedback).")
     ] = None,
     dedup: Annotated[bool, typer.Option(help="Keep only the first interaction of each (user, item) pair.")] = False,
-    user_col: Annotated[str, typer.Option(help="User column of a CSV/Parquet table.")] = "user_id",
-    item_col: Annotated[str, typer.Option(help="Item column of a CSV/Parquet table.")] = "item_id",
-    time_col: Annotated[str, typer.Option(help="Timestamp column of a CSV/Parquet table.")] = "timestamp",
-    rating_col: Annotated[str | None, typer.Option(help="Rating column of a CSV/Parquet table.")] = None,
     items: Annotated[
         Path | None,
         typer.Option(
@@ -40,21 +40,24 @@ def data(
     items_id_col: Annotated[
         str | None, typer.Option(help="The item table's ID column (default: the log's, --item-col).")
     ] = None,
+    columns: Columns = Columns(),
+    split: SplitSettings = SplitSettings(),
 ) -> None:
-    """Prepare an interaction log: item vocabulary, per-user sequences, leave-one-out split, popularity."""
+    """Prepare an interaction log: item vocabulary, per-user sequences, the split (leave-one-out or by time),
+    popularity."""
     from rich.table import Table
 
     from recserve.data.datasets import PrepareOptions, prepare
-    from recserve.data.io import Columns
 
     options = PrepareOptions(
         min_user_interactions=min_user_interactions,
         min_item_interactions=min_item_interactions,
         rating_threshold=rating_threshold,
         dedup=dedup,
-        columns=Columns(user=user_col, item=item_col, timestamp=time_col, rating=rating_col),
+        columns=columns,
         items=str(items) if items is not None else None,
         items_id_col=items_id_col,
+        split=split,
     )
     with console.status(f"preparing {source}"):
         info = prepare(source, out, options)
@@ -66,4 +69,8 @@ def data(
     table.add_row("attributes", kinds)
     if "items_described" in described:
         table.add_row("items described", f"{described['items_described']:,} of {info['items']:,}")
+    cut = info["split"]
+    if cut["kind"] == "time":
+        table.add_row("split", f"time: test after {cut['test_after']:.15g}, validation after {cut['valid_after']:.15g}")
+        table.add_row("held-out users", f"{cut['test_users']:,} test, {cut['valid_users']:,} validation")
     console.print(table)

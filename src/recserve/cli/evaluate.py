@@ -21,7 +21,11 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     with console.status("ranking the test split"):
         result = evaluate_test(run, data, seed=seed, device=device)
     write_metrics(run, result)
-    table = Table(title=f"test split ({split.description}); all metrics in metrics.json")
+    cut = result.get("split")
+    described = split.description
+    if isinstance(cut, dict) and cut.get("kind") == "time":
+        described = f"by time: each user's first event after {cut['test_after']:.15g}"
+    table = Table(title=f"test split ({described}); all metrics in metrics.json")
     table.add_column("model")
     table.add_column("protocol")
     keys = split.headline
@@ -33,6 +37,15 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
             table.add_row(name, protocol, *(f"{metrics[k]:.4f}" for k in keys))
     console.print(table)
     console.print(split.protocols)
+    cold = result.get("cold_targets")
+    if cold and cold["users"]:
+        apart = result["test_apart"]["model"]
+        warm_ndcg = apart.get("warm", {}).get("full", {}).get("ndcg@10", 0.0)
+        console.print(
+            f"{cold['users']:,} of {result['test_users']:,} test targets are cold (no event before the test "
+            f"holds them; an ID-trained model cannot rank them): full ndcg@10 {apart['cold']['full']['ndcg@10']:.4f} "
+            f"on them, {warm_ndcg:.4f} on the others (metrics.json: test_apart)"
+        )
     return result
 
 

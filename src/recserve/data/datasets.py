@@ -15,6 +15,7 @@ from recserve.artifacts.item_table import attributes_of
 from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
 from recserve.data.io import Columns, read_item_table, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame
+from recserve.data.splits import LEAVE_ONE_OUT, TIME, Cuts, HeldOut, SplitSettings, time_cuts
 from recserve.data.vocab import Vocab, build_vocab
 from recserve.errors import ConfigError, DataError
 from recserve.files import replaced_on_success
@@ -33,9 +34,11 @@ class PrepareOptions:
     columns: Columns = field(default_factory=Columns)
     items: str | None = None  # the shop's item table (attributes by item ID), kept in items.parquet
     items_id_col: str | None = None  # the item table's ID column (None: the log's, ``columns.item``)
+    split: SplitSettings = field(default_factory=SplitSettings)
 
     def validate(self) -> None:
         problems = []
+        problems += self.split.problems()
         if self.min_user_interactions < 3:
             problems.append(
                 f"min_user_interactions={self.min_user_interactions}: must be at least 3 "
@@ -57,10 +60,27 @@ class PreparedData:
     popularity: np.ndarray  # (N + 2,) interaction counts by item index; 0 for padding and mask
     titles: np.ndarray | None  # (N,) titles by item index - 1, where the source has them
     info: dict
+    cuts: Cuts  # where each user's validation and test targets lie (leave-one-out or by time)
 
     @property
     def train(self) -> Sequences:
-        return self.sequences.truncated(2)
+        """The items a model learns from while it is validated."""
+        return self.cuts.train(self.sequences)
+
+    @property
+    def refit_train(self) -> Sequences:
+        """Every item before the test targets (``train --refit``)."""
+        return self.cuts.train(self.sequences, refit=True)
+
+    @property
+    def bags(self) -> Sequences:
+        return self.cuts.bags(self.sequences)
+
+    def valid(self) -> HeldOut:
+        return self.cuts.valid(self.sequences)
+
+    def test(self) -> HeldOut:
+        return self.cuts.test(self.sequences)
 
 
 def _filter(frame: pl.DataFrame, options: PrepareOptions) -> pl.DataFrame:
@@ -83,6 +103,8 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
     """Reads SOURCE, writes the prepared folder OUT atomically and returns its summary (``dataset.json``)."""
     options.validate()
     frame, titles, kind = read_source(source, options.columns)
+    if options.split.kind == TIME and kind == "text":
+        raise DataError(f"{source}: 'user item' lines carry no timestamps; a time split needs a log with them")
     raw_rows = frame.height
     frame = _filter(frame.with_row_index("_row"), options)
     if frame.height == 0:
@@ -94,11 +116,15 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
     vocab = build_vocab(frame["item_id"].to_numpy())
     frame = frame.sort(["user_id", "timestamp", "_row"])  # ties in time keep file order
     frame = frame.with_columns(pl.Series("index", vocab.lookup(frame["item_id"].to_numpy())))
-    users = frame.group_by("user_id", maintain_order=True).agg(pl.col("index").alias("items"))
-    users = users.with_columns(
-        pl.col("items").list.get(-2).alias("valid_item"), pl.col("items").list.get(-1).alias("test_item")
-    )
-    counts = np.bincount(frame["index"].to_numpy(), minlength=vocab.size).astype(np.int64)
+    if options.split.kind == TIME:
+        users, known, split = _split_by_time(frame, options)
+    else:
+        users = frame.group_by("user_id", maintain_order=True).agg(pl.col("index").alias("items"))
+        users = users.with_columns(
+            pl.col("items").list.get(-2).alias("valid_item"), pl.col("items").list.get(-1).alias("test_item")
+        )
+        known, split = frame, {"kind": LEAVE_ONE_OUT}
+    counts = np.bincount(known["index"].to_numpy(), minlength=vocab.size).astype(np.int64)
     items = pl.DataFrame({"index": np.arange(1, vocab.num_items + 1), "item_id": vocab.ids, "count": counts[1:-1]})
     if titles is not None:
         titles = titles.with_columns(pl.col("item_id").cast(items["item_id"].dtype, strict=False))
@@ -117,12 +143,51 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
         "raw_interactions": raw_rows,
         "item_id_type": id_type_of(vocab.ids),  # decided here, once; every later stage reads it
         "user_id_type": "string" if users["user_id"].dtype == pl.String else "int64",
-        "split": "leave-one-out: train = items[:-2], valid = items[-2], test = items[-1]",
+        "split": split,
         "options": {k: v for k, v in asdict(options).items() if k != "columns"} | {"columns": asdict(options.columns)},
         "attributes": {"kinds": kinds} | described,
     }
     _write_atomically(out, {ITEMS_FILE: items, SEQUENCES_FILE: users}, info)
     return info
+
+
+def _split_by_time(frame: pl.DataFrame, options: PrepareOptions) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+    """Each user's items up to their first event after the test cut, with how many lie before each cut; the
+    events a model may know at the test cut (for the popularity counts); what the split holds.
+
+    Raises:
+        DataError: no user with a test target that has an item before it.
+    """
+    test_after = options.split.test_after
+    assert test_after is not None  # validate() holds it
+    test_cut, valid_cut = time_cuts(frame["timestamp"].to_numpy(), test_after, options.split.valid_after)
+    ts = pl.col("timestamp")
+    users = frame.group_by("user_id", maintain_order=True).agg(
+        pl.col("index").alias("items"),
+        (ts <= valid_cut).sum().cast(pl.Int64).alias("before_valid"),
+        (ts <= test_cut).sum().cast(pl.Int64).alias("before_test"),
+    )
+    only_after = users.filter(pl.col("before_test") == 0).height  # no history before the test cut
+    users = users.filter(pl.col("before_test") > 0).with_columns(
+        pl.col("items").list.head(pl.col("before_test") + 1)  # nothing past the first test event is used
+    )
+    lengths = users["items"].list.len()
+    valid_users = int(((users["before_valid"] < users["before_test"]) & (users["before_valid"] > 0)).sum())
+    test_users = int((lengths > users["before_test"]).sum())
+    if test_users == 0:
+        raise DataError(
+            f"--test-after {test_after}: no user has an event after the cut ({test_cut:g}) and one before it"
+        )
+    split = {
+        "kind": TIME,
+        "test_after": test_cut,
+        "valid_after": valid_cut,
+        "test_users": test_users,
+        "valid_users": valid_users,
+        "users_only_after_test_cut": only_after,
+        "target": "each user's first event after the cut, every earlier event the history",
+    }
+    return users, frame.filter(ts <= test_cut), split
 
 
 def _with_attributes(items: pl.DataFrame, path: Path, item_col: str) -> tuple[pl.DataFrame, dict]:
@@ -168,14 +233,22 @@ def load_prepared(folder: Path) -> PreparedData:
     items = pl.read_parquet(folder / ITEMS_FILE)
     users = pl.read_parquet(folder / SEQUENCES_FILE)
     ids = items["item_id"].to_numpy()
+    sequences = sequences_from_frame(users)
+    if "before_test" in users.columns:
+        cuts = Cuts(
+            users["before_valid"].to_numpy().astype(np.int64), users["before_test"].to_numpy().astype(np.int64), TIME
+        )
+    else:
+        cuts = Cuts.leave_one_out(sequences)
     vocab = Vocab(ids=ids.astype(str) if ids.dtype.kind in "OUS" else ids.astype(np.int64))
     popularity = np.concatenate([[0], items["count"].to_numpy(), [0]]).astype(np.int64)
     titles = items["title"].to_numpy() if "title" in items.columns else None
     return PreparedData(
         vocab=vocab,
         user_ids=users["user_id"].to_numpy(),
-        sequences=sequences_from_frame(users),
+        sequences=sequences,
         popularity=popularity,
         titles=titles,
         info=info,
+        cuts=cuts,
     )

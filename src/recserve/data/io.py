@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from recserve.errors import DataError
+from recserve.option_fields import option
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,12 @@ ML100K = "ml-100k"
 class Columns:
     """Column names of a CSV or Parquet log."""
 
-    user: str = "user_id"
-    item: str = "item_id"
-    timestamp: str = "timestamp"
-    rating: str | None = None  # optional; needed only for a rating threshold
+    user: str = option("user_id", "User column of a CSV/Parquet table.", flags=("--user-col",))
+    item: str = option("item_id", "Item column of a CSV/Parquet table.", flags=("--item-col",))
+    timestamp: str = option("timestamp", "Timestamp column of a CSV/Parquet table.", flags=("--time-col",))
+    rating: str | None = option(  # optional; needed only for a rating threshold
+        None, "Rating column of a CSV/Parquet table.", flags=("--rating-col",)
+    )
 
 
 def recbole_example_dir(name: str = ML100K) -> Path:

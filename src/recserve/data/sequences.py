@@ -34,6 +34,15 @@ class Sequences:
         position = np.arange(len(self.items)) - np.repeat(self.offsets[:-1], self.lengths)
         return self.where(position < np.repeat(self.lengths - drop_last, self.lengths))
 
+    def heads(self, counts: np.ndarray) -> Sequences:
+        """The same users with only their first ``counts[u]`` items (a (users,) array)."""
+        position = np.arange(len(self.items)) - np.repeat(self.offsets[:-1], self.lengths)
+        return self.where(position < np.repeat(counts, self.lengths))
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """(users,) each user's item at ``positions[u]`` (0 = first); every position within its sequence."""
+        return self.items[self.offsets[:-1] + positions]
+
     def select(self, users: np.ndarray) -> Sequences:
         """The given users' sequences, in the given order."""
         lengths = self.lengths[users]

@@ -230,7 +230,7 @@ def evaluate_heldout_run(run_dir, data_dir, device: str = "cpu") -> dict:
             f"{Path(run_dir) / RUN_FILE}: {' and '.join(missing)} not recorded, so the run's test users cannot be "
             "drawn again; train the run again with this version of recserve"
         )
-    split = split_heldout(data.sequences, settings["heldout_share"], seed=settings["seed"])
+    split = split_heldout(data.bags, settings["heldout_share"], seed=settings["seed"])
     vocab_size = model.cfg.vocab_size
     started = time.perf_counter()
     test = evaluate_fold(model, split.test, vocab_size, device=device)

@@ -336,9 +336,11 @@ def evaluate_protocols(
 
 
 def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
-    """Test metrics of a run and of the popularity baseline under every protocol.
+    """Test metrics of a run and of the popularity baseline under every protocol, on the data folder's test
+    split (leave-one-out or by time); beside them the same metrics for the targets that no event before the
+    test targets holds (cold items, which an ID-trained model has never seen) and for the others apart.
 
-    The test input of each user is the whole sequence but its last item; popularity counts those inputs.
+    Each test user's input is their history before the target; popularity counts those inputs.
     """
     import time
 
@@ -355,20 +357,36 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
         )
     checked = data_check(trained_on(run_dir, data, data_dir), run_dir)
     model.prepare_inference()
-    inputs, targets = data.sequences.truncated(1), data.sequences.last(1)
+    held = data.test()
+    inputs, targets = held.inputs, held.targets
     counts = history_counts(inputs, data.vocab.size)
+    cold = history_counts(data.refit_train, data.vocab.size)[targets] == 0
     ranker = Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, device=device, seed=seed)
     started = time.perf_counter()
-    test = evaluate_protocols(model, ranker)
+    ranks = ranker.ranks(model)
     elapsed_s = time.perf_counter() - started
     drawn = negatives_summary(ranker)
+    popular = ranker.ranks(popularity_score_fn(counts, device))
     return {
-        "test": test,
-        "popularity": evaluate_protocols(popularity_score_fn(counts, device), ranker),
+        "test": {name: ranking_metrics(r) for name, r in ranks.items()},
+        "popularity": {name: ranking_metrics(r) for name, r in popular.items()},
         "test_users": int(inputs.num_users),
+        "split": data.info.get("split"),
+        "cold_targets": {"users": int(cold.sum()), "share": round(float(cold.mean()), 4) if len(cold) else 0.0},
+        "test_apart": {"model": metrics_apart(ranks, cold), "popularity": metrics_apart(popular, cold)},
         "repeated_targets": repeated_targets(inputs, targets, model.cfg.window),
         "sampled_negatives": drawn,
         "seed": seed,
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
         "data_check": checked,
+    }
+
+
+def metrics_apart(ranks: dict[str, np.ndarray], cold: np.ndarray) -> dict[str, dict[str, dict[str, float]]]:
+    """The metrics of the warm and the cold targets apart (a part with no target is left out)."""
+    parts = {"warm": ~cold, "cold": cold}
+    return {
+        part: {name: ranking_metrics(r[mask]) for name, r in ranks.items()}
+        for part, mask in parts.items()
+        if mask.any()
     }

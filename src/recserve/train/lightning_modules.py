@@ -49,9 +49,12 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
     entry = model_entry(model)
     cfg.check_model(model)
     if entry.sequential:
-        train_seq = data.sequences.truncated(1) if refit else data.train
+        train_seq = data.refit_train if refit else data.train
         if train_seq.lengths.sum() == 0:
-            raise DataError(f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items)")
+            raise DataError(
+                f"{data.info['folder']}: the training split is empty (every user has fewer than 3 items, or no "
+                "event lies before the validation cut)"
+            )
         if entry.dropout_from_data and "dropout" not in overrides:
             overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
         sequence_cfg = cast(Bert4RecConfig | SASRecConfig, entry.config(num_items=data.vocab.num_items, **overrides))
@@ -60,7 +63,7 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
         return Task(sequence_cfg, SequenceModule(model, sequence_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
     model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)  # the bag of items
     model_cfg.validate()
-    split = split_heldout(data.sequences, cfg.heldout_share, seed=cfg.seed)
+    split = split_heldout(data.bags, cfg.heldout_share, seed=cfg.seed)
     protocol = {
         "name": entry.protocol,
         "heldout_share": cfg.heldout_share,
@@ -151,11 +154,11 @@ class SequenceModule(_DeviceBatchesModule):
         counts = history_counts(self.train_seq, self.model_cfg.vocab_size)
         self.catalogue_loss = CatalogueLoss(self.loss_settings, counts, self.model_cfg.mask_index, self.device)
         self.generator = torch.Generator(self.device).manual_seed(self.cfg.seed * 7919 + self.global_rank)
-        valid_inputs, valid_targets = self.data.sequences.truncated(2), self.data.sequences.last(2)
+        valid = self.data.valid()
         self.ranker = Ranker(
-            valid_inputs,
-            valid_targets,
-            history_counts(valid_inputs, self.model_cfg.vocab_size),
+            valid.inputs,
+            valid.targets,
+            history_counts(valid.inputs, self.model_cfg.vocab_size),
             self.model_cfg.window,
             self.model_cfg.mask_index,
             device=self.device,
