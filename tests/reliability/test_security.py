@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -48,17 +49,24 @@ def test_explicit_model_control_without_a_key_is_refused():
         ServerSettings(model_control_mode="explicit").validate()
 
 
-def test_explicit_mode_loads_models_only_with_the_key_and_never_logs_it(int_repo, tmp_path):
+def test_explicit_mode_loads_every_model_then_loads_and_unloads_only_with_the_key_and_never_logs_it(int_repo, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(int_repo / "echo", repo / "echo")
     key = "s3cret-admin-key-for-test"
     settings = server_settings(model_control_mode="explicit", restricted_api_key=key)
     with TritonServer(repo, settings, log_path=tmp_path / "server.log") as server:
         load = f"http://{server.http_url}/v2/repository/models/echo/load"
-        assert _request(load, "POST") == 403
-        assert _request(f"http://{server.http_url}/v2/models/echo/ready") != 200  # nothing loaded yet
+        unload = load.replace("/load", "/unload")
+        ready = f"http://{server.http_url}/v2/models/echo/ready"
+        assert _request(ready) == 200  # every model loaded at the start
+        assert _request(unload, "POST") == 403 and _request(load, "POST") == 403
+        assert _request(unload, "POST", headers={HEADER: key}) == 200
+        deadline = time.monotonic() + 30
+        while _request(ready) == 200 and time.monotonic() < deadline:  # an unload finishes in the background
+            time.sleep(0.1)
+        assert _request(ready) != 200
         assert _request(load, "POST", headers={HEADER: key}) == 200
-        assert _request(f"http://{server.http_url}/v2/models/echo/ready") == 200
+        assert _request(ready) == 200
         # once readable by any local user in /proc/PID/cmdline: the server's command line holds a mark instead
         command = Path(f"/proc/{server.process.pid}/cmdline").read_bytes()
         assert key.encode() not in command and b"@RECSERVE_SECRET@" in command

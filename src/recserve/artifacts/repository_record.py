@@ -12,16 +12,36 @@ from recserve.constants import REPOSITORY_FILE
 
 
 def record_layouts(
-    repo: Path, layouts: tuple[str, ...], export: dict[str, str], run: str, session_store: dict | None = None
+    repo: Path,
+    layouts: tuple[str, ...],
+    export: dict,
+    run: str,
+    session_store: dict | None = None,
+    settings: dict | None = None,
+    version: int = 1,
 ) -> None:
     """Adds the layouts just written to the repository's record, with the export each was built from
-    (``export``: its backend, precision and device), the run it came from and the store they were given
-    (``session_store``: its record), if any."""
+    (``export``: its backend, precision, device and largest k), the run it came from, the store they were given
+    (``session_store``: its record), if any, the repository's settings (what a promotion writes the next
+    version with) and the version's run (``versions``)."""
     info = read_repository_info(repo)
     for layout in layouts:
         info["layouts"][layout] = dict(export) | ({"session_store": session_store} if session_store else {})
     info["run"] = run
-    (Path(repo) / REPOSITORY_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    if settings is not None:
+        info["settings"] = settings
+    written = info.setdefault("versions", {}).setdefault(str(version), {"layouts": []})
+    written["run"] = str(Path(run).resolve())
+    written["layouts"] = sorted(set(written["layouts"]) | set(layouts))
+    write_repository_info(repo, info)
+
+
+def write_repository_info(repo: Path, info: dict) -> None:
+    """Replaces the repository's record whole (a reader never sees half of it)."""
+    from recserve.files import replaced_on_success
+
+    with replaced_on_success(Path(repo) / REPOSITORY_FILE, folder=False) as tmp:
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
 
 
 def read_repository_info(repo: Path) -> dict:

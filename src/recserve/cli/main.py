@@ -17,6 +17,7 @@ from recserve.cli.evaluate import evaluate
 from recserve.cli.events import app as events_app
 from recserve.cli.export import export
 from recserve.cli.items import app as items_app
+from recserve.cli.promote import promote, rollback
 from recserve.cli.recommend import recommend
 from recserve.cli.repo import repo
 from recserve.cli.runs import runs
@@ -74,7 +75,22 @@ def main(
     setup_logging(verbose)
 
 
-for command in (data, train, runs, evaluate, export, repo, serve, recommend, bench, env, status, stop):
+for command in (
+    data,
+    train,
+    runs,
+    evaluate,
+    export,
+    repo,
+    promote,
+    rollback,
+    serve,
+    recommend,
+    bench,
+    env,
+    status,
+    stop,
+):
     app.command()(command)
 app.add_typer(_optional_app("recserve.cli.sagemaker", "sagemaker"), name="sagemaker")
 app.add_typer(_optional_app("recserve.cli.deploy", "deploy"), name="deploy")

@@ -28,8 +28,8 @@ def serve(
         float,
         typer.Option(
             help="How often to check that every model process is alive; "
-            "a dead one (Triton 2.51 does not restart it) restarts the server. 0: do not watch. Only with "
-            "--model-control none, where model processes never change on purpose."
+            "a dead one (Triton 2.51 does not restart it) restarts the server. 0: do not watch. With --model-control "
+            "poll or explicit, where a version's unload ends its processes on purpose, only one that died."
         ),
     ] = 5,
     detach: Annotated[

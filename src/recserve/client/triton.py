@@ -225,9 +225,9 @@ class _ModelClient:
     """What the synchronous and the asyncio client share: the model, its native shape once asked, the
     request's tensors and the answer's reading."""
 
-    def __init__(self, url: str | None, protocol: str, model: str, aio: bool):
+    def __init__(self, url: str | None, protocol: str, model: str, aio: bool, version: str = ""):
         self.module = _module(protocol, aio=aio)
-        self.protocol, self.model = protocol, model
+        self.protocol, self.model, self.version = protocol, model, version  # version "": the newest served
         self.url = url or default_url(protocol)
         self.client = self.module.InferenceServerClient(self.url)
         self._native: NativeShape | None | bool = False  # False: not asked yet
@@ -272,8 +272,9 @@ class RecommenderClient(_ModelClient):
         timeout_s: float = 10.0,
         retries: int = 0,
         backoff_s: float = 0.05,
+        version: str = "",
     ):
-        super().__init__(url, protocol, model, aio=False)
+        super().__init__(url, protocol, model, aio=False, version=version)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
 
     def recommend(
@@ -364,14 +365,16 @@ class RecommenderClient(_ModelClient):
     def native_shape(self) -> NativeShape | None:
         """What the model takes if it is a native-layout model (asked of the server once), else None."""
         if self._native is False:
-            return self._remember_shape(self.client.get_model_config(self.model, **_as_json(self.protocol)))
+            config = self.client.get_model_config(self.model, self.version, **_as_json(self.protocol))
+            return self._remember_shape(config)
         return cast(NativeShape | None, self._native)
 
     def _once(self, item_ids, k: int, exclude_seen: bool, rules: Rules | None = None) -> Recommendations:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         with self._errors():
             native = self.native_shape()
-            reply = self.client.infer(self.model, **self._request(item_ids, k, exclude_seen, native, rules), **kwargs)
+            request = self._request(item_ids, k, exclude_seen, native, rules)
+            reply = self.client.infer(self.model, model_version=self.version, **request, **kwargs)
         return self._answer(reply, native, k)
 
     def id_type(self, model: str | None = None) -> str:

@@ -47,7 +47,8 @@ class ServerSettings:
     metrics_port: int = option(METRICS_PORT, "Prometheus metrics port.")
     model_control_mode: str = option(
         "none",
-        "none, poll (watch the repository for new versions) or explicit (load over the API; needs --admin-key).",
+        "none, poll (watch the repository for new versions) or explicit (every model at the start, a new version "
+        "when `recserve promote` loads it; needs --admin-key).",
         flags=("--model-control",),
     )
     repository_poll_secs: int = option(5, "Repository poll interval (poll mode).", flags=("--poll-secs",))
@@ -140,6 +141,8 @@ def server_args(bundle: Bundle, repo: Path, s: ServerSettings, key: str | None =
     ]
     if s.model_control_mode == "poll":
         args.append(f"--repository-poll-secs={s.repository_poll_secs}")
+    if s.model_control_mode == "explicit":  # every model at the start; later versions as `recserve promote` says
+        args.append("--load-model=*")
     restricted = "model-repository,shared-memory,logging"
     key = key or s.restricted_api_key or os.urandom(16).hex()  # without a key, nobody can use them
     args += [

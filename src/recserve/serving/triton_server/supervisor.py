@@ -44,23 +44,26 @@ def supervise(
     """Keeps the server up until ``stop`` is set; returns its exit code if it exits on its own first.
 
     Every ``watch_secs`` (0: never) it counts the python model processes; one that died (Triton 2.51 does
-    not restart it) restarts the whole server, told through ``report``. Only with model control
-    ``none``, where model processes never change on purpose.
+    not restart it) restarts the whole server, told through ``report``. With model control ``none`` any process
+    fewer counts; with ``poll`` or ``explicit``, where unloading a version ends its processes on purpose (and
+    Triton reaps them), only a process that died and was left unreaped.
     """
     stubs, next_check = stub_count(server), time.monotonic() + watch_secs
+    steady = server.settings.model_control_mode == "none"  # else a version's unload ends its processes on purpose
     while not stop.wait(0.5):
         if (code := server.exit_code()) is not None:
             return code
-        if watch_secs and time.monotonic() >= next_check and server.settings.model_control_mode != "none":
+        if not watch_secs or time.monotonic() < next_check:
+            continue
+        if not steady:
             server.seal()  # models loaded since (poll, explicit): their shared memory their owner's alone
-            next_check = time.monotonic() + watch_secs
-        if watch_secs and server.settings.model_control_mode == "none" and time.monotonic() >= next_check:
-            alive, dead = stub_count(server), dead_stubs(server)
-            if alive < stubs or dead:  # dead: also one that died before the first count
-                report(f"{max(stubs - alive, dead)} model process(es) died: restarting the server")
-                report(f"recovered in {server.restart(ready_timeout_s):.1f} s")
-                alive = stub_count(server)
-            stubs, next_check = alive, time.monotonic() + watch_secs
+        alive, dead = stub_count(server), dead_stubs(server)
+        lost = max(stubs - alive, dead) if steady else dead  # an unload reaps its processes; a crash leaves one
+        if lost:
+            report(f"{lost} model process(es) died: restarting the server")
+            report(f"recovered in {server.restart(ready_timeout_s):.1f} s")
+            alive = stub_count(server)
+        stubs, next_check = alive, time.monotonic() + watch_secs
     return None
 
 

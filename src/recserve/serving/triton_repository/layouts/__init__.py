@@ -12,8 +12,10 @@ order a repository writes them in.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
+from typing import Any
 
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
@@ -54,10 +56,24 @@ def write_repository(
     for layout in chosen:
         layout.write(repo, export_dir, manifest, settings, version)
         summary["models"] += layout.describe(manifest, settings)
-    export = {"backend": manifest.backend, "precision": manifest.precision, "device": manifest.device}
+    export = {
+        "backend": manifest.backend,
+        "precision": manifest.precision,
+        "device": manifest.device,
+        "max_k": manifest.max_k,
+    }
     store = store_record(settings) if settings.session_store else None  # sessions' and hidden items' store
-    record_layouts(repo, layouts, export, manifest.run, store)
+    record_layouts(repo, layouts, export, manifest.run, store, _recorded(settings), version)
     return summary
+
+
+def _recorded(settings: RepositorySettings) -> dict:
+    """The settings as the repository's record keeps them: their files' paths absolute, so that a later
+    version (``recserve promote``) is written alike from any folder."""
+    paths: dict[str, Any] = {
+        name: str(Path(value).resolve()) for name in ("session_store", "rules") if (value := getattr(settings, name))
+    }
+    return dataclasses.asdict(dataclasses.replace(settings, **paths))
 
 
 def check_request(layouts: tuple[str, ...], settings: RepositorySettings, version: int) -> None:

@@ -1,0 +1,202 @@
+"""recserve promote and rollback against the real Triton: the gate refuses a worse candidate and nothing changes;
+a promotion and a rollback under load fail no request and the new version answers within seconds; with explicit
+model control the crashed-model watchdog stays on and takes an unloaded version for no crash."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from typer.testing import CliRunner
+
+from recserve.cli.main import app
+from recserve.client import RecommenderClient
+from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE, WEIGHTS_FILE
+from recserve.pipeline import repository_from_run
+from recserve.serving.promotion import ModelControl, versions_of
+from recserve.serving.triton_repository.repository_settings import RepositorySettings
+from tests.conftest import require_native, start_serve
+from tests.reliability.test_shutdown import _wait_ready
+
+KEY = "promotion-test-admin-key"
+SWITCH_BOUND_S = 5.0  # the issue's: the new version answers within 5 s of promote returning
+
+
+def _broken_copy(run, out):
+    """The run with every item's embedding zeroed: every item ties, so every target ranks last."""
+    shutil.copytree(run, out)
+    state = torch.load(out / WEIGHTS_FILE, weights_only=True)
+    for name, tensor in state.items():
+        if "item" in name and tensor.dim() == 2:
+            state[name] = torch.zeros_like(tensor)
+        if name.endswith("bias"):
+            state[name] = torch.zeros_like(tensor)
+    torch.save(state, out / WEIGHTS_FILE)
+    return out
+
+
+def test_a_candidate_worse_beyond_the_tolerance_is_refused_and_nothing_changes(tiny_run, ml100k_dir, tmp_path):
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("fused",), RepositorySettings(), backend="onnx")
+    record, listing = (repo / REPOSITORY_FILE).read_bytes(), sorted(p.name for p in (repo / "recommender").iterdir())
+    broken = _broken_copy(tiny_run, tmp_path / "broken")
+    result = CliRunner().invoke(
+        app, ["promote", "--run", str(broken), "--repo", str(repo), "--data", str(ml100k_dir), "--admin-key", KEY]
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, said
+    assert "gate refused: candidate ndcg@10 0.0000 against the serving run's 0.0" in said
+    assert "not promoted" in said and "nothing changed" in said
+    assert (repo / REPOSITORY_FILE).read_bytes() == record
+    assert sorted(p.name for p in (repo / "recommender").iterdir()) == listing
+
+
+def test_a_repository_of_an_older_recserve_or_of_mismatched_versions_is_refused_in_one_line(tiny_run, tmp_path):
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("fused", "echo"), RepositorySettings(), backend="onnx")
+    (repo / "echo" / "2").mkdir()
+    result = CliRunner().invoke(app, ["promote", "--run", str(tiny_run), "--repo", str(repo), "--no-gate"])
+    assert result.exit_code == 1 and "newest versions differ (echo 2, recommender 1)" in " ".join(result.output.split())
+    shutil.rmtree(repo / "echo" / "2")
+    record = json.loads((repo / REPOSITORY_FILE).read_text())
+    del record["settings"]
+    (repo / REPOSITORY_FILE).write_text(json.dumps(record))
+    result = CliRunner().invoke(app, ["promote", "--run", str(tiny_run), "--repo", str(repo), "--no-gate"])
+    assert result.exit_code == 1 and "holds no settings" in " ".join(result.output.split())
+    assert versions_of(repo) == {"echo": [1], "recommender": [1]}
+    result = CliRunner().invoke(app, ["rollback", "--repo", str(repo)])
+    assert result.exit_code == 1 and "version 1 is its only version" in " ".join(result.output.split())
+
+
+def _fused_version(port: int) -> str:
+    body = {"inputs": [{"name": "item_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/recommender/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.load(reply)["model_version"]
+
+
+def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_path):
+    require_native("onnxruntime")
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("fused", "native"), RepositorySettings(), backend="onnx")
+    candidate = tmp_path / "candidate"
+    shutil.copytree(tiny_run, candidate)  # as good as the serving run: the gate passes it
+    serve, http, _, _ = start_serve(repo, "--model-control", "explicit", "--admin-key", KEY, "--watch-secs", "1")
+    fused, native, failures, stop = [], [], [], threading.Event()
+
+    def fused_load():
+        while not stop.is_set():
+            try:
+                fused.append((time.monotonic(), _fused_version(http)))
+            except Exception as err:
+                failures.append(repr(err))
+
+    def native_load():
+        client = RecommenderClient(f"127.0.0.1:{http}", "http", NATIVE_MODEL, timeout_s=10)
+        while not stop.is_set():
+            try:
+                native.append(len(client.recommend([1, 2, 3], k=5).item_ids))
+            except Exception as err:
+                failures.append(repr(err))
+
+    def switched(version: str, since: float) -> float:
+        deadline = since + 60
+        while time.monotonic() < deadline:
+            after = [t for t, v in fused if t > since and v == version]
+            if after:
+                return after[0] - since
+            time.sleep(0.05)
+        raise AssertionError(f"version {version} never answered")
+
+    url = ["--url", f"127.0.0.1:{http}", "--admin-key", KEY]
+    try:
+        _wait_ready(http)
+        threads = [threading.Thread(target=f) for f in (fused_load, fused_load, native_load, native_load)]
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        promoted = CliRunner().invoke(app, ["promote", "--run", str(candidate), "--repo", str(repo), *url])
+        returned = time.monotonic()
+        said = " ".join(promoted.output.split())
+        assert promoted.exit_code == 0, said
+        assert "gate passes" in said and "version 2 serves" in said
+        assert "recommender, recommender_native answered from it" in said
+        to_new_s = switched("2", returned)
+        time.sleep(1)
+        rolled = CliRunner().invoke(app, ["rollback", "--repo", str(repo), *url])
+        returned = time.monotonic()
+        assert rolled.exit_code == 0 and "version 1 serves again" in " ".join(rolled.output.split()), rolled.output
+        to_old_s = switched("1", returned)
+        time.sleep(1)
+        stop.set()
+        for t in threads:
+            t.join()
+        counts = [v for _, v in fused]
+        print(
+            f"promotion under load: {len(counts) + len(native)} answered ({counts.count('1')} fused by v1, "
+            f"{counts.count('2')} by v2), {len(failures)} failed; the new version answered {to_new_s:.2f} s after "
+            f"promote returned, the old {to_old_s:.2f} s after rollback returned"
+        )
+        assert failures == []
+        assert to_new_s < SWITCH_BOUND_S and to_old_s < SWITCH_BOUND_S
+        assert native and all(n == 5 for n in native)
+        record = json.loads((repo / REPOSITORY_FILE).read_text())
+        assert record["serving"] == 1 and record["run"] == str(tiny_run.resolve())
+        assert record["versions"]["2"]["run"] == str(candidate.resolve())
+        assert versions_of(repo) == {"recommender": [1], "recommender_native": [1]}
+        assert any(p.name.startswith("rolled-back-2-") for p in (repo / "recommender").iterdir())
+    finally:
+        stop.set()
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+
+
+def test_with_explicit_model_control_an_unloaded_version_is_no_crash_and_a_killed_process_still_is(int_repo, tmp_path):
+    from recserve.serving.triton_server.launcher import TritonServer
+    from recserve.serving.triton_server.supervisor import supervise
+    from tests.conftest import server_settings
+    from tests.reliability.test_crash_recovery import _stubs_of
+
+    repo = tmp_path / "repo"
+    shutil.copytree(int_repo / "echo", repo / "echo")
+    reports: list[str] = []
+    with TritonServer(repo, server_settings(model_control_mode="explicit", restricted_api_key=KEY)) as server:
+        stop, before_kill = threading.Event(), []
+
+        def kill_then_stop_once_recovered() -> None:
+            try:
+                time.sleep(1)  # two watch periods of the first version
+                shutil.copytree(repo / "echo" / "1", repo / "echo" / "2")
+                ModelControl(server.http_url, KEY).load("echo")  # version 1's process ends on purpose
+                time.sleep(3)  # six watch periods with one process fewer than at the start
+                before_kill.extend(reports)
+                if before_kill:
+                    return  # the unload was taken for a crash
+                (stub,) = [p for p in _stubs_of("echo") if f"{repo}/echo/2" in Path(f"/proc/{p}/cmdline").read_text()]
+                os.kill(stub, signal.SIGKILL)
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline and not any(r.startswith("recovered") for r in reports):
+                    time.sleep(0.2)
+            finally:
+                stop.set()
+
+        threading.Thread(target=kill_then_stop_once_recovered, daemon=True).start()
+        supervise(server, stop, 0.5, 120, reports.append)
+        assert before_kill == []
+        assert reports and reports[0] == "1 model process(es) died: restarting the server", reports
+        assert (
+            len(RecommenderClient(server.http_url, "http", model="echo", timeout_s=5).recommend([1, 2]).item_ids) == 10
+        )
