@@ -200,3 +200,25 @@ def test_with_explicit_model_control_an_unloaded_version_is_no_crash_and_a_kille
         assert (
             len(RecommenderClient(server.http_url, "http", model="echo", timeout_s=5).recommend([1, 2]).item_ids) == 10
         )
+
+
+def test_a_stored_rule_the_candidates_item_table_cannot_answer_is_refused_at_promotion(tiny_run, tmp_path):
+    """The serving run's items carry ML-100K's genre; a candidate trained on a log without an item table has no
+    genre: the rule naming it is refused when the version is written, never at request time."""
+    from recserve.data.io import read_ml100k
+    from tests.conftest import _train_tiny
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text("comedies = 'genre == \"Comedy\"'\n")
+    repo = tmp_path / "repo"
+    repository_from_run(tiny_run, repo, ("fused",), RepositorySettings(rules=str(rules)), backend="onnx")
+    log, _ = read_ml100k()
+    log.write_csv(tmp_path / "log.csv")
+    prepared = CliRunner().invoke(app, ["data", str(tmp_path / "log.csv"), "--out", str(tmp_path / "plain")])
+    assert prepared.exit_code == 0, prepared.output
+    candidate = _train_tiny(tmp_path / "plain", tmp_path / "candidate")
+    record = (repo / REPOSITORY_FILE).read_bytes()
+    result = CliRunner().invoke(app, ["promote", "--run", str(candidate), "--repo", str(repo), "--no-gate"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "comedies" in said and "genre" in said, said
+    assert versions_of(repo) == {"recommender": [1]} and (repo / REPOSITORY_FILE).read_bytes() == record
