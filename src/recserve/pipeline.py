@@ -78,6 +78,33 @@ def repository_from_run(
     return summary
 
 
+def write_next_version(repo: Path, run: Path) -> int:
+    """The repository's next version of every model from ``run``, as its record says it was written (layouts,
+    each layout's export backend and precision, its settings); on a failure the version's folders written so
+    far are removed, so that no model holds a version the others lack.
+
+    Returns:
+        The version written.
+    """
+    from recserve.artifacts.repository_record import read_repository_info
+    from recserve.serving.promotion import remove_version, repository_settings, serving_version
+
+    info = read_repository_info(repo)
+    settings = repository_settings(repo, info)
+    version = serving_version(repo) + 1
+    groups: dict[tuple[str, str, int], tuple[str, ...]] = {}
+    for layout, export in info["layouts"].items():  # each layout from the export it was written from
+        key = (export["backend"], export["precision"], int(export.get("max_k", DEFAULT_MAX_K)))
+        groups[key] = groups.get(key, ()) + (layout,)
+    try:
+        for (backend, precision, max_k), group in groups.items():
+            repository_from_run(run, repo, group, settings, backend, precision, version, max_k)
+    except BaseException:
+        remove_version(repo, version)
+        raise
+    return version
+
+
 def _native_backend(run_dir: Path, device: str) -> str:
     """onnx on CPUs where the IDs allow it (the faster of the two there, docs/benchmarks.md), else torchscript."""
     from recserve.artifacts.catalogue import has_catalogue, read_catalogue

@@ -80,7 +80,8 @@ def promote(
     from recserve.artifacts.repository_record import has_record, read_repository_info
     from recserve.artifacts.run_record import data_folder_of
     from recserve.devices import torch_device
-    from recserve.serving.promotion import record_serving, serving_version, write_next_version
+    from recserve.pipeline import write_next_version
+    from recserve.serving.promotion import record_serving, serving_version
 
     if not has_record(repo):
         raise ServingError(f"{repo}: not a repository `recserve repo` wrote")

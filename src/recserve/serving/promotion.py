@@ -1,12 +1,13 @@
-"""A repository's next version from a new run, gated, written and loaded into the running server, and the way
-back (``recserve promote`` and ``recserve rollback``).
+"""A repository's next version, loaded into the running server, and the way back (``recserve promote`` and
+``recserve rollback``).
 
-The gate ranks the candidate and the run the repository serves on the same newest events (``train.comparison``).
-The next version of every model is written with the settings the repository was written with (its record) and
-loaded through Triton's model-control API (``--model-control explicit``: the server loads nothing on its own and
-keeps its crashed-model watchdog); each model's policy serves its newest version, so the load moves every
-request to the new version while the old one finishes what it holds. A rollback moves the newest version of
-every model aside (``rolled-back-N``, a name Triton ignores) and loads again: the version before it serves.
+The gate ranks the candidate and the run the repository serves on the same newest events
+(``train.comparison``). The next version of every model is written with the settings the repository was
+written with (its record; ``pipeline.write_next_version``, which exports the run first) and loaded through
+Triton's model-control API (``--model-control explicit``: the server loads nothing on its own and keeps its
+crashed-model watchdog); each model's policy serves its newest version, so the load moves every request to the
+new version while the old one finishes what it holds. A rollback moves the newest version of every model aside
+(``rolled-back-N``, a name Triton ignores) and loads again: the version before it serves.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from recserve.artifacts.repository_record import read_repository_info, write_repository_info
-from recserve.constants import DEFAULT_MAX_K
 from recserve.errors import ServingError
 
 ROLLED_BACK = "rolled-back-"  # a version folder moved aside: Triton ignores a name that is not a number
@@ -110,33 +110,7 @@ def repository_settings(repo: Path, info: dict):
     return RepositorySettings(**values)
 
 
-def write_next_version(repo: Path, run: Path) -> int:
-    """The repository's next version of every model from ``run``, as its record says it was written (layouts,
-    each layout's export backend and precision, its settings); on a failure the version's folders written so
-    far are removed, so that no model holds a version the others lack.
-
-    Returns:
-        The version written.
-    """
-    from recserve.pipeline import repository_from_run
-
-    info = read_repository_info(repo)
-    settings = repository_settings(repo, info)
-    version = serving_version(repo) + 1
-    groups: dict[tuple[str, str, int], tuple[str, ...]] = {}
-    for layout, export in info["layouts"].items():  # each layout from the export it was written from
-        key = (export["backend"], export["precision"], int(export.get("max_k", DEFAULT_MAX_K)))
-        groups[key] = groups.get(key, ()) + (layout,)
-    try:
-        for (backend, precision, max_k), group in groups.items():
-            repository_from_run(run, repo, group, settings, backend, precision, version, max_k)
-    except BaseException:
-        _remove_version(repo, version)
-        raise
-    return version
-
-
-def _remove_version(repo: Path, version: int) -> None:
+def remove_version(repo: Path, version: int) -> None:
     import shutil
 
     for folder in Path(repo).glob(f"*/{version}"):
