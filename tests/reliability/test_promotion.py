@@ -222,3 +222,78 @@ def test_a_stored_rule_the_candidates_item_table_cannot_answer_is_refused_at_pro
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "comedies" in said and "genre" in said, said
     assert versions_of(repo) == {"recommender": [1]} and (repo / REPOSITORY_FILE).read_bytes() == record
+
+
+def test_sessions_and_hidden_items_hold_across_a_promotion_in_the_layouts_by_session(tiny_run, tmp_path):
+    """Sessions and hidden items are item IDs in the store: the promoted version reads the same sessions and
+    keeps the same items out, in the python and the native layouts by session, under load, with no failure."""
+    from recserve.constants import NATIVE_SESSION_MODEL, SESSION_MODEL
+    from recserve.sessions import embedded_store
+    from recserve.sessions.session_store import SessionStore
+
+    require_native("recserve")
+    store = tmp_path / "store"
+    embedded_store.start(store)
+    try:
+        settings = RepositorySettings(session_store=str(store), native_runtime="recserve")
+        repo = tmp_path / "repo"
+        repository_from_run(tiny_run, repo, ("fused", "session", "native_session"), settings, backend="torchscript")
+        shoppers = [f"shopper-{n}" for n in range(8)]
+        writer = SessionStore(embedded_store.admin_settings(store), "int64")
+        writer.append_histories(shoppers, [[1 + (7 * n + j) % 300 for j in range(12)] for n in range(8)])
+        serve, http, grpc, _ = start_serve(repo, "--model-control", "explicit", "--admin-key", KEY)
+        answers: dict[tuple[str, str], list] = {}
+        failures, stop = [], threading.Event()
+
+        def ask(model: str) -> None:
+            client = RecommenderClient(f"127.0.0.1:{grpc}", "grpc", timeout_s=10)
+            while not stop.is_set():
+                for shopper in shoppers:
+                    try:
+                        got = client.recommend_session(shopper, k=10, model=model).item_ids.tolist()
+                        answers.setdefault((model, shopper), []).append(got)
+                    except Exception as err:
+                        failures.append(f"{model}: {err!r}")
+
+        try:
+            _wait_ready(http)
+            before = {
+                (model, shopper): RecommenderClient(f"127.0.0.1:{grpc}").recommend_session(shopper, k=10, model=model)
+                for model in (SESSION_MODEL, NATIVE_SESSION_MODEL)
+                for shopper in shoppers
+            }
+            hidden = int(before[(SESSION_MODEL, shoppers[0])].item_ids[0])
+            SessionStore(embedded_store.role_settings(store, "operator"), "int64").hide([hidden])
+            threads = [threading.Thread(target=ask, args=(m,)) for m in (SESSION_MODEL, NATIVE_SESSION_MODEL)]
+            for t in threads:
+                t.start()
+            time.sleep(1)
+            promoted = CliRunner().invoke(
+                app,
+                ["promote", "--run", str(tiny_run), "--repo", str(repo), "--no-gate", "--url", f"127.0.0.1:{http}",
+                 "--admin-key", KEY],
+            )  # fmt: skip
+            assert promoted.exit_code == 0 and "version 2 serves" in " ".join(promoted.output.split()), promoted.output
+            time.sleep(2)
+            stop.set()
+            for t in threads:
+                t.join()
+            after = {
+                key: RecommenderClient(f"127.0.0.1:{grpc}").recommend_session(key[1], k=11, model=key[0])
+                for key in before
+            }
+            assert failures == []
+            for key, answer in after.items():  # the same weights: the same answers, the hidden item left out
+                got, was = answer.item_ids.tolist(), before[key].item_ids.tolist()
+                assert hidden not in got
+                assert [i for i in was if i != hidden] == got[: len([i for i in was if i != hidden])], key
+            assert all(hidden not in a for seen in answers.values() for a in seen)
+        finally:
+            stop.set()
+            serve.send_signal(signal.SIGTERM)
+            try:
+                serve.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+    finally:
+        embedded_store.stop(store)
