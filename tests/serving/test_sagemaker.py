@@ -54,6 +54,11 @@ def test_the_four_functions_answer_a_json_request(bert_model, tiny_run):
     assert not set(history) & set(answer["item_id"]) and answer["score"] == sorted(answer["score"], reverse=True)
     assert len(handle(bert_model, json.dumps({"item_id": history}))["item_id"]) == 10  # k defaults to 10
     assert output_fn({"item_id": [1]}, "application/json; charset=utf-8")[1] == JSON
+    # IDs as strings, to a model of integer IDs: read as its catalogue holds them (no type to be told)
+    assert handle(bert_model, json.dumps({"item_id": [str(i) for i in history], "k": 7}).encode()) == answer
+    with pytest.raises(HandlerError, match="this model's item IDs are integers") as err:
+        handle(bert_model, json.dumps({"item_id": ["sku-1"]}).encode())
+    assert err.value.status_code == 400
 
 
 @pytest.mark.parametrize(("run", "name"), [("vae_run", "multvae"), ("sasrec_run", "sasrec")])
@@ -397,9 +402,12 @@ def test_invoke_command_talks_to_the_local_endpoint(endpoint, tiny_run):
     assert result.exit_code == 0, result.output
     want, clear = model_top_ids(tiny_run, [np.array(history, dtype=np.int64)])
     assert clear[0] and json.loads(result.output)["item_id"] == want[0][:3].tolist()
-    # an ID that is not a number, for an integer-ID model: a usage error that names the flag, nothing sent
+    # IDs are sent as typed and read as the model's catalogue holds them: an ID that is no number, for an
+    # integer-ID model, is the endpoint's one-line 400, and the endpoint keeps serving
     refused = CliRunner().invoke(app, ["sagemaker", "invoke", history[0], "sku-1", "--url", endpoint.url])
-    assert refused.exit_code == 2 and "--string-ids" in refused.output
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 1 and "answered 400" in said and "this model's item IDs are integers" in said
+    assert "--string-ids" not in CliRunner().invoke(app, ["sagemaker", "invoke", "--help"]).output
 
 
 def _wait_port(port: int, timeout_s: float = 30) -> None:

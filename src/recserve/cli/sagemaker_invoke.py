@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from recserve.cli.console import console, handle_errors, history_ids
+from recserve.cli.console import console, handle_errors, history_ids, is_int64
 
 
 @handle_errors
@@ -31,7 +31,6 @@ def invoke(
     ] = False,
     env_file: Annotated[Path | None, typer.Option(help="Settings file (default .env.inference).")] = None,
     endpoint_name: Annotated[str | None, typer.Option(help="Overrides RECSERVE_SAGEMAKER_ENDPOINT_NAME.")] = None,
-    string_ids: Annotated[bool, typer.Option(help="Send IDs as strings (a string-ID model).")] = False,
 ) -> None:
     """Ask an endpoint for one history's top k and print {"item_id": [...], "score": [...], "unknown_item_ids": n}.
 
@@ -42,7 +41,9 @@ def invoke(
     from recserve.serving.sagemaker import invocations
     from recserve.serving.sagemaker.package import inspect_package
 
-    history = history_ids(item_ids, string_ids, "; pass --string-ids for a string-ID model")
+    # sent as typed (numbers where every ID is one); the pytorch runtime's handler reads them as its catalogue
+    # holds IDs, and the triton runtime's native model takes integers
+    history: list[int] | list[str] = item_ids if any(not is_int64(x) for x in item_ids) else [int(x) for x in item_ids]
     settings = None
     if not url:
         from recserve.deploy.sagemaker.cloud import load_settings
@@ -59,6 +60,7 @@ def invoke(
                 param_hint="--package",
             )
         shape = held.native_shape(package_file)
+        history = history_ids(item_ids, False, " (the triton runtime's native model)")
         body, content_type = invocations.triton_request(history, k, shape, binary=binary)
     else:
         body, content_type = invocations.pytorch_request(history, k)

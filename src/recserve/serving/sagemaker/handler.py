@@ -115,11 +115,25 @@ def _flag(value, context: dict) -> bool:
 
 def predict_fn(input_data: dict, model) -> dict:
     """Top-k for one history: ``{"item_id": [...], "score": [...], "unknown_item_ids": n}``."""
+    ids = _as_model_ids(input_data["item_id"], model.string_ids)
     try:
-        [answer] = model.predict([input_data["item_id"]], k=input_data["k"], exclude_seen=input_data["exclude_seen"])
+        [answer] = model.predict([ids], k=input_data["k"], exclude_seen=input_data["exclude_seen"])
     except RequestError as err:
         raise HandlerError(400, str(err), {"k": input_data["k"], "items": len(input_data["item_id"])}) from err
     return _prediction(answer)
+
+
+def _as_model_ids(ids: np.ndarray, string_ids: bool) -> np.ndarray:
+    """The IDs as the model's catalogue holds them, whichever JSON type a caller sent: 42 is "42" to a model of
+    string IDs, and "42" is 42 to a model of integer IDs (a caller need not be told the type)."""
+    if string_ids and ids.dtype != object:
+        return ids.astype(str).astype(object)
+    if not string_ids and ids.dtype == object:
+        try:
+            return ids.astype(np.int64)
+        except (ValueError, OverflowError) as err:
+            raise HandlerError(400, f"item_id: this model's item IDs are integers (int64): {err}", {}) from err
+    return ids
 
 
 def _prediction(answer) -> dict:
