@@ -19,7 +19,7 @@ from recserve.cli.main import app
 from recserve.client import RecommenderClient
 from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE, WEIGHTS_FILE
 from recserve.pipeline import repository_from_run
-from recserve.serving.promotion import ModelControl, versions_of
+from recserve.serving.promotion import ModelControl, changing, versions_of
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from tests.conftest import require_native, start_serve
 from tests.reliability.test_shutdown import _wait_ready
@@ -72,6 +72,12 @@ def test_a_repository_of_an_older_recserve_or_of_mismatched_versions_is_refused_
     assert versions_of(repo) == {"echo": [1], "recommender": [1]}
     result = CliRunner().invoke(app, ["rollback", "--repo", str(repo)])
     assert result.exit_code == 1 and "version 1 is its only version" in " ".join(result.output.split())
+    with changing(repo):  # one change at a time: a second promote or rollback is refused, never interleaved
+        for args in (["promote", "--run", str(tiny_run), "--no-gate"], ["rollback"]):
+            result = CliRunner().invoke(app, [*args, "--repo", str(repo)])
+            assert result.exit_code == 1 and "is changing it" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["rollback", "--repo", str(tmp_path / "nowhere")])
+    assert result.exit_code == 1 and "not a repository" in result.output
 
 
 def _fused_version(port: int) -> str:

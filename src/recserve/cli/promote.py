@@ -81,7 +81,7 @@ def promote(
     from recserve.artifacts.run_record import data_folder_of
     from recserve.devices import torch_device
     from recserve.pipeline import write_next_version
-    from recserve.serving.promotion import record_serving, serving_version
+    from recserve.serving.promotion import changing, record_serving, serving_version
 
     if not has_record(repo):
         raise ServingError(f"{repo}: not a repository `recserve repo` wrote")
@@ -102,15 +102,15 @@ def promote(
                 f"{run} not promoted: {verdict.metric} {verdict.candidate:.4f} below {verdict.serving:.4f} x "
                 f"(1 - {tolerance:g}); nothing changed"
             )
-    before = serving_version(repo)
-    with console.status(f"writing version {before + 1} of every model of {repo}"):
-        version = write_next_version(repo, run)
-    if control is None:
+    with changing(repo):
+        before = serving_version(repo)
+        with console.status(f"writing version {before + 1} of every model of {repo}"):
+            version = write_next_version(repo, run)
+        if control is not None:
+            _load_or_undo(control, repo, version, before, run)
         record_serving(repo, version)
+    if control is None:
         console.print(f"{repo}: version {version} written (from {run}); no server of it runs: the next one serves it")
-        return
-    _load_or_undo(control, repo, version, before, run)
-    record_serving(repo, version)
 
 
 def _load_or_undo(control, repo: Path, version: int, before: int, run: Path) -> None:
@@ -123,8 +123,11 @@ def _load_or_undo(control, repo: Path, version: int, before: int, run: Path) -> 
             answered = _confirm_answers(control.http_url, repo, version, run)
     except Exception:
         move_aside(repo, version)
-        load_everywhere(control, repo, before)
-        console.print(f"version {version} failed to load or answer: moved aside, version {before} serves again")
+        try:
+            load_everywhere(control, repo, before)
+            console.print(f"version {version} failed to load or answer: moved aside, version {before} serves again")
+        except Exception as again:  # the first failure is the one to tell; this one is said beside it
+            console.print(f"version {version} failed and was moved aside; loading {before} again failed too: {again}")
         raise
     console.print(
         f"{repo}: version {version} serves (from {run}), loaded in {took_s:.1f} s"
@@ -154,19 +157,30 @@ def rollback(
 ) -> None:
     """Go back one version: the newest version of every model is moved aside (kept as rolled-back-N) and the
     version before it is loaded into the running server."""
-    from recserve.serving.promotion import load_everywhere, move_aside, record_serving, serving_version, versions_of
+    from recserve.artifacts.repository_record import has_record
+    from recserve.serving.promotion import (
+        changing,
+        load_everywhere,
+        move_aside,
+        record_serving,
+        serving_version,
+        versions_of,
+    )
 
-    current = serving_version(repo)
-    older = [v for v in next(iter(versions_of(repo).values())) if v < current]
-    if not older:
-        raise ServingError(f"{repo}: version {current} is its only version; there is none to go back to")
-    server = _server_url(repo, url)
-    control = _control(server, admin_key) if server else None
-    move_aside(repo, current)
-    if control is not None:
-        with console.status(f"loading version {older[-1]} into {server}"):
-            took_s = load_everywhere(control, repo, older[-1])
-    run = record_serving(repo, older[-1])
+    if not has_record(repo):
+        raise ServingError(f"{repo}: not a repository `recserve repo` wrote")
+    with changing(repo):
+        current = serving_version(repo)
+        older = [v for v in next(iter(versions_of(repo).values())) if v < current]
+        if not older:
+            raise ServingError(f"{repo}: version {current} is its only version; there is none to go back to")
+        server = _server_url(repo, url)
+        control = _control(server, admin_key) if server else None
+        move_aside(repo, current)
+        if control is not None:
+            with console.status(f"loading version {older[-1]} into {server}"):
+                took_s = load_everywhere(control, repo, older[-1])
+        run = record_serving(repo, older[-1])
     where = f", loaded in {took_s:.1f} s" if control is not None else "; the next server started serves it"
     console.print(
         f"{repo}: version {older[-1]} serves again (from {run}){where}; version {current} moved aside",

@@ -17,6 +17,8 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from recserve.artifacts.repository_record import read_repository_info, write_rep
 from recserve.errors import ServingError
 
 ROLLED_BACK = "rolled-back-"  # a version folder moved aside: Triton ignores a name that is not a number
+LOCK_FILE = ".recserve-changing.lock"  # a file: Triton takes only folders for models
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,12 @@ class ModelControl:
         Raises:
             ServingError: the server refused or failed the load (its words), or the key was refused.
         """
-        self._call(f"/v2/repository/models/{model}/load", "POST")
+        try:
+            self._call(f"/v2/repository/models/{model}/load", "POST")
+        except ServingError as err:
+            raise ServingError(
+                f"{err} (a server loads versions when asked only under --model-control explicit)"
+            ) from err
 
     def index(self) -> list[dict]:
         """Each model version the server knows, with its state (READY, UNAVAILABLE, UNLOADING)."""
@@ -151,6 +159,26 @@ def move_aside(repo: Path, version: int) -> list[Path]:
             folder.rename(target)
             moved.append(target)
     return moved
+
+
+@contextmanager
+def changing(repo: Path) -> Iterator[None]:
+    """Holds the repository for one promotion or rollback at a time (a lock file beside its models).
+
+    Raises:
+        ServingError: another promotion or rollback holds it.
+    """
+    import fcntl
+
+    with open(Path(repo) / LOCK_FILE, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise ServingError(f"{repo}: another `recserve promote` or `rollback` is changing it; try again") from err
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def record_serving(repo: Path, version: int) -> str | None:
