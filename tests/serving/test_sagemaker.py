@@ -56,7 +56,7 @@ def test_the_four_functions_answer_a_json_request(bert_model, tiny_run):
     assert output_fn({"item_id": [1]}, "application/json; charset=utf-8")[1] == JSON
     # IDs as strings, to a model of integer IDs: read as its catalogue holds them (no type to be told)
     assert handle(bert_model, json.dumps({"item_id": [str(i) for i in history], "k": 7}).encode()) == answer
-    with pytest.raises(HandlerError, match="this model's item IDs are integers") as err:
+    with pytest.raises(HandlerError, match="integer IDs expected for this model .int64., got 'sku-1'") as err:
         handle(bert_model, json.dumps({"item_id": ["sku-1"]}).encode())
     assert err.value.status_code == 400
 
@@ -406,7 +406,7 @@ def test_invoke_command_talks_to_the_local_endpoint(endpoint, tiny_run):
     # integer-ID model, is the endpoint's one-line 400, and the endpoint keeps serving
     refused = CliRunner().invoke(app, ["sagemaker", "invoke", history[0], "sku-1", "--url", endpoint.url])
     said = " ".join(refused.output.split())
-    assert refused.exit_code == 1 and "answered 400" in said and "this model's item IDs are integers" in said
+    assert refused.exit_code == 1 and "answered 400" in said and "integer IDs expected for this model" in said
     assert "--string-ids" not in CliRunner().invoke(app, ["sagemaker", "invoke", "--help"]).output
 
 

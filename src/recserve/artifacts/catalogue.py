@@ -23,6 +23,14 @@ def id_type_of(ids: np.ndarray) -> str:
     return "string" if np.asarray(ids).dtype.kind in "OUS" else "int64"
 
 
+def is_int64_text(text: str) -> bool:
+    """Whether ``text`` reads as an integer ID (within int64): how an ID typed or sent as text is told apart."""
+    try:
+        return -(2**63) <= int(text) < 2**63
+    except ValueError:
+        return False
+
+
 def write_catalogue(folder: Path, ids: np.ndarray) -> Path:
     """Writes the sorted item IDs into ``folder``; returns the file."""
     path = Path(folder) / ITEM_TABLE_FILE

@@ -56,18 +56,13 @@ def history_ids(item_ids: list[str], string_ids: bool, hint: str = "") -> list[i
     ``hint`` ends the message for IDs that are no integers (what to do where the type was not asked of the model)."""
     if string_ids:
         return item_ids
-    bad = [x for x in item_ids if not is_int64(x)]
+    from recserve.artifacts.catalogue import is_int64_text
+
+    bad = [x for x in item_ids if not is_int64_text(x)]
     if bad:
         message = f"{', '.join(repr(b) for b in bad[:5])}: this model's item IDs are integers (int64){hint}"
         raise typer.BadParameter(message, param_hint="ITEM_IDS")
     return [int(x) for x in item_ids]
-
-
-def is_int64(text: str) -> bool:
-    try:
-        return -(2**63) <= int(text) < 2**63
-    except ValueError:
-        return False
 
 
 def export_or_run(export: Path | None, run: Path | None) -> Path:

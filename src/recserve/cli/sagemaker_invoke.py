@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from recserve.cli.console import console, handle_errors, history_ids, is_int64
+from recserve.artifacts.catalogue import is_int64_text
+from recserve.cli.console import console, handle_errors, history_ids
 
 
 @handle_errors
@@ -43,7 +44,9 @@ def invoke(
 
     # sent as typed (numbers where every ID is one); the pytorch runtime's handler reads them as its catalogue
     # holds IDs, and the triton runtime's native model takes integers
-    history: list[int] | list[str] = item_ids if any(not is_int64(x) for x in item_ids) else [int(x) for x in item_ids]
+    history: list[int] | list[str] = (
+        item_ids if any(not is_int64_text(x) for x in item_ids) else [int(x) for x in item_ids]
+    )
     settings = None
     if not url:
         from recserve.deploy.sagemaker.cloud import load_settings

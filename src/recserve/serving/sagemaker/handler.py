@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.artifacts.catalogue import is_int64_text
 from recserve.constants import DEFAULT_K
 from recserve.errors import RequestError
 
@@ -131,8 +132,9 @@ def _as_model_ids(ids: np.ndarray, string_ids: bool) -> np.ndarray:
     if not string_ids and ids.dtype == object:
         try:
             return ids.astype(np.int64)
-        except (ValueError, OverflowError) as err:
-            raise HandlerError(400, f"item_id: this model's item IDs are integers (int64): {err}", {}) from err
+        except (ValueError, OverflowError):
+            bad = next(v for v in ids if not is_int64_text(v))
+            raise HandlerError(400, f"item_id: integer IDs expected for this model (int64), got {bad!r}", {}) from None
     return ids
 
 
@@ -177,11 +179,11 @@ def predict_batch(inputs: Sequence[dict], model) -> list[dict | HandlerError]:
         return []
     try:
         answers = model.predict(
-            [x["item_id"] for x in inputs],
+            [_as_model_ids(x["item_id"], model.string_ids) for x in inputs],
             k=[x["k"] for x in inputs],
             exclude_seen=np.fromiter((x["exclude_seen"] for x in inputs), dtype=bool, count=len(inputs)),
         )
-    except RequestError:
+    except (RequestError, HandlerError):
         return [_answer_or_error(predict_fn, x, model) for x in inputs]
     return [_prediction(answer) for answer in answers]
 
