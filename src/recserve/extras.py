@@ -6,6 +6,7 @@ from __future__ import annotations
 # a top-level module -> the extra of pyproject.toml that installs it
 EXTRA_OF = {
     "pydantic_settings": "deploy",
+    "pydantic": "deploy",
     "tritonclient": "serve",
     "pytriton": "serve",
     "google": "serve",  # protobuf: config.pbtxt through Triton's own schema, and gRPC messages
