@@ -89,3 +89,17 @@ def test_every_extra_named_is_one_of_pyproject_and_the_readme_says_what_it_is_fo
     for extra in set(EXTRA_OF.values()):
         assert extra in extras, extra
         assert f"| `{extra}` |" in readme, extra
+
+
+def test_an_optional_group_names_its_extra_whichever_of_its_dependencies_is_missing():
+    """A GPU machine's Python had pydantic-settings' own dependency missing (pydantic): the sagemaker and deploy
+    groups then say their extra, and the other verbs run; recserve's own modules and strays are never blamed on
+    an extra."""
+    from recserve.extras import missing_extra
+
+    deep = ModuleNotFoundError("No module named 'pydantic'", name="pydantic")
+    assert missing_extra(deep, "sagemaker") == (
+        "this needs recserve's sagemaker extra (pydantic is not installed): pip install 'recserve[sagemaker]'"
+    )
+    assert missing_extra(deep) is None
+    assert missing_extra(ModuleNotFoundError("x", name="recserve.nothing"), "deploy") is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 # a top-level module -> the extra of pyproject.toml that installs it
 EXTRA_OF = {
     "pydantic_settings": "deploy",
-    "pydantic": "deploy",
     "tritonclient": "serve",
     "pytriton": "serve",
     "google": "serve",  # protobuf: config.pbtxt through Triton's own schema, and gRPC messages
@@ -31,10 +30,12 @@ PACKAGE_OF = {"google": "protobuf", "ts": "torchserve", "grpc": "grpcio"}  # whe
 
 def missing_extra(err: BaseException, extra: str | None = None) -> str | None:
     """One line naming the extra to install (``extra``, else the one that brings the module), where ``err`` is
-    a module that an extra brings not being there; None otherwise (a module of recserve's own, say, which no
-    extra fixes)."""
-    if not isinstance(err, ModuleNotFoundError) or not err.name or err.name.split(".")[0] not in EXTRA_OF:
+    a module that an extra brings not being there, or, given ``extra``, any module but recserve's own (the
+    extra's dependencies' dependencies: pydantic under pydantic-settings); None otherwise."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name or err.name.split(".")[0] == "recserve":
         return None
+    if err.name.split(".")[0] not in EXTRA_OF and extra is None:
+        return None  # a module no extra brings: a defect to show whole
     extra = extra or EXTRA_OF[err.name.split(".")[0]]
     package = PACKAGE_OF.get(err.name.split(".")[0], err.name.split(".")[0])
     return f"this needs recserve's {extra} extra ({package} is not installed): pip install 'recserve[{extra}]'"
