@@ -78,6 +78,9 @@ def test_a_repository_of_an_older_recserve_or_of_mismatched_versions_is_refused_
             assert result.exit_code == 1 and "is changing it" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["rollback", "--repo", str(tmp_path / "nowhere")])
     assert result.exit_code == 1 and "not a repository" in result.output
+    for candidate in (tmp_path / "nowhere", repo):  # no folder, and a folder that is no training run
+        result = CliRunner().invoke(app, ["promote", "--run", str(candidate), "--repo", str(repo)])
+        assert result.exit_code == 1 and "not a training run" in " ".join(result.output.split()), result.output
 
 
 def _fused_version(port: int) -> str:

@@ -80,11 +80,13 @@ def promote(
     from recserve.artifacts.repository_record import has_record, read_repository_info
     from recserve.artifacts.run_record import data_folder_of
     from recserve.devices import torch_device
+    from recserve.models.run_loader import model_name
     from recserve.pipeline import write_next_version
     from recserve.serving.promotion import changing, record_serving, serving_version
 
     if not has_record(repo):
         raise ServingError(f"{repo}: not a repository `recserve repo` wrote")
+    model_name(run)  # a folder that is no training run is refused in its own words, before anything else
     server = _server_url(repo, url)
     control = _control(server, admin_key) if server else None  # the key asked for before anything is done
     if gate:
