@@ -17,7 +17,15 @@ from typer.testing import CliRunner
 
 from recserve.cli.main import app
 from recserve.client import RecommenderClient
-from recserve.constants import NATIVE_MODEL, REPOSITORY_FILE, WEIGHTS_FILE
+from recserve.constants import (
+    ECHO_MODEL,
+    NATIVE_MODEL,
+    REPOSITORY_FILE,
+    SEED_ENSEMBLE,
+    SEED_HISTORY_LENGTH,
+    SEED_INPUT,
+    WEIGHTS_FILE,
+)
 from recserve.pipeline import repository_from_run
 from recserve.serving.promotion import ModelControl, changing, versions_of
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
@@ -94,14 +102,30 @@ def _fused_version(port: int) -> str:
         return json.load(reply)["model_version"]
 
 
+def _seed_answers(port: int) -> int:
+    """The PoC's request to the seed ensemble (39 INT64 IDs, 0 for none): how many IDs came back."""
+    history = [0] * 36 + [1, 2, 3]
+    body = {"inputs": [{"name": SEED_INPUT, "shape": [SEED_HISTORY_LENGTH], "datatype": "INT64", "data": history}]}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v2/models/{SEED_ENSEMBLE}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return len(json.load(reply)["outputs"][0]["data"])
+
+
 def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_path):
-    require_native("onnxruntime")
+    """Every layout by item IDs (fused, native on ONNX Runtime, the PoC's seed ensemble on PyTorch, echo) under
+    load while a promotion and a rollback run."""
+    require_native("onnxruntime", "pytorch")
     repo = tmp_path / "repo"
-    repository_from_run(tiny_run, repo, ("fused", "native"), RepositorySettings(), backend="onnx")
+    repository_from_run(tiny_run, repo, ("fused", "native", "echo"), RepositorySettings(), backend="onnx")
+    repository_from_run(tiny_run, repo, ("seed",), RepositorySettings())
     candidate = tmp_path / "candidate"
     shutil.copytree(tiny_run, candidate)  # as good as the serving run: the gate passes it
     serve, http, _, _ = start_serve(repo, "--model-control", "explicit", "--admin-key", KEY, "--watch-secs", "1")
-    fused, native, failures, stop = [], [], [], threading.Event()
+    fused, native, others, failures, stop = [], [], [], [], threading.Event()
 
     def fused_load():
         while not stop.is_set():
@@ -118,6 +142,14 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
             except Exception as err:
                 failures.append(repr(err))
 
+    def seed_and_echo_load():
+        echo = RecommenderClient(f"127.0.0.1:{http}", "http", ECHO_MODEL, timeout_s=10)
+        while not stop.is_set():
+            try:
+                others.append((_seed_answers(http), len(echo.recommend([1, 2, 3]).item_ids)))
+            except Exception as err:
+                failures.append(repr(err))
+
     def switched(version: str, since: float) -> float:
         deadline = since + 60
         while time.monotonic() < deadline:
@@ -130,7 +162,8 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
     url = ["--url", f"127.0.0.1:{http}", "--admin-key", KEY]
     try:
         _wait_ready(http)
-        threads = [threading.Thread(target=f) for f in (fused_load, fused_load, native_load, native_load)]
+        loads = (fused_load, fused_load, native_load, seed_and_echo_load)
+        threads = [threading.Thread(target=f) for f in loads]
         for t in threads:
             t.start()
         time.sleep(1)
@@ -140,6 +173,7 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
         assert promoted.exit_code == 0, said
         assert "gate passes" in said and "version 2 serves" in said
         assert "recommender, recommender_native answered from it" in said
+        assert versions_of(repo)[SEED_ENSEMBLE] == [1, 2] and versions_of(repo)[ECHO_MODEL] == [1, 2]
         to_new_s = switched("2", returned)
         time.sleep(1)
         rolled = CliRunner().invoke(app, ["rollback", "--repo", str(repo), *url])
@@ -151,18 +185,21 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
         for t in threads:
             t.join()
         counts = [v for _, v in fused]
+        answered = len(counts) + len(native) + 2 * len(others)
         print(
-            f"promotion under load: {len(counts) + len(native)} answered ({counts.count('1')} fused by v1, "
+            f"promotion under load: {answered} answered ({counts.count('1')} fused by v1, "
             f"{counts.count('2')} by v2), {len(failures)} failed; the new version answered {to_new_s:.2f} s after "
             f"promote returned, the old {to_old_s:.2f} s after rollback returned"
         )
         assert failures == []
         assert to_new_s < SWITCH_BOUND_S and to_old_s < SWITCH_BOUND_S
         assert native and all(n == 5 for n in native)
+        assert others and all(seed > 0 and echo == 10 for seed, echo in others)
         record = json.loads((repo / REPOSITORY_FILE).read_text())
         assert record["serving"] == 1 and record["run"] == str(tiny_run.resolve())
         assert record["versions"]["2"]["run"] == str(candidate.resolve())
-        assert versions_of(repo) == {"recommender": [1], "recommender_native": [1]}
+        assert set(versions_of(repo)) >= {"recommender", "recommender_native", SEED_ENSEMBLE, ECHO_MODEL}
+        assert all(versions == [1] for versions in versions_of(repo).values())
         assert any(p.name.startswith("rolled-back-2-") for p in (repo / "recommender").iterdir())
     finally:
         stop.set()
