@@ -30,6 +30,7 @@ from recserve.pipeline import repository_from_run
 from recserve.serving.promotion import ModelControl, changing, versions_of
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from tests.conftest import require_native, start_serve
+from tests.reliability.test_model_update import _infer
 from tests.reliability.test_shutdown import _wait_ready
 
 KEY = "promotion-test-admin-key"
@@ -91,17 +92,6 @@ def test_a_repository_of_an_older_recserve_or_of_mismatched_versions_is_refused_
         assert result.exit_code == 1 and "not a training run" in " ".join(result.output.split()), result.output
 
 
-def _fused_version(port: int) -> str:
-    body = {"inputs": [{"name": "item_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2, 3]}]}
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v2/models/recommender/infer",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return json.load(reply)["model_version"]
-
-
 def _seed_answers(port: int) -> int:
     """The PoC's request to the seed ensemble (39 INT64 IDs, 0 for none): how many IDs came back."""
     history = [0] * 36 + [1, 2, 3]
@@ -130,7 +120,7 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
     def fused_load():
         while not stop.is_set():
             try:
-                fused.append((time.monotonic(), _fused_version(http)))
+                fused.append((time.monotonic(), _infer(http)))
             except Exception as err:
                 failures.append(repr(err))
 
