@@ -160,8 +160,8 @@ owner = np.repeat(np.arange(held.inputs.num_users), held.inputs.lengths)
 user = int(np.bincount(owner[new], minlength=held.inputs.num_users).argmax())
 history = ids[held.inputs.offsets[user]:held.inputs.offsets[user + 1]][-20:]
 answer = RecommenderClient(f"127.0.0.1:{grpc}").recommend(history.tolist(), k=10).item_ids
-print(f"a shopper with {int(np.isin(history, known, invert=True).sum())} new movies among the last 20: "
-      f"{answer.tolist()} ({int(np.isin(answer, known, invert=True).sum())} of them new today)")
+print(f"a shopper whose last 20 movies hold {int(np.isin(history, known, invert=True).sum())} new today: "
+      f"{answer.tolist()} ({int(np.isin(answer, known, invert=True).sum())} of the 10 new today)")
 PY
   $rs rollback --repo "$out/shop-repo"
 else
