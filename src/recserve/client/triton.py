@@ -140,6 +140,11 @@ def default_url(protocol: str) -> str:
     return f"127.0.0.1:{GRPC_PORT}" if protocol == "grpc" else f"127.0.0.1:{HTTP_PORT}"
 
 
+def _text_row(values: list[str]) -> np.ndarray:
+    """One row of BYTES (a session ID, event IDs) as Triton takes it: (1, len) UTF-8."""
+    return np.array([[v.encode() for v in values]], dtype=np.object_)
+
+
 def _tensor(module, name: str, value: np.ndarray):
     tensor = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
     tensor.set_data_from_numpy(value)
@@ -310,11 +315,11 @@ class RecommenderClient(_ModelClient):
         """
         if model == NATIVE_SESSION_MODEL and rules is not None and rules.given:
             _check_native_rules(rules)
-        tensors = [(INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_))]
+        tensors = [(INPUT_SESSION_ID, _text_row([session]))]
         if item_ids is not None and len(item_ids):
             tensors.append((INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)))
             if event_ids is not None:
-                tensors.append((INPUT_EVENT_IDS, np.array([[e.encode() for e in event_ids]], dtype=np.object_)))
+                tensors.append((INPUT_EVENT_IDS, _text_row(event_ids)))
         tensors += [
             (INPUT_K, np.array([[k]], dtype=np.int32)),
             (INPUT_EXCLUDE_SEEN, np.array([[exclude_seen]], dtype=bool)),
@@ -346,12 +351,9 @@ class RecommenderClient(_ModelClient):
         Raises:
             SessionStoreError: the store is down (nothing was acknowledged).
         """
-        tensors = [
-            (INPUT_SESSION_ID, np.array([[session.encode()]], dtype=np.object_)),
-            (INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1)),
-        ]
+        tensors = [(INPUT_SESSION_ID, _text_row([session])), (INPUT_ITEM_IDS, id_array(item_ids).reshape(1, -1))]
         if event_ids is not None:
-            tensors.append((INPUT_EVENT_IDS, np.array([[e.encode() for e in event_ids]], dtype=np.object_)))
+            tensors.append((INPUT_EVENT_IDS, _text_row(event_ids)))
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         with self._errors():
             reply = self.client.infer(

@@ -31,8 +31,7 @@ class Sequences:
 
     def truncated(self, drop_last: int) -> Sequences:
         """The same users with their last ``drop_last`` items removed (train: 2, validation input: 1)."""
-        position = np.arange(len(self.items)) - np.repeat(self.offsets[:-1], self.lengths)
-        return self.where(position < np.repeat(self.lengths - drop_last, self.lengths))
+        return self.heads(self.lengths - drop_last)
 
     def heads(self, counts: np.ndarray) -> Sequences:
         """The same users with only their first ``counts[u]`` items (a (users,) array)."""

@@ -111,6 +111,11 @@ class SessionRequest:
     def rows_rules(self) -> list[RequestRules | None]:
         return [self.rules] * len(self.sessions)
 
+    def rows_event_ids(self) -> list[list[str | None] | None]:
+        """Each row's event IDs (None for a row the client gave none)."""
+        rows: list[list[str | None] | None] = [None] * len(self.sessions)
+        return list(self.event_ids) if self.event_ids else rows
+
 
 def parse_session_request(
     session_ids: np.ndarray,

@@ -66,14 +66,18 @@ def index_map(run_ids: np.ndarray, data_ids: np.ndarray) -> np.ndarray:
 
 def scores_by_id(model, mapped: np.ndarray) -> ScoreFn:
     """The model's scores in the data folder's index space: (B, L) data tokens in, (B, N_data + 2) out."""
-    table = torch.as_tensor(mapped)
-    known = torch.nonzero(table[1:-1]).flatten() + 1  # data columns the run knows
+    host = torch.as_tensor(mapped)
+    known_host = torch.nonzero(host[1:-1]).flatten() + 1  # data columns the run knows
+    on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def score(tokens: torch.Tensor) -> torch.Tensor:
-        scores = model(table.to(tokens.device)[tokens])
+        if tokens.device not in on_device:  # copied once, not every batch
+            table, known = host.to(tokens.device), known_host.to(tokens.device)
+            on_device[tokens.device] = (table, known, table[known])
+        table, known, theirs = on_device[tokens.device]
+        scores = model(table[tokens])
         out = torch.full((tokens.shape[0], len(table)), UNKNOWN_SCORE, dtype=scores.dtype, device=scores.device)
-        columns = known.to(tokens.device)
-        out[:, columns] = scores[:, table.to(tokens.device)[columns]]
+        out[:, known] = scores[:, theirs]
         return out
 
     return score
@@ -114,13 +118,11 @@ def gate(candidate: Path, serving: Path, data_dir: Path, tolerance: float, devic
 
     data = load_prepared(data_dir)
     ours, theirs = evaluate_on(candidate, data, device), evaluate_on(serving, data, device)
-    split = data.info.get("split")
-    kind = split.get("kind", "leave-one-out") if isinstance(split, dict) else "leave-one-out"
     return GateResult(
         metric=GATE_METRIC,
         candidate=ours["full"][GATE_METRIC],
         serving=theirs["full"][GATE_METRIC],
         tolerance=tolerance,
         test_users=ours["test_users"],
-        protocol=f"{kind} split of {data_dir}, every item ranked, ties against the target",
+        protocol=f"{data.cuts.kind} split of {data_dir}, every item ranked, ties against the target",
     )

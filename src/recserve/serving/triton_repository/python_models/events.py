@@ -58,7 +58,7 @@ class TritonPythonModel:
         events = row_events(
             [s for p in good for s in p.sessions],
             [e for p in good for e in p.events],
-            [ids for p in good for ids in (p.event_ids or [None] * len(p.sessions))],
+            [ids for p in good for ids in p.rows_event_ids()],
         )
         owner = [(n, row) for n, p in enumerate(good) for row, items in enumerate(p.events) for _ in range(len(items))]
         try:

@@ -73,7 +73,7 @@ class TritonPythonModel:
             [e for p in good for e in p.events],
             self.window,
             self.predictor.string_ids,
-            [ids for p in good for ids in (p.event_ids or [None] * len(p.sessions))],
+            [ids for p in good for ids in p.rows_event_ids()],
         )
         exclude = np.concatenate(
             [np.ones(len(p.sessions), dtype=bool) if p.exclude_seen is None else p.exclude_seen for p in good]
