@@ -152,6 +152,10 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
     url = ["--url", f"127.0.0.1:{http}", "--admin-key", KEY]
     try:
         _wait_ready(http)
+        wrong = ["--repo", str(repo), "--url", f"127.0.0.1:{http}", "--admin-key", "not-the-key"]
+        refused = CliRunner().invoke(app, ["promote", "--run", str(candidate), "--no-gate", *wrong])
+        assert refused.exit_code == 1 and "admin key was refused" in " ".join(refused.output.split())
+        assert all(versions == [1] for versions in versions_of(repo).values())  # nothing written
         loads = (fused_load, fused_load, native_load, seed_and_echo_load)
         threads = [threading.Thread(target=f) for f in loads]
         for t in threads:
@@ -165,6 +169,9 @@ def test_a_promotion_and_a_rollback_under_load_fail_no_request(tiny_run, tmp_pat
         assert "recommender, recommender_native answered from it" in said
         assert versions_of(repo)[SEED_ENSEMBLE] == [1, 2] and versions_of(repo)[ECHO_MODEL] == [1, 2]
         to_new_s = switched("2", returned)
+        refused = CliRunner().invoke(app, ["rollback", *wrong])  # a wrong key: nothing moved aside
+        assert refused.exit_code == 1 and "admin key was refused" in " ".join(refused.output.split())
+        assert all(versions == [1, 2] for versions in versions_of(repo).values())
         time.sleep(1)
         rolled = CliRunner().invoke(app, ["rollback", "--repo", str(repo), *url])
         returned = time.monotonic()

@@ -36,7 +36,9 @@ def _control(url: str, admin_key: str | None):
 
     if not admin_key:
         raise ServingError(f"the server at {url} loads versions only with its admin key: give --admin-key")
-    return ModelControl(url, admin_key)
+    control = ModelControl(url, admin_key)
+    control.index()  # the server answers and takes the key: asked before anything is written or moved
+    return control
 
 
 def _confirm_answers(url: str, repo: Path, version: int, run: Path) -> list[str]:

@@ -39,7 +39,8 @@ class ModelControl:
     header: str = "recserve-admin-key"
     timeout_s: float = 300.0
 
-    def _call(self, path: str, method: str = "GET", body: dict | None = None) -> bytes:
+    def _call(self, path: str, method: str = "GET", body: dict | None = None, hint: str = "") -> bytes:
+        """The API's answer; ``hint`` ends the message of a refusal other than the key's."""
         data = json.dumps(body or {}).encode() if method == "POST" else None
         request = urllib.request.Request(
             f"http://{self.http_url}{path}", data=data, method=method, headers={self.header: self.admin_key}
@@ -53,7 +54,7 @@ class ModelControl:
                 raise ServingError(
                     f"{self.http_url}: the admin key was refused ({said}); give the server's --admin-key"
                 ) from err
-            raise ServingError(f"{self.http_url}{path}: HTTP {err.code}: {said}") from err
+            raise ServingError(f"{self.http_url}{path}: HTTP {err.code}: {said}{hint}") from err
         except (urllib.error.URLError, OSError) as err:
             raise ServingError(
                 f"{self.http_url}: no server answers ({err}); is it running (`recserve status`)?"
@@ -65,12 +66,8 @@ class ModelControl:
         Raises:
             ServingError: the server refused or failed the load (its words), or the key was refused.
         """
-        try:
-            self._call(f"/v2/repository/models/{model}/load", "POST")
-        except ServingError as err:
-            raise ServingError(
-                f"{err} (a server loads versions when asked only under --model-control explicit)"
-            ) from err
+        hint = " (a server loads versions when asked only under --model-control explicit)"
+        self._call(f"/v2/repository/models/{model}/load", "POST", hint=hint)
 
     def index(self) -> list[dict]:
         """Each model version the server knows, with its state (READY, UNAVAILABLE, UNLOADING)."""
