@@ -30,14 +30,16 @@ def repository(
     backend: str | None = None,
     precision: str = "fp32",
     max_k: int = DEFAULT_MAX_K,
+    explore_new: float = 0.0,
 ) -> dict:
     """The layouts written into ``repo`` from an export as it is, or from a run exported first
-    (``repository_from_run``, with ``backend``, ``precision`` and ``max_k``); ``recserve repo``'s two sources."""
+    (``repository_from_run``, with ``backend``, ``precision``, ``max_k`` and ``explore_new``); ``recserve
+    repo``'s two sources."""
     if export is not None:
         return write_repository(export, repo, layouts, settings, version)
     if run is None:
         raise ValueError("repository: give an export or a run")
-    return repository_from_run(run, repo, layouts, settings, backend, precision, version, max_k)
+    return repository_from_run(run, repo, layouts, settings, backend, precision, version, max_k, explore_new)
 
 
 def repository_from_run(
@@ -49,6 +51,7 @@ def repository_from_run(
     precision: str = "fp32",
     version: int = 1,
     max_k: int = DEFAULT_MAX_K,
+    explore_new: float = 0.0,
 ) -> dict:
     """``write_repository`` from a run: the fused and echo layouts from one export of ``backend`` (default:
     the device's, ``recserve.export.backends.DEFAULT_BACKEND``), the native layout from ``backend`` where it
@@ -72,7 +75,9 @@ def repository_from_run(
     with tempfile.TemporaryDirectory(prefix="recserve-export-") as tmp:
         for (group_backend, group_precision), group in groups.items():
             export_dir = Path(tmp) / f"{group_backend}-{group_precision}"
-            export_run(run_dir, group_backend, group_precision, export_dir, device=device, max_k=max_k)
+            export_run(
+                run_dir, group_backend, group_precision, export_dir, device=device, max_k=max_k, explore_new=explore_new
+            )
             written = write_repository(export_dir, repo, group, settings, version)
             summary = written | {"models": summary["models"] + written["models"]}
     return summary
@@ -92,13 +97,14 @@ def write_next_version(repo: Path, run: Path) -> int:
     info = read_repository_info(repo)
     settings = repository_settings(repo, info)
     version = serving_version(repo) + 1
-    groups: dict[tuple[str, str, int], tuple[str, ...]] = {}
+    groups: dict[tuple[str, str, int, float], tuple[str, ...]] = {}
     for layout, export in info["layouts"].items():  # each layout from the export it was written from
-        key = (export["backend"], export["precision"], int(export.get("max_k", DEFAULT_MAX_K)))
+        shape = (int(export.get("max_k", DEFAULT_MAX_K)), float(export.get("explore_new", 0.0)))
+        key = (export["backend"], export["precision"], *shape)
         groups[key] = groups.get(key, ()) + (layout,)
     try:
-        for (backend, precision, max_k), group in groups.items():
-            repository_from_run(run, repo, group, settings, backend, precision, version, max_k)
+        for (backend, precision, max_k, explore_new), group in groups.items():
+            repository_from_run(run, repo, group, settings, backend, precision, version, max_k, explore_new)
     except BaseException:
         remove_version(repo, version)
         raise

@@ -42,6 +42,7 @@ class ExportManifest:
     # does not allow one
     seed_model: str | None = None  # the seed layout's TorchScript model step (torchscript)
     build_s: float | None = None
+    explore_new: float = 0.0  # the answer's share reserved for new items (serving_graph.explored_top)
     validation: Mapping[str, Any] = field(default_factory=dict)  # parity (and quality) against eager fp32
     format_version: int = EXPORT_FORMAT_VERSION
 

@@ -43,8 +43,19 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
         warm_ndcg = apart.get("warm", {}).get("full", {}).get("ndcg@10", 0.0)
         console.print(
             f"{cold['users']:,} of {result['test_users']:,} test targets are cold (no event before the test "
-            f"holds them; an ID-trained model cannot rank them): full ndcg@10 {apart['cold']['full']['ndcg@10']:.4f} "
-            f"on them, {warm_ndcg:.4f} on the others (metrics.json: test_apart)"
+            f"holds them): full ndcg@10 {apart['cold']['full']['ndcg@10']:.4f} on them, {warm_ndcg:.4f} on the "
+            "others (metrics.json: test_apart)"
+        )
+    new = result.get("new_items")
+    if new:
+        figures = ", ".join(
+            f"{who} {new[who]['hr@10']:.4f}"
+            for who in ("model", "attribute_popularity", "attribute_profile")
+            if who in new
+        )
+        console.print(
+            f"ranked among the {new['new_items']:,} new items alone, hr@10 of those targets: {figures} "
+            "(metrics.json: new_items)"
         )
     return result
 

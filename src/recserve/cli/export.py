@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
+from recserve.cli.options import EXPLORE_NEW_HELP
 from recserve.constants import DEFAULT_MAX_K
 
 
@@ -25,6 +26,7 @@ def export(
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or gpu (cuda is taken for gpu).")] = "cpu",
     max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
+    explore_new: Annotated[float, typer.Option(help=EXPLORE_NEW_HELP)] = 0.0,
     data: Annotated[Path | None, typer.Option(help="Data folder for the NDCG@10 change (default: the run's).")] = None,
     report: Annotated[bool, typer.Option(help="Export and time every backend and precision available here.")] = False,
     seconds: Annotated[float, typer.Option(help="Timing per variant and batch size (--report).")] = 1.0,
@@ -46,7 +48,9 @@ def export(
 
     backend = backend or default_backend(device)
     with console.status(f"exporting {backend} {precision}"):
-        manifest = export_run(run, backend, precision, out, device=device, max_k=max_k, data_dir=data)
+        manifest = export_run(
+            run, backend, precision, out, device=device, max_k=max_k, data_dir=data, explore_new=explore_new
+        )
     v = manifest.validation
     console.print(
         f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "

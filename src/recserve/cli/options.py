@@ -20,6 +20,12 @@ from rich.markup import escape
 
 from recserve.option_fields import has_option, option
 
+EXPLORE_NEW_HELP = (
+    "The share of the answer's columns reserved for the best-scored new items (items no training event holds, "
+    "ranked by their attributes: a run trained with --item-attributes on data with an item table), every "
+    "1/share-th column; 0: none."
+)
+
 
 @dataclass(frozen=True)
 class Settings:

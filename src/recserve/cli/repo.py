@@ -10,7 +10,7 @@ import typer
 
 from recserve.artifacts.served import LAYOUTS
 from recserve.cli.console import console, export_or_run, handle_errors
-from recserve.cli.options import Settings, takes
+from recserve.cli.options import EXPLORE_NEW_HELP, Settings, takes
 from recserve.constants import DEFAULT_MAX_K
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
@@ -58,6 +58,7 @@ def repo(
     precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_k: Annotated[int, typer.Option(help="With --run: the largest k a request may ask for.")] = DEFAULT_MAX_K,
+    explore_new: Annotated[float, typer.Option(help="With --run: " + EXPLORE_NEW_HELP)] = 0.0,
     settings: RepositorySettings = RepositorySettings(),
 ) -> None:
     """Write a Triton model repository: config.pbtxt, the models and the validated export.
@@ -81,6 +82,15 @@ def repo(
         settings = dataclasses.replace(settings, session_store=str(folder))
     with console.status(f"writing {', '.join(layouts)} into {out}"):
         summary = repository(
-            out, layouts, settings, version, export=export, run=run, backend=backend, precision=precision, max_k=max_k
+            out,
+            layouts,
+            settings,
+            version,
+            export=export,
+            run=run,
+            backend=backend,
+            precision=precision,
+            max_k=max_k,
+            explore_new=explore_new,
         )
     console.print(f"{out}: " + ", ".join(m["name"] for m in summary["models"]) + f" (version {version})")

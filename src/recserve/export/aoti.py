@@ -23,7 +23,7 @@ PORTABLE = False  # compiled for the export's device
 
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     device = manifest.device
-    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).to(device)
+    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision, manifest.explore_new).to(device)
     example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
     batch = torch.export.Dim("batch", min=1, max=65536)
     shapes = {"item_ids": {0: batch}, "lengths": {0: batch}, "exclude_seen": {0: batch}} | rule_shapes(batch)

@@ -165,6 +165,6 @@ class CudaGraphRunner:
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
     if not str(device).startswith("cuda"):
         raise ExportError("backend cudagraph runs on a GPU only")
-    module = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
+    module = build_graph(out, spec, manifest.max_k, manifest.precision, manifest.explore_new).to(device)
     length = manifest.fixed_length if manifest.fixed_length is not None else spec.window - 1
     return CudaGraphRunner(module, device, length, len(spec.vocab_ids), manifest.batch_buckets)

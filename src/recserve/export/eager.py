@@ -26,7 +26,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
-    graph = build_graph(out, spec, manifest.max_k, manifest.precision).to(device)
+    graph = build_graph(out, spec, manifest.max_k, manifest.precision, manifest.explore_new).to(device)
     if manifest.backend != "compile":
         return torch_runner(graph, device, len(spec.vocab_ids))
     # CUDA graphs (mode reduce-overhead) only pay off on a GPU; dynamic shapes avoid a recompile per batch

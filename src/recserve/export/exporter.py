@@ -55,6 +55,7 @@ def export_run(
     device: str = "cpu",
     max_k: int = DEFAULT_MAX_K,
     data_dir: Path | None = None,
+    explore_new: float = 0.0,
 ) -> ExportManifest:
     """Exports a training run; returns the manifest written to ``out/export.json``.
 
@@ -78,6 +79,7 @@ def export_run(
         id_mapping=spec.id_mapping,
         run=str(run_dir),
         portable=module.PORTABLE,
+        explore_new=_bounded_share(explore_new),
     )
     with replaced_on_success(out) as tmp:
         copy_catalogue(run_dir, tmp)
@@ -89,7 +91,8 @@ def export_run(
         manifest = manifest.with_backend_fields(module.save(run_dir, spec, tmp, manifest))
         manifest = dataclasses.replace(manifest, build_s=round(time.perf_counter() - started, 2))
         runner = module.load(tmp, spec, manifest, device)
-        reference = torch_runner(build_graph(run_dir, spec, max_k, "fp32").to(device), device, len(spec.vocab_ids))
+        reference_graph = build_graph(run_dir, spec, max_k, "fp32", manifest.explore_new).to(device)
+        reference = torch_runner(reference_graph, device, len(spec.vocab_ids))
         validation = check_parity(reference, runner, spec, precision, manifest.fixed_length)
         if manifest.native_model:
             served = native_export.as_runner(
@@ -103,6 +106,17 @@ def export_run(
         manifest = dataclasses.replace(manifest, validation=validation)
         manifest.write(tmp)
     return manifest
+
+
+def _bounded_share(explore_new: float) -> float:
+    """``explore_new`` if it lies in [0, 1).
+
+    Raises:
+        ExportError: a share outside it.
+    """
+    if not 0 <= explore_new < 1:
+        raise ExportError(f"--explore-new {explore_new}: the share of the answer for new items lies in [0, 1)")
+    return float(explore_new)
 
 
 def _bounded_max_k(max_k: int, items: int) -> int:

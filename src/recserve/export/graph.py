@@ -10,7 +10,7 @@ import torch
 from recserve.artifacts.catalogue import has_catalogue, read_catalogue
 from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS, POPULARITY_FILE
 from recserve.data.vocab import use_lookup_table
-from recserve.errors import ExportError
+from recserve.errors import ConfigError, ExportError
 from recserve.export.spec import GraphSpec
 from recserve.models.run_loader import load_config, load_run, model_name
 from recserve.models.serving_graph import InferenceGraph
@@ -37,8 +37,11 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
     return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, model, mapping)
 
 
-def build_graph(run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp32") -> InferenceGraph:
-    """The run's model inside the fused graph, in eval mode, on the CPU, at ``precision``.
+def build_graph(
+    run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp32", explore_new: float = 0.0
+) -> InferenceGraph:
+    """The run's model inside the fused graph, in eval mode, on the CPU, at ``precision``, with ``explore_new``
+    of the answer's columns for new items (``serving_graph.explored_top``).
 
     int8 applies PyTorch's dynamic quantization to the linear layers (CPU only).
     """
@@ -46,7 +49,10 @@ def build_graph(run_dir: Path, spec: GraphSpec, max_k: int, precision: str = "fp
         raise ExportError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     encoder = load_run(run_dir)
     table = spec.vocab_ids if spec.id_mapping == "graph" else np.arange(1, len(spec.vocab_ids) + 1)
-    graph = InferenceGraph(encoder, table, spec.popularity, max_k).eval()
+    try:
+        graph = InferenceGraph(encoder, table, spec.popularity, max_k, explore_new).eval()
+    except ConfigError as err:
+        raise ExportError(str(err)) from None
     if precision == "int8":
         graph.head.encoder = torch.ao.quantization.quantize_dynamic(encoder, {torch.nn.Linear}, dtype=torch.qint8)
     elif precision != "fp32":

@@ -53,13 +53,16 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     precision = manifest.precision
     if precision not in ("fp32", "int8"):
         raise ExportError(f"onnx: precision {precision!r} is not offered; use fp32 or int8 (CPU)")
-    graph = build_graph(run_dir, spec, manifest.max_k, "fp32")
+    graph = build_graph(run_dir, spec, manifest.max_k, "fp32", manifest.explore_new)
     example = example_inputs(spec, batch=4, length=min(spec.window - 1, 9))
     batch, length = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("length", min=1, max=spec.window - 1)
     shapes = {"item_ids": {0: batch, 1: length}, "lengths": {0: batch}, "exclude_seen": {0: batch}}
     shapes |= rule_shapes(batch)
     _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
-    _k_as_input(out / FILE)
+    # exploration lays its columns out over the whole answer (serving_graph.explored_top): it stays max_k wide
+    explores = bool(manifest.explore_new)
+    if not explores:
+        _k_as_input(out / FILE)
     added = {}
     reason = native_export.unsupported(spec)
     if reason is None:
@@ -67,7 +70,8 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         shapes = {name: {0: batch} for name in NATIVE_INPUTS}
         target = out / NATIVE_ONNX_FILE
         _export(NativeGraph(graph, dynamic_k=False), inputs, target, NATIVE_INPUTS, NATIVE_OUTPUTS, shapes, precision)
-        _k_from_batch(target)
+        if not explores:
+            _k_from_batch(target)
         added["native_model"] = NATIVE_ONNX_FILE
     else:
         log.info("no native model: %s", reason)
@@ -215,6 +219,7 @@ def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> R
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(out / FILE), options, providers=providers)
     top = min(manifest.max_k, len(spec.vocab_ids))  # the graph never selects more than the catalogue holds
+    takes_k = K_INPUT in {i.name for i in session.get_inputs()}  # not where the answer explores: max_k wide
 
     def run(
         ids: np.ndarray,
@@ -225,8 +230,9 @@ def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> R
     ):
         filled = rule_inputs(len(spec.vocab_ids), len(ids), *rules)
         feed = dict(zip(INPUTS, (np.ascontiguousarray(a) for a in (ids, lengths, exclude, *filled))))
-        feed[K_INPUT] = np.array([top if k is None else min(k, top)], dtype=np.int64)
+        if takes_k:
+            feed[K_INPUT] = np.array([top if k is None else min(k, top)], dtype=np.int64)
         top_ids, scores = session.run(list(OUTPUTS), feed)
-        return top_ids, scores
+        return (top_ids, scores) if takes_k or k is None else (top_ids[:, :k], scores[:, :k])
 
     return run

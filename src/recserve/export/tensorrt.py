@@ -38,7 +38,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     trt = _torch_tensorrt()
     if not manifest.device.startswith("cuda"):
         raise ExportError("backend torch_tensorrt needs --device cuda")
-    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).cuda()
+    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision, manifest.explore_new).cuda()
     length, width = spec.window - 1, len(spec.vocab_ids) + 2
     inputs = [
         trt.Input(min_shape=(1, 1), opt_shape=(OPT_BATCH, length), max_shape=(MAX_BATCH, length), dtype=torch.int64),

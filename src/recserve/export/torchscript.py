@@ -31,7 +31,7 @@ PORTABLE = True  # a traced graph: torch.jit.load maps it to the serving device
 
 def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) -> dict:
     device = manifest.device
-    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision).to(device)
+    graph = build_graph(run_dir, spec, manifest.max_k, manifest.precision, manifest.explore_new).to(device)
     example = example_inputs(spec, batch=4, length=spec.window - 1, device=device)
     added: dict = {"seed_model": SEED_TORCHSCRIPT_FILE}
     with torch.inference_mode(), warnings.catch_warnings():

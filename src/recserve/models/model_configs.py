@@ -42,6 +42,11 @@ class ModelConfig:
         return cls(**(cls.BEFORE_FIELDS | raw))
 
 
+ITEM_ATTRIBUTES = True
+ITEM_ATTRIBUTES_HELP = (
+    "learn an item as its ID plus its attributes (the item table's, where it has any): an item no training "
+    "event holds is then ranked by its attributes"
+)
 SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median: sparse (Amazon-like) data
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 
@@ -82,6 +87,9 @@ class Bert4RecConfig(ModelConfig):
     dropout: float = option(0.2, "dropout on embeddings, attention and feed-forward outputs")
     # the paper: 0.2 on MovieLens, 0.4 on Steam
     mask_prob: float = option(0.4, "Cloze masking probability")
+    item_attributes: bool = option(ITEM_ATTRIBUTES, ITEM_ATTRIBUTES_HELP)
+    attribute_columns: int = 0  # set from the item table by the trainer: the attributes learned
+    attribute_rows: int = 0  # their table's rows (models.attribute_codes)
 
     def validate(self) -> None:
         problems = transformer_problems(self)
@@ -118,6 +126,9 @@ class SASRecConfig(ModelConfig):
     ligr: bool = option(
         False, "LiGR blocks (eSASRec's): each residual branch gated by a sigmoid of its input, a SwiGLU feed-forward"
     )
+    item_attributes: bool = option(ITEM_ATTRIBUTES, ITEM_ATTRIBUTES_HELP)
+    attribute_columns: int = 0  # set from the item table by the trainer: the attributes learned
+    attribute_rows: int = 0  # their table's rows (models.attribute_codes)
 
     def validate(self) -> None:
         problems = transformer_problems(self)

@@ -17,6 +17,7 @@ from torch import nn
 
 from recserve.constants import NATIVE_PAD_ID, PAD_INDEX
 from recserve.data.vocab import lookup_table, use_lookup_table
+from recserve.errors import ConfigError
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.multvae import MultVAE
 from recserve.models.sasrec import SASRec
@@ -114,6 +115,49 @@ def top_k_of_lists(
     return torch.where(keeps, best, top_scores), torch.where(keeps, best_indices, top_indices)
 
 
+def explore_slots(share: float, width: int) -> list[int]:
+    """The answer's columns (0-based, of ``width``) that exploration gives to new items: every ``1 / share``-th,
+    so the first k columns of an answer hold ``floor(share * k)`` of them whatever the k a request asks."""
+    if share <= 0:
+        return []
+    return [column for column in range(width) if int((column + 1) * share + 1e-9) > int(column * share + 1e-9)]
+
+
+def explored_top(
+    scores: torch.Tensor, width: int, new_items: torch.Tensor, slots: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top ``width`` of each row with ``count`` of its columns (``slots``) reserved for the best-scored new
+    items: Personalize's exploration, one graph (no data-dependent shape).
+
+    The other columns take the best of every other item in order. A row whose rules leave fewer new items than
+    its slots fills the rest of them from the other items, so no answer holds a gap before its end.
+
+    Args:
+        scores: (B, V) scores, -inf where an item may not be answered.
+        new_items: (V,) bool, the items that no training event holds.
+        slots: (width,) bool, the reserved columns (``explore_slots``); ``count`` of them are True.
+
+    Returns:
+        (B, width) scores and indices; the reserved columns' scores are the new items' own.
+    """
+    new_scores, new_indices = scores.masked_fill(~new_items, float("-inf")).topk(count, dim=1)  # (B, n)
+    found = new_scores > float("-inf")
+    # the chosen new items leave the others' ranking; a slot without one is filled from it
+    chosen = torch.where(found, new_indices, PAD_INDEX)  # an unfound one is any -inf item: leave the rest whole
+    rest_scores, rest_indices = scores.scatter(1, chosen, float("-inf")).topk(width, dim=1)  # (B, width)
+    reserved = F.pad(found, (0, width - count), value=False)  # (B, width): the j-th slot takes the j-th new item
+    order = slots.long().cumsum(0) - 1  # (width,): which reserved slot each column is, -1 before the first
+    taken = slots[None, :] & reserved.gather(1, order.clamp(min=0).expand_as(reserved))  # (B, width)
+    from_new = taken.long().cumsum(1) - 1
+    from_rest = (~taken).long().cumsum(1) - 1
+    pick_new = lambda t: F.pad(t, (0, width - count)).gather(1, from_new.clamp(min=0))  # noqa: E731
+    pick_rest = lambda t: t.gather(1, from_rest.clamp(min=0))  # noqa: E731
+    return (
+        torch.where(taken, pick_new(new_scores), pick_rest(rest_scores)),
+        torch.where(taken, pick_new(new_indices), pick_rest(rest_indices)),
+    )
+
+
 @torch.jit.script_if_tracing
 def _rule_scores_on_host(
     scores: torch.Tensor,
@@ -149,7 +193,11 @@ class TopKHead(nn.Module):
     popular_indices: torch.Tensor
     popularity: torch.Tensor
 
-    def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, popularity: np.ndarray, max_k: int):
+    def __init__(
+        self, encoder: Bert4Rec | SASRec | MultVAE, popularity: np.ndarray, max_k: int, explore_new: float = 0.0
+    ):
+        """explore_new: the share of the answer's columns reserved for the best-scored new items (items no
+        training event holds, which a model with attributes ranks by them: ``explored_top``); 0: none."""
         super().__init__()
         encoder.prepare_inference()  # a serving graph's weights are final
         self.encoder = encoder
@@ -160,10 +208,31 @@ class TopKHead(nn.Module):
         special[[PAD_INDEX, cfg.mask_index]] = float("-inf")  # added to every score: never recommended
         self.register_buffer("special", special, persistent=False)
         pop = torch.log1p(torch.as_tensor(popularity, dtype=torch.float32)) + special
-        popular_scores, popular_indices = pop.topk(self.max_k)  # the answer to a history of no known item
+        self.register_buffer("popularity", pop, persistent=False)  # (V,): the same, before a rule's mask
+        self.explore_new = explore_new
+        self.slots = explore_slots(explore_new, self.max_k)
+        new_items = getattr(encoder, "untrained", None)
+        if self.slots and (new_items is None or not bool(new_items.any())):
+            raise ConfigError(
+                f"explore_new={explore_new}: the run has no new items to explore (items that no training event "
+                "holds, ranked by their attributes); train with --item-attributes on data with an item table"
+            )
+        slot_mask = torch.zeros(self.max_k, dtype=torch.bool)
+        slot_mask[self.slots] = True
+        self.register_buffer("new_items", new_items if self.slots else None, persistent=False)
+        self.register_buffer("slot_mask", slot_mask, persistent=False)
+        # the answer to a history of no known item, explored as every other answer is
+        popular_scores, popular_indices = (top[0] for top in self.top_k(pop[None], self.max_k))
         self.register_buffer("popular_scores", popular_scores, persistent=False)
         self.register_buffer("popular_indices", popular_indices, persistent=False)
-        self.register_buffer("popularity", pop, persistent=False)  # (V,): the same, before a rule's mask
+
+    def top_k(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top ``k`` scores and indices of each row of (B, V) ``scores``, with exploration's columns where
+        the graph explores (``explored_top``)."""
+        count = sum(1 for column in self.slots if column < k)
+        if not count or self.new_items is None:
+            return scores.topk(k, dim=1)
+        return explored_top(scores, k, self.new_items, self.slot_mask[:k], count)
 
     def scores(
         self,
@@ -249,8 +318,8 @@ class TopKHead(nn.Module):
         """The top ``k`` (at most ``max_k``) scores (B, k) float32 and vocabulary indices (B, k) int64, best
         first; under ``allowed`` (B, V), only the items it lets through (fewer than k score -inf)."""
         if allowed is None:
-            return self.popular(tokens, *self.scores(tokens, exclude_seen).topk(k, dim=1))
-        top_scores, top_indices = self.scores(tokens, exclude_seen, allowed).topk(k, dim=1)
+            return self.popular(tokens, *self.top_k(self.scores(tokens, exclude_seen), k))
+        top_scores, top_indices = self.top_k(self.scores(tokens, exclude_seen, allowed), k)
         return top_scores.float(), top_indices
 
     def forward(
@@ -287,7 +356,14 @@ class InferenceGraph(nn.Module):
     lut: torch.Tensor | None
     index_to_id: torch.Tensor
 
-    def __init__(self, encoder: Bert4Rec | SASRec | MultVAE, item_ids: np.ndarray, popularity: np.ndarray, max_k: int):
+    def __init__(
+        self,
+        encoder: Bert4Rec | SASRec | MultVAE,
+        item_ids: np.ndarray,
+        popularity: np.ndarray,
+        max_k: int,
+        explore_new: float = 0.0,
+    ):
         """
         Args:
             encoder: a trained BERT4Rec, or a Mult-VAE (which reads the history as a bag of items and ignores
@@ -296,9 +372,10 @@ class InferenceGraph(nn.Module):
                 sparse integer IDs for backends without a search operator).
             popularity: (N + 2,) interaction counts by index, for histories with no known item.
             max_k: the most items a request can ask for.
+            explore_new: the share of the answer reserved for new items (``TopKHead``).
         """
         super().__init__()
-        self.head = TopKHead(encoder, popularity, max_k)
+        self.head = TopKHead(encoder, popularity, max_k, explore_new)
         self.window = encoder.cfg.window
         self.mask_index = encoder.cfg.mask_index
         item_ids = np.asarray(item_ids, dtype=np.int64)
@@ -422,9 +499,9 @@ class NativeGraph(nn.Module):
         return F.pad(indices, (0, 1), value=g.mask_index), unknown
 
     def _top(self, scores: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dynamic_k:
+        if self.dynamic_k and not self.fused.head.slots:  # exploration's columns are laid out for max_k
             return _top_k(scores, k, self.max_k)
-        return scores.topk(self.max_k, dim=1)
+        return self.fused.head.top_k(scores, self.max_k)
 
     def _answer(
         self, top_scores: torch.Tensor, top_indices: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None

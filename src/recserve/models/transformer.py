@@ -9,13 +9,16 @@ fast path is the same for both.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
+from recserve.models.attribute_codes import AttributeCodes
 
 SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
 
@@ -206,6 +209,46 @@ class Block(nn.Module):
         return self._residual(1, x, self.ffn(self.ln2(x)))
 
 
+class ItemAttributeEmbedding(nn.Module):
+    """An item as its ID plus its attributes (``--item-attributes``): one table of attribute rows
+    (``models.attribute_codes``), summed per item beside the item's own embedding.
+
+    An item no training event holds (``trained`` False: new in the catalogue) is its attributes alone: its ID
+    row and bias are never trained (the training loss leaves it out), so its vector is the attributes' sum
+    and its bias the trained items' mean. ``ItemTransformer.fold_attributes`` writes both into the plain item
+    table and bias for serving, so the served graph is the one every backend already runs.
+    """
+
+    codes: torch.Tensor
+    trained: torch.Tensor
+
+    def __init__(self, vocab_size: int, columns: int, rows: int, hidden: int):
+        super().__init__()
+        self.table = nn.Embedding(rows, hidden, padding_idx=0)
+        self.register_buffer("codes", torch.zeros(vocab_size, columns, dtype=torch.long))  # (V, A)
+        self.register_buffer("trained", torch.ones(vocab_size, dtype=torch.bool))  # (V,)
+
+    def set_codes(self, codes: AttributeCodes, trained: np.ndarray) -> None:
+        """codes: the catalogue's (``attribute_codes``); trained: (V,) bool, items with a training event
+        (padding and the mask token count as trained: they keep their own rows)."""
+        with torch.no_grad():
+            self.codes.copy_(torch.as_tensor(codes.codes.T))
+            self.trained.copy_(torch.as_tensor(trained))
+
+    def vectors(self, own: torch.Tensor) -> torch.Tensor:
+        """own: (V, H) the ID embeddings. Returns (V, H): each item's ID row (none for a new item) plus its
+        attributes' rows."""
+        attributes = F.embedding_bag(self.codes, self.table.weight, mode="sum", padding_idx=0)
+        return torch.where(self.trained[:, None], own, 0.0) + attributes.to(own.dtype)
+
+    def bias(self, own: torch.Tensor) -> torch.Tensor:
+        """own: (V,) the output bias. Returns it with every new item's the trained items' mean."""
+        trained = self.trained.clone()
+        trained[[0, -1]] = False  # padding and the mask token: -inf in every answer anyway
+        mean = (own * trained).sum() / trained.sum().clamp(min=1)
+        return torch.where(self.trained, own, mean)
+
+
 class ItemTransformer(nn.Module):
     """Embeddings, blocks and the tied output layer; subclasses choose the attention and the head.
 
@@ -226,7 +269,13 @@ class ItemTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden)
         self.head = head  # applied before the tied projection
         self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        columns = getattr(cfg, "attribute_columns", 0)
+        self.attributes = (
+            ItemAttributeEmbedding(cfg.vocab_size, columns, cfg.attribute_rows, cfg.hidden) if columns else None
+        )
         self.apply(self._init)
+        if self.attributes is not None:
+            nn.init.zeros_(self.attributes.table.weight[0])  # "none": no attribute
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -241,7 +290,8 @@ class ItemTransformer(nn.Module):
         # Triton's PyTorch backend runs one traced graph on every GPU
         length = tokens.shape[1]
         positions = self.pos_emb.weight[self.cfg.window - length :]  # (L, H): the last L positions
-        x = self.drop(self.emb_norm(self.item_emb(tokens) + positions))
+        items = self.item_emb(tokens) if self.attributes is None else F.embedding(tokens, self.item_vectors())
+        x = self.drop(self.emb_norm(items + positions))
         keep = tokens[:, :-1] != PAD_INDEX
         keep = torch.cat([keep, torch.ones_like(tokens[:, -1:], dtype=torch.bool)], 1)  # the last attends itself
         return x, keep[:, None, None, :]
@@ -278,8 +328,33 @@ class ItemTransformer(nn.Module):
     def tied_output(self, query: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         """query: (..., H), after the head. Returns the output layer's scores (..., N + 2): the product with
         the item embeddings, plus the output bias unless ``with_bias`` is False."""
-        product = query @ self.item_emb.weight.T
-        return product + self.out_bias if with_bias else product
+        product = query @ self.item_vectors().T
+        return product + self.item_bias() if with_bias else product
+
+    def item_vectors(self) -> torch.Tensor:
+        """(V, H): the item table that inputs embed and the output layer scores against; with attributes
+        (``ItemAttributeEmbedding``), each item's ID row plus its attributes' rows."""
+        own = self.item_emb.weight
+        return own if self.attributes is None else self.attributes.vectors(own)
+
+    def item_bias(self) -> torch.Tensor:
+        """(V,): the output layer's bias; with attributes, a new item's the trained items' mean."""
+        return self.out_bias if self.attributes is None else self.attributes.bias(self.out_bias)
+
+    def fold_attributes(self) -> None:
+        """Writes the attributes into the plain item table and bias (``item_vectors``, ``item_bias``) and drops
+        them: the same scores from a model of the plain shape, which every export backend serves."""
+        if self.attributes is None:
+            return
+        with torch.no_grad():
+            vectors, bias = self.item_vectors().clone(), self.item_bias().clone()
+            self.item_emb.weight.copy_(vectors)
+            self.out_bias.copy_(bias)
+        untrained = ~self.attributes.trained
+        untrained[[0, -1]] = False  # padding and the mask token are never answered
+        self.register_buffer("untrained", untrained, persistent=False)  # what serving may explore
+        self.attributes = None
+        self.cfg = replace(self.cfg, attribute_columns=0, attribute_rows=0)
 
     def query(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (B, L), the serving graph's input. Returns what the tied output layer scores, (B, H): the
@@ -293,6 +368,7 @@ class ItemTransformer(nn.Module):
 
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
+        self.fold_attributes()
         last = cast(Block, self.blocks[-1])
         if isinstance(last.qkv, nn.Linear):
             last.freeze_single_query()

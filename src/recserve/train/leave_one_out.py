@@ -161,7 +161,7 @@ def bias_apart(score_fn: ScoreFn, tokens: torch.Tensor) -> tuple[torch.Tensor, t
     product of its query with the item table, with no pass to add the bias; another function's scores and
     a zero bias."""
     if isinstance(score_fn, ItemTransformer):
-        return score_fn.tied_output(score_fn.query(tokens), with_bias=False), score_fn.out_bias.float()
+        return score_fn.tied_output(score_fn.query(tokens), with_bias=False), score_fn.item_bias().float()
     scores = score_fn(tokens)
     return scores, torch.zeros(scores.shape[1], dtype=torch.float32, device=scores.device)
 
@@ -344,8 +344,13 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     """
     import time
 
+    from pathlib import Path
+
+    from recserve.artifacts.item_table import read_attributes
     from recserve.data.datasets import load_prepared
+    from recserve.models.attribute_codes import attribute_codes
     from recserve.models.run_loader import load_run
+    from recserve.train.new_items import new_item_metrics
     from recserve.train.run_writer import data_check, trained_on
 
     data = load_prepared(data_dir)
@@ -360,13 +365,17 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     held = data.test()
     inputs, targets = held.inputs, held.targets
     counts = history_counts(inputs, data.vocab.size)
-    cold = history_counts(data.refit_train, data.vocab.size)[targets] == 0
+    trained_counts = history_counts(data.refit_train, data.vocab.size)  # the events before the test targets
+    cold = trained_counts[targets] == 0  # no earlier event holds the target
     ranker = Ranker(inputs, targets, counts, model.cfg.window, model.cfg.mask_index, device=device, seed=seed)
     started = time.perf_counter()
     ranks = ranker.ranks(model)
     elapsed_s = time.perf_counter() - started
     drawn = negatives_summary(ranker)
     popular = ranker.ranks(popularity_score_fn(counts, device))
+    codes = attribute_codes(read_attributes(Path(data_dir), data.vocab.num_items))
+    window, mask_index = model.cfg.window, model.cfg.mask_index
+    new = new_item_metrics(model, inputs, targets, trained_counts, codes, window, mask_index, device, seed)
     return {
         "test": {name: ranking_metrics(r) for name, r in ranks.items()},
         "popularity": {name: ranking_metrics(r) for name, r in popular.items()},
@@ -374,6 +383,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
         "split": data.info.get("split"),
         "cold_targets": {"users": int(cold.sum()), "share": round(float(cold.mean()), 4) if len(cold) else 0.0},
         "test_apart": {"model": metrics_apart(ranks, cold), "popularity": metrics_apart(popular, cold)},
+        "new_items": new,
         "repeated_targets": repeated_targets(inputs, targets, model.cfg.window),
         "sampled_negatives": drawn,
         "seed": seed,

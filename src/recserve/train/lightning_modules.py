@@ -7,15 +7,18 @@ so that importing recserve needs no Lightning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
 import torch
 
+from recserve.artifacts.item_table import read_attributes
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
+from recserve.models.attribute_codes import AttributeCodes, attribute_codes
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
 from recserve.models.multvae import MultVAE
 from recserve.models.registry import model_entry
@@ -58,6 +61,7 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
         if entry.dropout_from_data and "dropout" not in overrides:
             overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
         sequence_cfg = cast(Bert4RecConfig | SASRecConfig, entry.config(num_items=data.vocab.num_items, **overrides))
+        sequence_cfg = with_attribute_table(sequence_cfg, data)
         sequence_cfg.validate()
         protocol: dict[str, Any] = {"name": entry.protocol, "ranking": "full, seen items excluded"}
         return Task(sequence_cfg, SequenceModule(model, sequence_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
@@ -72,6 +76,20 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
         "ranking": "full, fed items excluded",
     }
     return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
+
+
+def with_attribute_table(cfg: Bert4RecConfig | SASRecConfig, data: PreparedData) -> Bert4RecConfig | SASRecConfig:
+    """``cfg`` with its attribute table's size where it learns the item table's attributes and the data has
+    any to learn from (``models.attribute_codes``); else with none."""
+    codes = data_attribute_codes(data) if cfg.item_attributes else None
+    if codes is None or not codes.rows:
+        return replace(cfg, attribute_columns=0, attribute_rows=0)
+    return replace(cfg, attribute_columns=len(codes.names), attribute_rows=codes.rows)
+
+
+def data_attribute_codes(data: PreparedData) -> AttributeCodes:
+    """The codes of a prepared data folder's item attributes over its vocabulary."""
+    return attribute_codes(read_attributes(Path(data.info["folder"]), data.vocab.num_items))
 
 
 def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
@@ -146,13 +164,22 @@ class SequenceModule(_DeviceBatchesModule):
         entry = model_entry(name)
         self.model = entry.module_class()(model_cfg)
         self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
+        self.trained = history_counts(train_seq, model_cfg.vocab_size) > 0  # (V,) items a training event holds
+        self.trained[[0, -1]] = True  # padding and the mask token keep their own rows
+        if self.model.attributes is not None:
+            self.model.attributes.set_codes(data_attribute_codes(data), self.trained)
         self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
         objective = cloze_loss if entry.task == "cloze" else next_item_loss
         self.step_loss = torch.compile(objective) if cfg.compile else objective
 
     def setup(self, stage: str) -> None:
         counts = history_counts(self.train_seq, self.model_cfg.vocab_size)
-        self.catalogue_loss = CatalogueLoss(self.loss_settings, counts, self.model_cfg.mask_index, self.device)
+        # with attributes, an item no training event holds is left out of every softmax: its ID row is never
+        # trained, and it is ranked by its attributes alone (models.transformer.ItemAttributeEmbedding)
+        untrained = ~self.trained if self.model.attributes is not None else None
+        self.catalogue_loss = CatalogueLoss(
+            self.loss_settings, counts, self.model_cfg.mask_index, self.device, left_out=untrained
+        )
         self.generator = torch.Generator(self.device).manual_seed(self.cfg.seed * 7919 + self.global_rank)
         valid = self.data.valid()
         self.ranker = Ranker(

@@ -29,9 +29,15 @@ class CatalogueLoss:
     """Per-position cross-entropy of queries against the item table (the model's tied output layer)."""
 
     def __init__(
-        self, settings: LossSettings, popularity: np.ndarray, mask_index: int, device: str | torch.device = "cpu"
+        self,
+        settings: LossSettings,
+        popularity: np.ndarray,
+        mask_index: int,
+        device: str | torch.device = "cpu",
+        left_out: np.ndarray | None = None,
     ):
-        """Args: popularity: (V,) training counts by index (padding and mask included, and ignored)."""
+        """Args: popularity: (V,) training counts by index (padding and mask included, and ignored);
+        left_out: (V,) bool, items no softmax holds (never drawn, never scored), or None."""
         if settings.name == "auto":
             raise ConfigError("CatalogueLoss needs a resolved loss; call LossSettings.resolve first")
         problems = settings.validate()  # again once resolved: auto may have become a sampled loss
@@ -40,6 +46,10 @@ class CatalogueLoss:
         self.settings, self.mask_index = settings, mask_index
         counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
         counts[[PAD_INDEX, mask_index]] = 0
+        self.left_out = None
+        if left_out is not None and left_out.any():
+            self.left_out = torch.as_tensor(np.flatnonzero(left_out), device=device)
+            counts[self.left_out] = 0
         self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
         uniform = (counts > 0).float()
         self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
@@ -84,6 +94,8 @@ class CatalogueLoss:
 
     def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
         special = torch.tensor([PAD_INDEX, self.mask_index], device=query.device)
+        if self.left_out is not None:
+            special = torch.cat([special, self.left_out])
         if exclude is not None:  # (C, R): every listed item but the target (padding is out already)
             exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
         return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude, self.settings.smoothing)

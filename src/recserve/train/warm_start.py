@@ -21,6 +21,11 @@ from recserve.errors import ConfigError
 from recserve.models.run_loader import load_config, model_name, read_weights
 
 
+# what a config takes from its data, not from its settings: another value does not refuse the run
+DATA_FIELDS = ("num_items", "attribute_columns", "attribute_rows")
+ATTRIBUTES_PREFIX, ATTRIBUTES_TABLE = "attributes.", "attributes.table.weight"
+
+
 def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarray, run: Path) -> dict:
     """Loads the weights of ``run`` into ``model`` (a fresh ``name`` model of ``model_cfg``, for the catalogue
     ``new_ids``), item rows looked up by ID. Returns what was carried: the run, and the items carried, new and
@@ -39,7 +44,7 @@ def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarra
     differ = [
         f"{key} {value} there, {getattr(model_cfg, key)} here"
         for key, value in asdict(old_cfg).items()
-        if key != "num_items" and value != getattr(model_cfg, key)
+        if key not in DATA_FIELDS and value != getattr(model_cfg, key)
     ]
     if differ:
         raise ConfigError(f"--warm-start {run}: other settings than this run's ({'; '.join(differ)}); train with those")
@@ -53,10 +58,14 @@ def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarra
     own = model.state_dict()
     carried = {}
     for key, value in state.items():
-        if key in own and own[key].shape != value.shape and value.shape[:1] == (len(old_ids) + 2,):
+        if key.startswith(ATTRIBUTES_PREFIX):  # the attributes' codes are this data's; their rows, where alike
+            if key in own:
+                carried[key] = value if key == ATTRIBUTES_TABLE and own[key].shape == value.shape else own[key]
+        elif key in own and own[key].shape != value.shape and value.shape[:1] == (len(old_ids) + 2,):
             carried[key] = _by_id(value, old_row)
         else:
             carried[key] = value
+    carried |= {key: value for key, value in own.items() if key.startswith(ATTRIBUTES_PREFIX) and key not in carried}
     try:
         model.load_state_dict(carried)
     except RuntimeError as err:

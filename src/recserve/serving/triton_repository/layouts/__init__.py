@@ -61,6 +61,7 @@ def write_repository(
         "precision": manifest.precision,
         "device": manifest.device,
         "max_k": manifest.max_k,
+        "explore_new": manifest.explore_new,
     }
     store = store_record(settings) if settings.session_store else None  # sessions' and hidden items' store
     record_layouts(repo, layouts, export, manifest.run, store, _recorded(settings), version)

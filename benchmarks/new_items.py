@@ -1,0 +1,125 @@
+"""New items on day one: ML-100K with its genres and years as the item table's attributes, a share of its films
+left out of training entirely, ranked by a model that learns items by their attributes (``--item-attributes``)
+against one that learns them by ID alone, and against two baselines that know only the attributes.
+
+For each seed, ``--new-share`` of the films (drawn uniformly) become new: every event on them is removed except a
+user's last event (the leave-one-out test target), so they are in the catalogue but no training event holds
+them. Both models are the real `recserve train` (the defaults otherwise) in its own process; the figures are
+each run's metrics.json:
+- ``new_items``: the test targets that are new films, each ranked among the new films alone (seen excluded, ties
+  against the target): the model, ``attribute_popularity`` (its genre's and year's training events) and
+  ``attribute_profile`` (the user's own history's genres and years, ties by popularity);
+- ``test_apart.model.warm``: the other targets' full-ranking NDCG@10, to see what attributes cost them.
+
+    python benchmarks/new_items.py --seeds 0,1,2 --out benchmarks/results/cpu-2core-new-items/new-items.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = {"attributes": "--item-attributes", "id_only": "--no-item-attributes"}
+
+
+def recserve(*args: str) -> float:
+    """Runs `recserve ARGS` and returns its wall time; raises with its error output on a failure."""
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "recserve.cli.main", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"recserve {' '.join(args)}: {result.stdout[-1500:]}{result.stderr[-1500:]}")
+    return time.perf_counter() - started
+
+
+def prepare(work: Path, seed: int, share: float) -> dict:
+    """Writes the log with the new films' earlier events removed, the item table, and the data folder."""
+    import polars as pl
+
+    from recserve.data.io import read_ml100k
+
+    frame, titles = read_ml100k()
+    assert titles is not None, "the ML-100K copy has no item file"
+    films = np.sort(frame["item_id"].unique().to_numpy())
+    rng = np.random.default_rng(seed)
+    new = rng.choice(films, size=round(share * len(films)), replace=False)
+    frame = frame.sort(["user_id", "timestamp"], maintain_order=True)
+    last = pl.int_range(pl.len()).over("user_id") == pl.len().over("user_id") - 1
+    kept = frame.filter(~pl.col("item_id").is_in(new.tolist()) | last)
+    folder = work / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    kept.write_csv(folder / "log.csv")
+    titles.select("item_id", "genre", "year").write_csv(folder / "films.csv")
+    recserve("data", str(folder / "log.csv"), "--items", str(folder / "films.csv"), "--out", str(folder / "data"))
+    info = json.loads((folder / "data" / "dataset.json").read_text())
+    return {"films": len(films), "new_films": len(new), "events": info["interactions"], "users": info["users"]}
+
+
+def one_seed(work: Path, seed: int, share: float, device: str, model: str) -> dict:
+    out: dict = {"seed": seed, "data": prepare(work, seed, share)}
+    data = work / f"seed-{seed}" / "data"
+    for name, flag in VARIANTS.items():
+        run = work / f"seed-{seed}" / name
+        seconds = recserve(
+            "train", "--data", str(data), "--out", str(run), "--seed", str(seed), "--device", device, "--model", model,
+            flag, "--overwrite",
+        )  # fmt: skip
+        metrics = json.loads((run / "metrics.json").read_text())
+        new = metrics.get("new_items") or {}
+        out[name] = {
+            "seconds": round(seconds, 1),
+            "new_items": new,
+            "others_ndcg@10": metrics["test_apart"]["model"]["warm"]["full"]["ndcg@10"],
+            "ndcg@10": metrics["test"]["full"]["ndcg@10"],
+        }
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """Means over the seeds, and the paired ratios the target reads."""
+
+    def mean(values) -> float:
+        return float(np.mean(list(values)))
+
+    attr = [r["attributes"] for r in rows]
+    ids = [r["id_only"] for r in rows]
+    hr = lambda run, who: run["new_items"][who]["hr@10"]  # noqa: E731
+    return {
+        "new_targets": mean(r["new_items"]["targets"] for r in attr),
+        "hr@10_among_new": {
+            "attributes": mean(hr(r, "model") for r in attr),
+            "id_only": mean(hr(r, "model") for r in ids),
+            "attribute_popularity": mean(hr(r, "attribute_popularity") for r in attr),
+            "attribute_profile": mean(hr(r, "attribute_profile") for r in attr),
+        },
+        "others_ndcg@10": {"attributes": mean(r["others_ndcg@10"] for r in attr),
+                           "id_only": mean(r["others_ndcg@10"] for r in ids)},  # fmt: skip
+        "others_ndcg_ratio_per_seed": [a["others_ndcg@10"] / i["others_ndcg@10"] for a, i in zip(attr, ids)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2", help="seeds: each draws its own new films and trains with it")
+    parser.add_argument("--new-share", type=float, default=0.1, help="share of the films left out of training")
+    parser.add_argument("--model", default="sasrec")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/recserve-new-items"))
+    parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    args = parser.parse_args()
+    rows = [one_seed(args.work, int(s), args.new_share, args.device, args.model) for s in args.seeds.split(",")]
+    result = {"model": args.model, "new_share": args.new_share, "device": args.device, "seeds": rows,
+              "summary": summary(rows)}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
