@@ -98,8 +98,10 @@ def summary(rows: list[dict]) -> dict:
             "attribute_popularity": mean(hr(r, "attribute_popularity") for r in attr),
             "attribute_profile": mean(hr(r, "attribute_profile") for r in attr),
         },
-        "others_ndcg@10": {"attributes": mean(r["others_ndcg@10"] for r in attr),
-                           "id_only": mean(r["others_ndcg@10"] for r in ids)},  # fmt: skip
+        "others_ndcg@10": {
+            "attributes": mean(r["others_ndcg@10"] for r in attr),
+            "id_only": mean(r["others_ndcg@10"] for r in ids),
+        },  # fmt: skip
         "others_ndcg_ratio_per_seed": [a["others_ndcg@10"] / i["others_ndcg@10"] for a, i in zip(attr, ids)],
     }
 

@@ -118,7 +118,9 @@ def test_the_training_softmax_leaves_new_items_out_never_scored_never_drawn():
     full(query, table, bias, targets).sum().backward()
     assert table.grad[[3, 7]].abs().sum() == 0 and bias.grad[[3, 7]].abs().sum() == 0
     assert table.grad[[8, 9]].abs().sum() > 0  # any other item is a negative
-    sampled = CatalogueLoss(LossSettings(name="sampled-uniform", negatives=4096), popularity, vocab - 1, left_out=left_out)
+    sampled = CatalogueLoss(
+        LossSettings(name="sampled-uniform", negatives=4096), popularity, vocab - 1, left_out=left_out
+    )
     drawn = sampled.draw(torch.Generator().manual_seed(0))
     assert not np.isin(drawn.numpy(), [3, 7]).any() and np.isin([8, 9], drawn.numpy()).all()
 
@@ -135,8 +137,9 @@ def test_evaluate_ranks_the_new_targets_among_the_new_items_beside_attribute_bas
 
 
 def test_without_attributes_the_model_learns_ids_alone(new_films, tmp_path):
-    from recserve.models.run_loader import load_run
     from tests.conftest import _train_tiny
+
+    from recserve.models.run_loader import load_run
 
     run = _train_tiny(new_films, tmp_path / "run", model="sasrec", item_attributes=False)
     model = load_run(run)
@@ -189,8 +192,9 @@ def test_an_export_that_explores_answers_new_items_at_its_columns_in_every_backe
 
 
 def test_explore_new_on_a_run_with_no_new_items_or_out_of_range_is_refused_in_one_line(vae_run, tmp_path):
-    result = _cli("export", "--run", str(vae_run), "--backend", "eager", "--explore-new", "0.1", "--out", str(tmp_path / "e"))
+    out = str(tmp_path / "e")
+    result = _cli("export", "--run", str(vae_run), "--backend", "eager", "--explore-new", "0.1", "--out", out)
     assert result.returncode == 1 and "no new items to explore" in result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr and not (tmp_path / "e").exists()
-    result = _cli("export", "--run", str(vae_run), "--explore-new", "1.5", "--out", str(tmp_path / "e"))
+    result = _cli("export", "--run", str(vae_run), "--explore-new", "1.5", "--out", out)
     assert result.returncode == 1 and "lies in [0, 1)" in result.stdout + result.stderr

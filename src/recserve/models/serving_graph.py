@@ -189,6 +189,8 @@ class TopKHead(nn.Module):
     """
 
     special: torch.Tensor
+    new_items: torch.Tensor | None
+    slot_mask: torch.Tensor
     popular_scores: torch.Tensor
     popular_indices: torch.Tensor
     popularity: torch.Tensor

@@ -343,7 +343,6 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     Each test user's input is their history before the target; popularity counts those inputs.
     """
     import time
-
     from pathlib import Path
 
     from recserve.artifacts.item_table import read_attributes

@@ -20,7 +20,6 @@ from recserve.constants import WEIGHTS_FILE
 from recserve.errors import ConfigError
 from recserve.models.run_loader import load_config, model_name, read_weights
 
-
 # what a config takes from its data, not from its settings: another value does not refuse the run
 DATA_FIELDS = ("num_items", "attribute_columns", "attribute_rows")
 ATTRIBUTES_PREFIX, ATTRIBUTES_TABLE = "attributes.", "attributes.table.weight"
