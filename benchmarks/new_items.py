@@ -3,15 +3,17 @@ left out of training entirely, ranked by a model that learns items by their attr
 against one that learns them by ID alone, and against two baselines that know only the attributes.
 
 For each seed, ``--new-share`` of the films (drawn uniformly) become new: every event on them is removed except a
-user's last event (the leave-one-out test target), so they are in the catalogue but no training event holds
-them. Both models are the real `recserve train` (the defaults otherwise) in its own process; the figures are
+user's last event (the leave-one-out test target), and the item table keeps every film in the catalogue
+(``recserve data --unseen-items``), so they are in the catalogue but no training event holds them. Both models are the real `recserve train` (the defaults otherwise) in its own process; the figures are
 each run's metrics.json:
 - ``new_items``: the test targets that are new films, each ranked among the new films alone (seen excluded, ties
   against the target): the model, ``attribute_popularity`` (its genre's and year's training events) and
   ``attribute_profile`` (the user's own history's genres and years, ties by popularity);
 - ``test_apart.model.warm``: the other targets' full-ranking NDCG@10, to see what attributes cost them.
 
-    python benchmarks/new_items.py --seeds 0,1,2 --out benchmarks/results/cpu-2core-new-items/new-items.json
+    python benchmarks/new_items.py --seeds 0,1,2 --out new-items.json
+    python benchmarks/new_items.py --log ml100k.csv --items ml100k-films.csv --device gpu --parallel 3 \
+        --out new-items.json
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+EPOCHS = 0  # --epochs: 0 trains with the defaults
 VARIANTS = {"attributes": "--item-attributes", "id_only": "--no-item-attributes"}
 
 
@@ -37,14 +41,17 @@ def recserve(*args: str) -> float:
     return time.perf_counter() - started
 
 
-def prepare(work: Path, seed: int, share: float) -> dict:
+def prepare(work: Path, seed: int, share: float, log: Path | None, items: Path | None) -> dict:
     """Writes the log with the new films' earlier events removed, the item table, and the data folder."""
     import polars as pl
 
-    from recserve.data.io import read_ml100k
+    from recserve.data.io import read_ml100k, read_table
 
-    frame, titles = read_ml100k()
-    assert titles is not None, "the ML-100K copy has no item file"
+    if log is None or items is None:
+        frame, titles = read_ml100k()
+        assert titles is not None, "the ML-100K copy has no item file"
+    else:
+        frame, titles = read_table(log), pl.read_csv(items)
     films = np.sort(frame["item_id"].unique().to_numpy())
     rng = np.random.default_rng(seed)
     new = rng.choice(films, size=round(share * len(films)), replace=False)
@@ -55,19 +62,29 @@ def prepare(work: Path, seed: int, share: float) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     kept.write_csv(folder / "log.csv")
     titles.select("item_id", "genre", "year").write_csv(folder / "films.csv")
-    recserve("data", str(folder / "log.csv"), "--items", str(folder / "films.csv"), "--out", str(folder / "data"))
+    recserve(  # the films no event names stay in the catalogue, as a shop's new items
+        "data",
+        str(folder / "log.csv"),
+        "--items",
+        str(folder / "films.csv"),
+        "--unseen-items",
+        "--out",
+        str(folder / "data"),
+    )
     info = json.loads((folder / "data" / "dataset.json").read_text())
     return {"films": len(films), "new_films": len(new), "events": info["interactions"], "users": info["users"]}
 
 
-def one_seed(work: Path, seed: int, share: float, device: str, model: str) -> dict:
-    out: dict = {"seed": seed, "data": prepare(work, seed, share)}
+def one_seed(
+    work: Path, seed: int, share: float, device: str, model: str, log: Path | None, items: Path | None
+) -> dict:
+    out: dict = {"seed": seed, "data": prepare(work, seed, share, log, items)}
     data = work / f"seed-{seed}" / "data"
     for name, flag in VARIANTS.items():
         run = work / f"seed-{seed}" / name
         seconds = recserve(
             "train", "--data", str(data), "--out", str(run), "--seed", str(seed), "--device", device, "--model", model,
-            flag, "--overwrite",
+            flag, "--overwrite", *(("--epochs", str(EPOCHS)) if EPOCHS else ()),
         )  # fmt: skip
         metrics = json.loads((run / "metrics.json").read_text())
         new = metrics.get("new_items") or {}
@@ -114,8 +131,20 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=Path, default=Path("/tmp/recserve-new-items"))
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument("--log", type=Path, help="the ML-100K log as CSV (default: the copy recserve reads)")
+    parser.add_argument("--items", type=Path, help="its films as CSV: item_id, genre, year (with --log)")
+    parser.add_argument("--parallel", type=int, default=1, help="seeds run at once (on a GPU they share it)")
+    parser.add_argument("--epochs", type=int, default=0, help="at most this many epochs (0: the defaults)")
     args = parser.parse_args()
-    rows = [one_seed(args.work, int(s), args.new_share, args.device, args.model) for s in args.seeds.split(",")]
+    global EPOCHS
+    EPOCHS = args.epochs
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with ThreadPoolExecutor(args.parallel) as pool:
+        rows = list(
+            pool.map(
+                lambda s: one_seed(args.work, s, args.new_share, args.device, args.model, args.log, args.items), seeds
+            )
+        )
     result = {"model": args.model, "new_share": args.new_share, "device": args.device, "seeds": rows,
               "summary": summary(rows)}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def new_films(tmp_path_factory) -> Path:
     """ML-100K with its genre and year as an item table; a tenth of the films keep only the events that are a
-    user's last (the test targets), so no training event holds them."""
+    user's last (the test targets), so no training event holds them, and every film stays in the catalogue
+    (``unseen_items``)."""
     import polars as pl
 
     from recserve.data.datasets import PrepareOptions, prepare
@@ -40,7 +41,9 @@ def new_films(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("new-films")
     frame.filter(~pl.col("item_id").is_in(new.tolist()) | last).write_csv(folder / "log.csv")
     titles.select("item_id", "genre", "year").write_csv(folder / "films.csv")
-    prepare(str(folder / "log.csv"), folder / "data", PrepareOptions(items=str(folder / "films.csv")))
+    prepare(
+        str(folder / "log.csv"), folder / "data", PrepareOptions(items=str(folder / "films.csv"), unseen_items=True)
+    )
     return folder / "data"
 
 

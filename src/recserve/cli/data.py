@@ -40,6 +40,13 @@ def data(
     items_id_col: Annotated[
         str | None, typer.Option(help="The item table's ID column (default: the log's, --item-col).")
     ] = None,
+    unseen_items: Annotated[
+        bool,
+        typer.Option(
+            help="With --items: the table's items that no event names join the catalogue (today's new items: a "
+            "model trained with --item-attributes ranks them by their attributes)."
+        ),
+    ] = False,
     columns: Columns = Columns(),
     split: SplitSettings = SplitSettings(),
 ) -> None:
@@ -57,6 +64,7 @@ def data(
         columns=columns,
         items=str(items) if items is not None else None,
         items_id_col=items_id_col,
+        unseen_items=unseen_items,
         split=split,
     )
     with console.status(f"preparing {source}"):

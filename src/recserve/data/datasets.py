@@ -34,6 +34,7 @@ class PrepareOptions:
     columns: Columns = field(default_factory=Columns)
     items: str | None = None  # the shop's item table (attributes by item ID), kept in items.parquet
     items_id_col: str | None = None  # the item table's ID column (None: the log's, ``columns.item``)
+    unseen_items: bool = False  # the item table's items that no event names join the catalogue
     split: SplitSettings = field(default_factory=SplitSettings)
 
     def validate(self) -> None:
@@ -44,6 +45,8 @@ class PrepareOptions:
                 f"min_user_interactions={self.min_user_interactions}: must be at least 3 "
                 "(one train, one validation and one test item)"
             )
+        if self.unseen_items and self.items is None:
+            problems.append("unseen_items needs an item table (--items) to take them from")
         if self.min_item_interactions < 1:
             problems.append(f"min_item_interactions={self.min_item_interactions}: must be at least 1")
         if problems:
@@ -113,7 +116,10 @@ def prepare(source: str, out: Path, options: PrepareOptions = PrepareOptions()) 
             f"{options.min_user_interactions}, min_item_interactions={options.min_item_interactions}, "
             f"rating_threshold={options.rating_threshold})"
         )
-    vocab = build_vocab(frame["item_id"].to_numpy())
+    listed = (
+        _unseen_ids(frame, options) if options.unseen_items else np.zeros(0, dtype=frame["item_id"].to_numpy().dtype)
+    )
+    vocab = build_vocab(np.concatenate([frame["item_id"].to_numpy(), listed]))
     frame = frame.sort(["user_id", "timestamp", "_row"])  # ties in time keep file order
     frame = frame.with_columns(pl.Series("index", vocab.lookup(frame["item_id"].to_numpy())))
     if options.split.kind == TIME:
@@ -188,6 +194,14 @@ def _split_by_time(frame: pl.DataFrame, options: PrepareOptions) -> tuple[pl.Dat
         "target": "each user's first event after the cut, every earlier event the history",
     }
     return users, frame.filter(ts <= test_cut), split
+
+
+def _unseen_ids(frame: pl.DataFrame, options: PrepareOptions) -> np.ndarray:
+    """The item table's IDs (of the log's ID type; others match no item) that the filtered log does not name."""
+    assert options.items is not None  # validate() holds it
+    table = read_item_table(Path(options.items), options.items_id_col or options.columns.item)
+    ids = table["item_id"].cast(frame["item_id"].dtype, strict=False).drop_nulls()
+    return ids.filter(~ids.is_in(frame["item_id"].implode())).unique().to_numpy()
 
 
 def _with_attributes(items: pl.DataFrame, path: Path, item_col: str) -> tuple[pl.DataFrame, dict]:
