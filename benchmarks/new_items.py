@@ -4,8 +4,9 @@ against one that learns them by ID alone, and against two baselines that know on
 
 For each seed, ``--new-share`` of the films (drawn uniformly) become new: every event on them is removed except a
 user's last event (the leave-one-out test target), and the item table keeps every film in the catalogue
-(``recserve data --unseen-items``), so they are in the catalogue but no training event holds them. Both models are the real `recserve train` (the defaults otherwise) in its own process; the figures are
-each run's metrics.json:
+(``recserve data --unseen-items``), so they are in the catalogue but no training event holds them. Both models
+are the real `recserve train` (the defaults otherwise) in its own process; the figures are each run's
+metrics.json:
 - ``new_items``: the test targets that are new films, each ranked among the new films alone (seen excluded, ties
   against the target): the model, ``attribute_popularity`` (its genre's and year's training events) and
   ``attribute_profile`` (the user's own history's genres and years, ties by popularity);
