@@ -4,6 +4,7 @@ share of the answer by exploration (``--explore-new``) in every export backend."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -183,10 +184,11 @@ def test_an_export_that_explores_answers_new_items_at_its_columns_in_every_backe
     spec = load_spec(attribute_run)
     graph = build_graph(attribute_run, spec, 100, "fp32", 0.1)
     plain = build_graph(attribute_run, spec, 100, "fp32", 0.0)
-    inputs = example_inputs(spec, batch=8, length=20, seed=1)
+    *inputs, included = example_inputs(spec, batch=8, length=20, seed=1)
+    inputs = (*inputs, torch.zeros_like(included))  # no row keeps to a list (a list's row explores none)
     with torch.no_grad():
-        explored_ids, _ = graph(*inputs[:3], *inputs[3:])
-        plain_ids, _ = plain(*inputs[:3], *inputs[3:])
+        explored_ids, _ = graph(*inputs)
+        plain_ids, _ = plain(*inputs)
     new_ids = set(spec.vocab_ids[np.flatnonzero(graph.head.new_items.numpy()) - 1].tolist())
     assert all(int(i) in new_ids for i in explored_ids[:, 9])  # column 9 of every answer: a new film
     for explored, plain_row in zip(explored_ids.tolist(), plain_ids.tolist()):
@@ -201,3 +203,32 @@ def test_explore_new_on_a_run_with_no_new_items_or_out_of_range_is_refused_in_on
     assert "Traceback" not in result.stdout + result.stderr and not (tmp_path / "e").exists()
     result = _cli("export", "--run", str(vae_run), "--explore-new", "1.5", "--out", out)
     assert result.returncode == 1 and "lies in [0, 1)" in result.stdout + result.stderr
+
+
+@pytest.mark.usefixtures("native_backends_built")
+def test_a_served_repository_that_explores_shows_a_new_film_in_every_tenth_column(attribute_run, tmp_path):
+    """The fused model (ONNX Runtime through the python model) and the native one (Triton's own ONNX Runtime
+    backend) of a repository written with --explore-new 0.1, on the real Triton."""
+    from tests.conftest import server_settings
+
+    from recserve.client import RecommenderClient
+    from recserve.export.graph import load_spec
+    from recserve.models.run_loader import load_run
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton_server.launcher import TritonServer
+
+    repo = tmp_path / "repo"
+    repository_from_run(attribute_run, repo, ("fused", "native"), backend="onnx", explore_new=0.1)
+    spec = load_spec(attribute_run)
+    record = json.loads((repo / "recserve.json").read_text())
+    assert all(export["explore_new"] == 0.1 for export in record["layouts"].values())
+    model = load_run(attribute_run)
+    model.prepare_inference()
+    new_ids = set(spec.vocab_ids[np.flatnonzero(model.untrained.numpy()) - 1].tolist())
+    with TritonServer(repo, server_settings()) as server:
+        for name in ("recommender", "recommender_native"):
+            with RecommenderClient(server.grpc_url, model=name) as client:
+                for history in ([1, 2, 3], [50, 181], [300]):
+                    answer = client.recommend(history, k=10)
+                    assert len(answer.item_ids) == 10 and int(answer.item_ids[9]) in new_ids, (name, history)
+                    assert len(set(answer.item_ids.tolist())) == 10

@@ -61,8 +61,7 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
     _export(graph, example, out / FILE, INPUTS, OUTPUTS, shapes, precision)
     # exploration lays its columns out over the whole answer (serving_graph.explored_top): it stays max_k wide
     explores = bool(manifest.explore_new)
-    if not explores:
-        _k_as_input(out / FILE)
+    (_max_k_wide if explores else _k_as_input)(out / FILE)
     added = {}
     reason = native_export.unsupported(spec)
     if reason is None:
@@ -70,7 +69,9 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         shapes = {name: {0: batch} for name in NATIVE_INPUTS}
         target = out / NATIVE_ONNX_FILE
         _export(NativeGraph(graph, dynamic_k=False), inputs, target, NATIVE_INPUTS, NATIVE_OUTPUTS, shapes, precision)
-        if not explores:
+        if explores:
+            _answer_to_batch_k(target, min(manifest.max_k, len(spec.vocab_ids)))
+        else:
             _k_from_batch(target)
         added["native_model"] = NATIVE_ONNX_FILE
     else:
@@ -148,13 +149,30 @@ def _retarget_top_k(path: Path, width: str, new_nodes: list, new_inputs: list) -
     if not any(constant in node.input for node in graph.node):
         for initializer in [i for i in graph.initializer if i.name == constant]:
             graph.initializer.remove(initializer)
-    for output in graph.output:
-        if len(output.type.tensor_type.shape.dim) > 1:
-            output.type.tensor_type.shape.dim[1].dim_param = K_INPUT
-    del graph.value_info[:]  # shape hints from the export, some of them with the old constant width
+    _width_unfixed(graph)
     nodes = list(new_nodes) + list(graph.node)  # topological order: what computes the width comes first
     del graph.node[:]
     graph.node.extend(nodes)
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
+
+
+def _width_unfixed(graph) -> None:
+    """The outputs' width a named dimension rather than the export's constant (a Triton config declares it -1),
+    and the export's shape hints dropped (some of them hold that constant)."""
+    for output in graph.output:
+        if len(output.type.tensor_type.shape.dim) > 1:
+            output.type.tensor_type.shape.dim[1].dim_param = K_INPUT
+    del graph.value_info[:]
+
+
+def _max_k_wide(path: Path) -> None:
+    """An answer that stays ``max_k`` wide (exploration's columns are laid out over all of it), declared of any
+    width as every other export's is."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    _width_unfixed(model.graph)
     onnx.save(model, str(path))
     onnx.checker.check_model(str(path))
 
@@ -170,17 +188,15 @@ def _k_as_input(path: Path) -> None:
     _retarget_top_k(path, K_INPUT, [], [onnx.helper.make_tensor_value_info(K_INPUT, onnx.TensorProto.INT64, [1])])
 
 
-def _k_from_batch(path: Path) -> None:
-    """The native graph selects the largest k of its batch, clipped to 1..max_k, instead of ``max_k``."""
-    import onnx
+def _batch_width_nodes(max_k: int) -> list:
+    """Nodes that compute ``native_width`` (int64 [1]): the largest k of the native graph's batch, clipped to
+    1..max_k."""
     from onnx import TensorProto, helper
 
-    model = onnx.load(str(path), load_external_data=False)
-    max_k = int(onnx.numpy_helper.to_array(_constant(model.graph, _top_k_node(model.graph).input[1])).reshape(-1)[0])
     const = lambda name, dims, value: helper.make_node(  # noqa: E731
         "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, dims, [value])
     )
-    nodes = [
+    return [
         helper.make_node("Cast", [K_INPUT], ["native_k64"], to=TensorProto.INT64),
         helper.make_node("ReduceMax", ["native_k64"], ["native_kmax"], keepdims=0),
         const("native_one", [], 1),
@@ -190,7 +206,41 @@ def _k_from_batch(path: Path) -> None:
         const("native_shape", [1], 1),
         helper.make_node("Reshape", ["native_k_clipped", "native_shape"], ["native_width"]),
     ]
-    _retarget_top_k(path, "native_width", nodes, [])
+
+
+def _k_from_batch(path: Path) -> None:
+    """The native graph selects the largest k of its batch, clipped to 1..max_k, instead of ``max_k``."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    max_k = int(onnx.numpy_helper.to_array(_constant(model.graph, _top_k_node(model.graph).input[1])).reshape(-1)[0])
+    _retarget_top_k(path, "native_width", _batch_width_nodes(max_k), [])
+
+
+def _answer_to_batch_k(path: Path, max_k: int) -> None:
+    """The native graph's answer (selected ``max_k`` wide: exploration's columns are laid out over all of it)
+    cut to the largest k of its batch, as ``_k_from_batch``'s is: a width Triton's config declares -1."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    nodes = _batch_width_nodes(max_k) + [
+        helper.make_node("Constant", [], ["native_zero"], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+        helper.make_node("Constant", [], ["native_axis"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+    ]
+    for output in graph.output:
+        if output.name not in NATIVE_OUTPUTS[:2]:  # the IDs and scores; the unknown IDs' count is one wide
+            continue
+        whole = f"{output.name}_max_k"
+        for node in graph.node:
+            node.output[:] = [whole if name == output.name else name for name in node.output]
+            node.input[:] = [whole if name == output.name else name for name in node.input]
+        nodes.append(helper.make_node("Slice", [whole, "native_zero", "native_width", "native_axis"], [output.name]))
+    graph.node.extend(nodes)
+    _width_unfixed(graph)
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def _constant(graph, name: str):
