@@ -232,3 +232,28 @@ def test_a_served_repository_that_explores_shows_a_new_film_in_every_tenth_colum
                     answer = client.recommend(history, k=10)
                     assert len(answer.item_ids) == 10 and int(answer.item_ids[9]) in new_ids, (name, history)
                     assert len(set(answer.item_ids.tolist())) == 10
+
+
+def test_a_warm_start_carries_the_attribute_rows_only_where_they_mean_the_same_values(attribute_run, new_films):
+    from dataclasses import replace
+
+    from recserve.data.datasets import load_prepared
+    from recserve.models.attribute_codes import AttributeCodes
+    from recserve.models.run_loader import load_config, load_run
+    from recserve.train.lightning_modules import data_attribute_codes
+    from recserve.train.warm_start import carry_by_id
+
+    old = load_run(attribute_run)
+    data = load_prepared(new_films)
+    codes, trained = data_attribute_codes(data), _trained(new_films)
+    for shuffled in (False, True):
+        model = old.__class__(load_config(attribute_run))
+        used = codes
+        if shuffled:  # the same shape, other meanings: genre's rows read in another order
+            order = np.random.default_rng(0).permutation(codes.codes.shape[1])
+            used = replace(codes, codes=codes.codes[:, order])
+        model.attributes.set_codes(AttributeCodes(used.codes, used.rows, used.names), trained)
+        carry_by_id(model, model.cfg, "sasrec", data.vocab.ids, attribute_run)
+        same = torch.equal(model.attributes.table.weight, old.attributes.table.weight)
+        assert same is not shuffled
+        assert torch.equal(model.attributes.codes, torch.as_tensor(used.codes.T))  # the new data's own

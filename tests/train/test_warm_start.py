@@ -28,7 +28,8 @@ def catalogues(tmp_path_factory):
     root = tmp_path_factory.mktemp("warm")
     log, _ = read_ml100k()
     folders = {}
-    for name, keep in (("old", log["item_id"] <= 1500), ("new", log["item_id"] > 100)):
+    shifted = (log["item_id"] > 100) & (log["item_id"] <= 1600)  # 1,500 items again: 100 gained, 100 lost
+    for name, keep in (("old", log["item_id"] <= 1500), ("new", log["item_id"] > 100), ("shifted", shifted)):
         log.filter(keep).write_csv(root / f"{name}.csv")
         args = ["data", str(root / f"{name}.csv"), "--out", str(root / name), "--time-col", "timestamp"]
         assert CliRunner().invoke(app, args).exit_code == 0
@@ -38,13 +39,15 @@ def catalogues(tmp_path_factory):
     return folders, root / "old-run"
 
 
-def test_each_item_keeps_its_own_rows_by_id_and_a_new_item_starts_from_the_mean(catalogues):
+@pytest.mark.parametrize("catalogue", ["new", "shifted"])  # shifted: of the old one's size, never carried by index
+def test_each_item_keeps_its_own_rows_by_id_and_a_new_item_starts_from_the_mean(catalogues, catalogue):
     folders, old_run = catalogues
-    old, new = load_prepared(folders["old"]), load_prepared(folders["new"])
+    old, new = load_prepared(folders["old"]), load_prepared(folders[catalogue])
     old_model = load_run(old_run)
     model = load_run(old_run).__class__(SASRecConfig(num_items=new.vocab.num_items, **SMALL))
     carried = carry_by_id(model, model.cfg, "sasrec", new.vocab.ids, old_run)
-    assert carried["items_carried"] == 1400 and carried["items_new"] == 182 and carried["items_dropped"] == 100
+    gained = {"new": 182, "shifted": 100}[catalogue]
+    assert carried["items_carried"] == 1400 and carried["items_new"] == gained and carried["items_dropped"] == 100
     old_rows = {int(i): n + 1 for n, i in enumerate(old.vocab.ids)}
     mean = old_model.item_emb.weight[1:-1].mean(0)
     for n, item in enumerate(new.vocab.ids.tolist(), 1):  # every item of the new catalogue, by its ID

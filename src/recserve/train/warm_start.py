@@ -1,9 +1,10 @@
 """Warm start by item ID: a run trained on an older catalogue carried over to a newer one, never by index.
 
-Each weight whose first dimension is the vocabulary (the item embeddings, the output bias) is rebuilt for the new
+Each weight whose rows are the vocabulary (the item embeddings, the output bias) is rebuilt for the new
 catalogue: an item the old run knew takes its old row (looked up by its ID in the old run's ``item_ids.npy``), a
-new item takes the old catalogue's mean row, and padding and the mask token keep theirs. Every other weight is
-carried as it is. A run of another model, or of other settings than the catalogue's size (window, hidden size,
+new item takes the old catalogue's mean row, and padding and the mask token keep theirs, whether or not the
+catalogue's size changed. The attributes' table (``--item-attributes``) is carried where its rows mean the same
+values in both; every other weight is carried as it is. A run of another model, or of other settings than the catalogue's size (window, hidden size,
 layers...), is refused in one line: its weights would not mean the same.
 """
 
@@ -22,7 +23,8 @@ from recserve.models.run_loader import load_config, model_name, read_weights
 
 # what a config takes from its data, not from its settings: another value does not refuse the run
 DATA_FIELDS = ("num_items", "attribute_columns", "attribute_rows")
-ATTRIBUTES_PREFIX, ATTRIBUTES_TABLE = "attributes.", "attributes.table.weight"
+ATTRIBUTES_PREFIX, ATTRIBUTES_TABLE, ATTRIBUTES_CODES = "attributes.", "attributes.table.weight", "attributes.codes"
+VOCABULARY_ROWS = ("item_emb.weight", "out_bias")  # a row an item: carried by item ID
 
 
 def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarray, run: Path) -> dict:
@@ -55,16 +57,12 @@ def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarra
         )
     old_row = _old_rows(old_ids, np.asarray(new_ids))  # (new vocab,) the old vocab row of each, -1 for a new item
     own = model.state_dict()
-    carried = {}
-    for key, value in state.items():
-        if key.startswith(ATTRIBUTES_PREFIX):  # the attributes' codes are this data's; their rows, where alike
-            if key in own:
-                carried[key] = value if key == ATTRIBUTES_TABLE and own[key].shape == value.shape else own[key]
-        elif key in own and own[key].shape != value.shape and value.shape[:1] == (len(old_ids) + 2,):
-            carried[key] = _by_id(value, old_row)
-        else:
-            carried[key] = value
-    carried |= {key: value for key, value in own.items() if key.startswith(ATTRIBUTES_PREFIX) and key not in carried}
+    carried = {
+        key: _by_id(value, old_row) if key in VOCABULARY_ROWS else value
+        for key, value in state.items()
+        if not key.startswith(ATTRIBUTES_PREFIX)
+    }
+    carried |= _attribute_state(state, own, old_row)
     try:
         model.load_state_dict(carried)
     except RuntimeError as err:
@@ -78,6 +76,22 @@ def carry_by_id(model: torch.nn.Module, model_cfg, name: str, new_ids: np.ndarra
         "items_new": len(new_ids) - kept,
         "items_dropped": len(old_ids) - kept,
     }
+
+
+def _attribute_state(state: dict, own: dict, old_row: np.ndarray) -> dict:
+    """The attributes' weights for the new catalogue: their codes and which items were trained are the new
+    data's own; the old run's table of attribute rows is carried where every item both catalogues hold has the
+    same codes in both (the rows mean the same values), else it trains again from its start."""
+    out = {key: value for key, value in own.items() if key.startswith(ATTRIBUTES_PREFIX)}
+    old_table, old_codes = state.get(ATTRIBUTES_TABLE), state.get(ATTRIBUTES_CODES)
+    if old_table is None or old_codes is None or ATTRIBUTES_TABLE not in out:
+        return out
+    new_codes = out[ATTRIBUTES_CODES]
+    shared = np.flatnonzero(old_row >= 0)
+    alike = old_table.shape == out[ATTRIBUTES_TABLE].shape and old_codes.shape[1:] == new_codes.shape[1:]
+    if alike and torch.equal(old_codes[torch.from_numpy(old_row[shared])], new_codes[torch.from_numpy(shared)]):
+        out[ATTRIBUTES_TABLE] = old_table
+    return out
 
 
 def _old_rows(old_ids: np.ndarray, new_ids: np.ndarray) -> np.ndarray:
