@@ -4,8 +4,8 @@ Each weight whose rows are the vocabulary (the item embeddings, the output bias)
 catalogue: an item the old run knew takes its old row (looked up by its ID in the old run's ``item_ids.npy``), a
 new item takes the old catalogue's mean row, and padding and the mask token keep theirs, whether or not the
 catalogue's size changed. The attributes' table (``--item-attributes``) is carried where its rows mean the same
-values in both; every other weight is carried as it is. A run of another model, or of other settings than the catalogue's size (window, hidden size,
-layers...), is refused in one line: its weights would not mean the same.
+values in both; every other weight is carried as it is. A run of another model, or of other settings than the
+catalogue's size (window, hidden size, layers...), is refused in one line: its weights would not mean the same.
 """
 
 from __future__ import annotations
