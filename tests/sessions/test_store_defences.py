@@ -342,9 +342,23 @@ def test_a_rotated_password_is_taken_up_by_the_next_connection_without_a_restart
         assert store.recent(["s"]) == [["1"]]
 
 
-def test_bad_input_to_the_store_and_events_commands_gets_one_line_and_no_traceback(store_dir, tmp_path):
+@pytest.fixture(scope="module")
+def int_catalogue_repo(tiny_export, tmp_path_factory) -> Path:
+    """A repository of ``tiny_export`` (an integer catalogue): what `events send --repo` reads the ID type of."""
+    from recserve.serving.triton_repository.layouts import write_repository
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
+
+    repo = tmp_path_factory.mktemp("events-repo") / "repo"
+    write_repository(tiny_export, repo, ("fused",), RepositorySettings(), 1)
+    return repo
+
+
+def test_bad_input_to_the_store_and_events_commands_gets_one_line_and_no_traceback(
+    store_dir, tmp_path, int_catalogue_repo
+):
     runner = CliRunner()
     store = ["--store", str(store_dir)]
+    typed = [*store, "--repo", str(int_catalogue_repo)]  # the IDs checked against an integer catalogue
     (tmp_path / "latin1.jsonl").write_bytes(b'{"session": "s", "item": "caf\xe9"}\n')
     (tmp_path / "a-file").write_text("x")
     cases = [
@@ -352,9 +366,11 @@ def test_bad_input_to_the_store_and_events_commands_gets_one_line_and_no_traceba
         (["events", "show", "x" * 257, *store], "over 256 characters"),
         (["events", "send", "--file", str(tmp_path / "missing.jsonl"), *store], "cannot read events"),
         (["events", "send", "--file", str(tmp_path / "latin1.jsonl"), *store], "not UTF-8"),
-        (["events", "send", *store, "--", "s", "--5"], "integers"),
-        (["events", "send", "s", "\u0663", *store], "integers"),
-        (["events", "send", "s", "99999999999999999999", *store], "integers"),
+        (["events", "send", *typed, "--", "s", "--5"], "integers"),
+        (["events", "send", "s", "\u0663", *typed], "integers"),
+        (["events", "send", "s", "99999999999999999999", *typed], "integers"),
+        (["events", "send", "s", "sku-1", *typed], "integers"),
+        (["events", "send", "s", "1", *store, "--repo", str(tmp_path)], "written by `recserve repo`"),
         (["store", "start", "--dir", str(tmp_path / "a-file" / "store")], "cannot hold the store's folder"),
     ]
     for args, message in cases:
@@ -363,6 +379,8 @@ def test_bad_input_to_the_store_and_events_commands_gets_one_line_and_no_traceba
         assert message in result.output, (args, result.output)
         assert "Traceback" not in result.output and not isinstance(result.exception, (ValueError, OSError)), args
     assert runner.invoke(app, ["events", "show", "s", *store]).output.startswith("no events")
+    # without a repository any ID the store's contract allows is stored: a served model drops the other type's
+    assert runner.invoke(app, ["events", "send", "s-any", "sku-1", "42", *store]).exit_code == 0
     assert json.loads((store_dir / "store.json").read_text())["prefix"] == "recserve:"
 
 

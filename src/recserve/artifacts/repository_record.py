@@ -53,6 +53,13 @@ def read_repository_info(repo: Path) -> dict:
     return info
 
 
+def catalogue_id_type(repo: Path) -> str | None:
+    """The item ID type ("int64" or "string") of the catalogue the repository's models serve, or None where its
+    record does not say (written by an older recserve)."""
+    types = {export.get("item_id_type") for export in read_repository_info(repo)["layouts"].values()} - {None}
+    return types.pop() if len(types) == 1 else None
+
+
 def has_record(repo: Path) -> bool:
     """Whether ``repo`` is a repository that ``recserve repo`` wrote."""
     return (Path(repo) / REPOSITORY_FILE).is_file()

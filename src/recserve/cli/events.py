@@ -44,6 +44,21 @@ def open_store(store: Path | None, password_env: str | None, id_type: str | None
     return SessionStore(StoreSettings.from_record(record, password=password_from_env(password_env)), id_type)
 
 
+def repository_id_type(repo: Path | None) -> str | None:
+    """The item ID type of ``repo``'s catalogue (None without a repository, or where its record does not say).
+
+    Raises:
+        typer.BadParameter: a folder that `recserve repo` did not write.
+    """
+    if repo is None:
+        return None
+    from recserve.artifacts.repository_record import catalogue_id_type, has_record
+
+    if not has_record(repo):
+        raise typer.BadParameter(f"{repo}: not a repository written by `recserve repo`", param_hint="--repo")
+    return catalogue_id_type(repo)
+
+
 def read_events(path: Path) -> tuple[list, list[int], list[tuple[int, str]]]:
     """Events of a JSON-lines file ({"session", "item", "time"?, "kind"?} a line): the events, the line
     number of each, and each unreadable line by its number with the reason."""
@@ -80,9 +95,14 @@ def send(
             "sent again with its event_id is stored once."
         ),
     ] = None,
-    string_ids: Annotated[
-        bool, typer.Option(help="The catalogue's IDs are strings (else integers: int64 in decimal, not -1).")
-    ] = False,
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            help="Check the item IDs against the type of this repository's catalogue (integers: int64 in decimal, "
+            "not -1; or strings); without it, any ID the store's contract allows is stored, and the served models "
+            "drop one of the other type as an unknown ID."
+        ),
+    ] = None,
     store: StoreOption = None,
     password_env: PasswordEnvOption = None,
 ) -> None:
@@ -99,7 +119,7 @@ def send(
             raise typer.BadParameter("no item IDs after the session", param_hint="ITEMS")
         events = [Event(session, item, kind=kind) for item in items]
         lines, errors, where = list(range(1, len(events) + 1)), [], "event"
-    with open_store(store, password_env, "string" if string_ids else "int64") as sessions:
+    with open_store(store, password_env, repository_id_type(repo)) as sessions:
         result = sessions.append(events)
     for number, problem in sorted(errors + [(lines[n], p) for n, p in result.errors]):
         err_console.print(f"[red]{where} {number}:[/] {problem}", highlight=False)

@@ -62,6 +62,7 @@ def write_repository(
         "device": manifest.device,
         "max_k": manifest.max_k,
         "explore_new": manifest.explore_new,
+        "item_id_type": manifest.item_id_type,
     }
     store = store_record(settings) if settings.session_store else None  # sessions' and hidden items' store
     record_layouts(repo, layouts, export, manifest.run, store, _recorded(settings), version)
