@@ -78,3 +78,39 @@ def test_each_roles_acl_line_is_the_one_docs_security_gives_and_allows_its_comma
     assert "%R~shop:items:*" in store_contract.acl_line("serving", "u", "0", "shop:")
     assert not {"zrange", "del", "get", "smembers"} & set(store_contract.ROLE_COMMANDS["writer"])
     assert "h:*" not in store_contract.ROLE_KEYS["operator"]
+
+
+# What store contract version 1 published (docs/integration.md): a change to any of these is a new version
+PUBLISHED = {
+    1: {
+        "HISTORY_KEY": "{prefix}h:{session}",
+        "HIDDEN_KEY": "{prefix}items:hidden",
+        "HIDDEN_VERSION_KEY": "{prefix}items:version",
+        "HIDDEN_CHANGES_KEY": "{prefix}items:changes",
+        "HIDDEN_CHANGES_KEPT": 1024,
+        "HIDDEN_CHANGE_MAX_ITEMS": 1000,
+        "HIDE": "+",
+        "SHOW": "-",
+        "WHOLE_SET": "=",
+        "WHOLE_SET_ITEM": "*",
+        "MEMBER_SEPARATOR": " ",
+        "MAX_SESSION_ID": 256,
+        "MAX_ITEM_ID": 256,
+        "EVENT_ID_PATTERN": r"[A-Za-z0-9._:-]{1,64}",
+        "INTEGER_ID_PATTERN": r"0|-?[1-9][0-9]{0,18}",
+    }
+}
+
+
+def test_the_store_contract_is_what_its_version_published():
+    """A key, member or ID rule changed without a new version (and its docs) fails here, naming it."""
+    version = store_contract.CONTRACT_VERSION
+    assert version in PUBLISHED, f"contract version {version}: add what it publishes to PUBLISHED and the docs"
+    for name, published in PUBLISHED[version].items():
+        value = getattr(store_contract, name)
+        value = value.pattern if isinstance(value, re.Pattern) else value
+        assert value == published, f"{name} changed under contract version {version}: raise CONTRACT_VERSION"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "integration.md").read_text()
+    assert f"## Store contract, version {version}" in docs
+    for key in ("h:SESSION", "items:hidden", "items:version", "items:changes"):
+        assert f"PREFIX {key}" in docs, key

@@ -19,6 +19,11 @@ import numpy as np
 
 from recserve.constants import NATIVE_PAD_ID
 
+# The contract's version, as docs/integration.md publishes it ("store contract, version N") for a team whose own
+# services write to the store: every key, member and ID rule below. A change to any of them raises it (and
+# tests/sessions/test_store_contract.py, which holds them to what version 1 published, is told so).
+CONTRACT_VERSION = 1
+
 HISTORY_KEY = "{prefix}h:{session}"  # one sorted set a session
 # the items hidden catalogue-wide (out of stock, withdrawn): a set of item IDs as the store keeps them, and a
 # counter raised with every change to it, which serving reads once a batch (and more only when it moved)
