@@ -257,3 +257,27 @@ def test_a_warm_start_carries_the_attribute_rows_only_where_they_mean_the_same_v
         same = torch.equal(model.attributes.table.weight, old.attributes.table.weight)
         assert same is not shuffled
         assert torch.equal(model.attributes.codes, torch.as_tensor(used.codes.T))  # the new data's own
+
+
+def test_id_dropout_teaches_some_trained_items_as_new_ones_in_training_alone():
+    from recserve.models.attribute_codes import AttributeCodes
+    from recserve.models.model_configs import SASRecConfig
+    from recserve.models.sasrec import SASRec
+
+    num_items, hidden = 200, 8
+    cfg = SASRecConfig(num_items=num_items, window=4, hidden=hidden, heads=1, layers=1, attribute_columns=1,
+                       attribute_rows=3, id_dropout=0.5)  # fmt: skip
+    model = SASRec(cfg)
+    codes = np.zeros((1, num_items + 2), dtype=np.int64)
+    codes[0, 1:-1] = 1 + np.arange(num_items) % 2
+    model.attributes.set_codes(AttributeCodes(codes, 3, ("kind",)), np.ones(num_items + 2, dtype=bool))
+    own = model.item_emb.weight
+    alone = model.attributes.table.weight[torch.as_tensor(codes[0])]  # each item's attributes alone
+    with torch.no_grad():
+        model.train()
+        vectors = model.item_vectors()
+        as_new = torch.isclose(vectors, alone).all(1)
+        assert 0.3 < float(as_new[1:-1].float().mean()) < 0.7  # about half, drawn afresh each call
+        assert not as_new[[0, -1]].any()  # padding and the mask token keep their rows
+        model.eval()
+        torch.testing.assert_close(model.item_vectors(), own + alone)  # serving never drops

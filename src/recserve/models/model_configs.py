@@ -47,6 +47,11 @@ ITEM_ATTRIBUTES_HELP = (
     "learn an item as its ID plus its attributes (the item table's, where it has any): an item no training "
     "event holds is then ranked by its attributes"
 )
+ID_DROPOUT = 0.0
+ID_DROPOUT_HELP = (
+    "with item attributes: the share of items that each training step scores by their attributes alone, as a "
+    "new item is (DropoutNet's cold-start training)"
+)
 SPARSE_MEDIAN_LENGTH = 20  # training histories shorter than this at the median: sparse (Amazon-like) data
 SPARSE_DROPOUT, DENSE_DROPOUT = 0.5, 0.2
 
@@ -88,11 +93,14 @@ class Bert4RecConfig(ModelConfig):
     # the paper: 0.2 on MovieLens, 0.4 on Steam
     mask_prob: float = option(0.4, "Cloze masking probability")
     item_attributes: bool = option(ITEM_ATTRIBUTES, ITEM_ATTRIBUTES_HELP)
+    id_dropout: float = option(ID_DROPOUT, ID_DROPOUT_HELP)
     attribute_columns: int = 0  # set from the item table by the trainer: the attributes learned
     attribute_rows: int = 0  # their table's rows (models.attribute_codes)
 
     def validate(self) -> None:
         problems = transformer_problems(self)
+        if not 0 <= self.id_dropout < 1:
+            problems.append(f"id_dropout={self.id_dropout}: must be in [0, 1)")
         if not 0 < self.mask_prob < 1:
             problems.append(f"mask_prob={self.mask_prob}: must be in (0, 1)")
         refuse(problems, self.TITLE)
@@ -127,11 +135,14 @@ class SASRecConfig(ModelConfig):
         False, "LiGR blocks (eSASRec's): each residual branch gated by a sigmoid of its input, a SwiGLU feed-forward"
     )
     item_attributes: bool = option(ITEM_ATTRIBUTES, ITEM_ATTRIBUTES_HELP)
+    id_dropout: float = option(ID_DROPOUT, ID_DROPOUT_HELP)
     attribute_columns: int = 0  # set from the item table by the trainer: the attributes learned
     attribute_rows: int = 0  # their table's rows (models.attribute_codes)
 
     def validate(self) -> None:
         problems = transformer_problems(self)
+        if not 0 <= self.id_dropout < 1:
+            problems.append(f"id_dropout={self.id_dropout}: must be in [0, 1)")
         if self.attention_span < 0:
             problems.append(f"attention_span={self.attention_span}: must be 0 (every position) or more")
         refuse(problems, self.TITLE)

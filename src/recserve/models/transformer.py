@@ -222,8 +222,9 @@ class ItemAttributeEmbedding(nn.Module):
     codes: torch.Tensor
     trained: torch.Tensor
 
-    def __init__(self, vocab_size: int, columns: int, rows: int, hidden: int):
+    def __init__(self, vocab_size: int, columns: int, rows: int, hidden: int, id_dropout: float = 0.0):
         super().__init__()
+        self.id_dropout = id_dropout  # training: the share of items scored by their attributes alone, a step
         self.table = nn.Embedding(rows, hidden, padding_idx=0)
         self.register_buffer("codes", torch.zeros(vocab_size, columns, dtype=torch.long))  # (V, A)
         self.register_buffer("trained", torch.ones(vocab_size, dtype=torch.bool))  # (V,)
@@ -239,7 +240,12 @@ class ItemAttributeEmbedding(nn.Module):
         """own: (V, H) the ID embeddings. Returns (V, H): each item's ID row (none for a new item) plus its
         attributes' rows."""
         attributes = F.embedding_bag(self.codes, self.table.weight, mode="sum", padding_idx=0)
-        return torch.where(self.trained[:, None], own, 0.0) + attributes.to(own.dtype)
+        keep = self.trained
+        if self.training and self.id_dropout > 0:  # some trained items taught as a new one is served
+            dropped = torch.rand(keep.shape, device=keep.device) < self.id_dropout
+            dropped[[0, -1]] = False  # padding and the mask token keep their rows
+            keep = keep & ~dropped
+        return torch.where(keep[:, None], own, 0.0) + attributes.to(own.dtype)
 
     def bias(self, own: torch.Tensor) -> torch.Tensor:
         """own: (V,) the output bias. Returns it with every new item's the trained items' mean."""
@@ -271,7 +277,9 @@ class ItemTransformer(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         columns = getattr(cfg, "attribute_columns", 0)
         self.attributes = (
-            ItemAttributeEmbedding(cfg.vocab_size, columns, cfg.attribute_rows, cfg.hidden) if columns else None
+            ItemAttributeEmbedding(cfg.vocab_size, columns, cfg.attribute_rows, cfg.hidden, cfg.id_dropout)
+            if columns
+            else None
         )
         self.apply(self._init)
         if self.attributes is not None:
