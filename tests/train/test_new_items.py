@@ -84,6 +84,8 @@ def test_each_attribute_kind_becomes_rows_of_one_table_and_rare_or_missing_value
 
 
 def test_a_new_item_is_its_attributes_alone_and_scored_by_them(attribute_run, new_films):
+    from dataclasses import replace
+
     from recserve.models.run_loader import load_run
 
     model = load_run(attribute_run)
@@ -103,6 +105,9 @@ def test_a_new_item_is_its_attributes_alone_and_scored_by_them(attribute_run, ne
         after = model(tokens)
     assert model.attributes is None and bool(model.untrained[new].all()) and int(model.untrained.sum()) == len(new)
     torch.testing.assert_close(before, after)
+    plain = model.__class__(replace(model.cfg, item_attributes=False))  # served: the plain model's very shape
+    plain.prepare_inference()
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
     assert all(torch.equal(after[:, a], after[:, b]) for a, b in alike)  # no ID row: only attributes tell them apart
     assert any(not torch.allclose(after[:, a], after[:, b]) for a, b in unlike)
 
