@@ -10,7 +10,8 @@ the options of ``recserve recommend``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,54 @@ from recserve.option_fields import option
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+class Parameter:
+    """The parameters recserve writes into a model's config.pbtxt (each a string), by name: the repository's
+    layouts write them and ``config_parameters`` reads them back (the python models, the client's
+    ``NativeShape``); recserve's own backend reads ``BACKEND_PARAMETERS`` in C++ (native/triton-backend/src/
+    recserve.cc, held to these names by tests/serving/test_config_parameters.py)."""
+
+    WINDOW = "window"  # the seed layout's preprocessing: the model's input window
+    MAX_K = "max_k"  # echo, native: the largest k answered
+    PADDING_ID = "padding_id"  # native: the ID that pads a history
+    ITEM_ID_TYPE = "item_id_type"  # echo, events: the catalogue's ID type ("int64" or "string")
+    EXPORT_DIR = "export_dir"  # fused, session: the export's folder inside the version
+    RULES = "rules"  # fused, session: the rules the repository stores by name (JSON: name -> rule)
+    SESSION_STORE = "session_store"  # by session, events: the store's record (JSON, never a password)
+    # recserve's backend alone
+    HISTORY_LENGTH = "history_length"  # native_session: the histories' fixed length
+    RULES_FILE = "rules_file"  # native under rules: the rule bank's file in the version
+    HIDDEN_STORE = "hidden_store"  # native under rules: the store whose hidden items it reads
+    INTRA_OP_THREAD_COUNT = "intra_op_thread_count"  # threads an instance (CPUs)
+    STEP_SUMMARY_S = "step_summary_s"  # seconds between the batches' step summaries in the log (0: none)
+    WARMUP = "warmup"  # calls that warm each captured graph up before it serves
+    BUCKETS = "buckets"  # the batch sizes captured as CUDA graphs ("1,2,4,...")
+
+
+BACKEND_PARAMETERS = frozenset(
+    (
+        Parameter.PADDING_ID,
+        Parameter.MAX_K,
+        Parameter.SESSION_STORE,
+        Parameter.HISTORY_LENGTH,
+        Parameter.RULES_FILE,
+        Parameter.HIDDEN_STORE,
+        Parameter.INTRA_OP_THREAD_COUNT,
+        Parameter.STEP_SUMMARY_S,
+        Parameter.WARMUP,
+        Parameter.BUCKETS,
+    )
+)
+
+
+def config_parameters(config: str | Mapping) -> dict[str, str]:
+    """A model config's parameters by name, each its string value: from the JSON text Triton hands a python
+    model's ``initialize`` (``args["model_config"]``), or a config as a dict (HTTP's JSON, gRPC's ``as_json``,
+    either bare or under "config")."""
+    parsed: Mapping = json.loads(config) if isinstance(config, str) else config
+    parsed = parsed.get("config", parsed)
+    return {key: value.get("string_value") for key, value in (parsed.get("parameters") or {}).items()}
 
 
 @dataclass(frozen=True)
@@ -226,12 +275,12 @@ class NativeShape:
     def from_config(cls, config: dict) -> NativeShape | None:
         """From the model config as JSON (HTTP) or a dict of it (gRPC ``as_json``); None for python models."""
         config = config.get("config", config)
-        parameters = {key: value.get("string_value") for key, value in (config.get("parameters") or {}).items()}
-        if "padding_id" not in parameters:
+        parameters = config_parameters(config)
+        if Parameter.PADDING_ID not in parameters:
             return None
         dims = next(i["dims"] for i in config["input"] if i["name"] == INPUT_ITEM_IDS)
         rules = any(i["name"] == INPUT_RULE for i in config["input"])
-        padding, max_k = int(parameters["padding_id"]), int(parameters["max_k"])
+        padding, max_k = int(parameters[Parameter.PADDING_ID]), int(parameters[Parameter.MAX_K])
         return cls(int(dims[0]), padding, max_k, config["output"][0]["name"], rules)
 
     def history(self, ids: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Parameter
 from recserve.constants import NATIVE_ONNX_FILE, NATIVE_TORCHSCRIPT_FILE
 from recserve.errors import ServingError
 
@@ -65,7 +66,7 @@ def backend_parameters(platform: str, device: str) -> dict[str, str]:
     re-optimises the graph for every new batch size the batcher forms; recserve's backend never runs it),
     and on CPUs one thread an instance (the instances are the parallelism, as for the python models)."""
     if platform == RECSERVE_BACKEND:
-        return {"intra_op_thread_count": "1"} if device == "cpu" else {}
+        return {Parameter.INTRA_OP_THREAD_COUNT: "1"} if device == "cpu" else {}
     if platform == "pytorch_libtorch":
         # (INTER_OP_THREAD_COUNT is process-wide: a second instance setting it aborts the server)
         threads = {"INTRA_OP_THREAD_COUNT": "1"} if device == "cpu" else {}

@@ -18,7 +18,7 @@ import numpy as np
 from recserve.artifacts.catalogue import TRITON_DTYPES
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.item_table import ATTRIBUTES_FILE, read_attributes
-from recserve.artifacts.served import Contract, ServedLayout
+from recserve.artifacts.served import Contract, Parameter, ServedLayout
 from recserve.constants import ITEMS_FILE
 from recserve.errors import ConfigError, ServingError
 from recserve.files import replaced_on_success
@@ -31,7 +31,6 @@ from recserve.serving.triton_repository.pbtxt import (
     TritonModelConfig,
     to_pbtxt,
 )
-from recserve.serving.triton_repository.python_models.served_model import RULES_PARAMETER, STORE_PARAMETER
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 log = logging.getLogger(__name__)
@@ -113,8 +112,8 @@ def store_record(settings: RepositorySettings) -> dict:
 
 
 def store_parameter(settings: RepositorySettings) -> dict[str, str]:
-    """The config parameter that tells a python model its store (``served_model.STORE_PARAMETER``)."""
-    return {STORE_PARAMETER: json.dumps(store_record(settings), sort_keys=True)}
+    """The config parameter that tells a model its store (``Parameter.SESSION_STORE``)."""
+    return {Parameter.SESSION_STORE: json.dumps(store_record(settings), sort_keys=True)}
 
 
 def stored_rules(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, np.ndarray]:
@@ -157,12 +156,12 @@ def _compiled_rules(export_dir: str, num_items: int, rules: str, stamps: tuple) 
 
 
 def rules_parameter(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
-    """The config parameter of the rules stored by name (``served_model.RULES_PARAMETER``), each checked
+    """The config parameter of the rules stored by name (``Parameter.RULES``), each checked
     against the export's item attributes (``stored_rules``); none without ``settings.rules``."""
     if not settings.rules:
         return {}
     stored_rules(export_dir, manifest, settings)
-    return {RULES_PARAMETER: json.dumps(read_named_rules(Path(settings.rules)), sort_keys=True)}
+    return {Parameter.RULES: json.dumps(read_named_rules(Path(settings.rules)), sort_keys=True)}
 
 
 def python_parameters(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> dict[str, str]:
@@ -172,7 +171,7 @@ def python_parameters(export_dir: Path, manifest: ExportManifest, settings: Repo
             "--response-cache would answer from before a hide (recserve items hide): leave it off with a session store"
         )
     store = store_parameter(settings) if settings.session_store else {}
-    return {"export_dir": EXPORT_SUBDIR} | rules_parameter(export_dir, manifest, settings) | store
+    return {Parameter.EXPORT_DIR: EXPORT_SUBDIR} | rules_parameter(export_dir, manifest, settings) | store
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Parameter
 from recserve.constants import ECHO_MODEL
 from recserve.serving.triton_repository.layouts.common import (
     Layout,
@@ -20,7 +21,7 @@ from recserve.serving.triton_repository.repository_settings import RepositorySet
 
 
 def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
-    parameters = {"max_k": str(manifest.max_k), "item_id_type": manifest.item_id_type}
+    parameters = {Parameter.MAX_K: str(manifest.max_k), Parameter.ITEM_ID_TYPE: manifest.item_id_type}
     python_model("echo", repo / ECHO_MODEL / str(version))
     write_config(
         repo / ECHO_MODEL, batched_config(ECHO_MODEL, served.recommender(id_type(manifest)), settings, parameters)

@@ -15,6 +15,7 @@ import numpy as np
 from recserve.artifacts import served
 from recserve.artifacts.catalogue import read_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Parameter
 from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, NATIVE_PAD_ID
 from recserve.errors import ServingError
 from recserve.files import replaced_on_success
@@ -83,20 +84,20 @@ def write_native_model(
     rules = ruled(manifest, settings)
     parameters = {
         **backend_parameters(backend[0] or backend[1], settings.device),
-        "padding_id": str(NATIVE_PAD_ID),
-        "max_k": str(min(manifest.max_k, manifest.num_items)),
-        **({"rules_file": RULE_BANK_FILE} if rules else {}),
+        Parameter.PADDING_ID: str(NATIVE_PAD_ID),
+        Parameter.MAX_K: str(min(manifest.max_k, manifest.num_items)),
+        **({Parameter.RULES_FILE: RULE_BANK_FILE} if rules else {}),
         **(extra or {}),
     }
-    if rules and settings.session_store and "session_store" not in parameters:  # hidden items, read there
-        parameters["hidden_store"] = json.dumps(store_record(settings), sort_keys=True)
+    if rules and settings.session_store and Parameter.SESSION_STORE not in parameters:  # hidden items, read there
+        parameters[Parameter.HIDDEN_STORE] = json.dumps(store_record(settings), sort_keys=True)
     if settings.step_summary_s:
         if backend[0] != RECSERVE_BACKEND:
             raise ServingError(
                 f"step_summary_s={settings.step_summary_s}: the batches' steps are logged by recserve's backend; "
                 f"this native model runs on {backend[0] or backend[1]} (--native-runtime recserve chooses it)"
             )
-        parameters["step_summary_s"] = str(settings.step_summary_s)
+        parameters[Parameter.STEP_SUMMARY_S] = str(settings.step_summary_s)
     instances = dataclasses.replace(settings, instance_count=settings.native_instances)
     write_config(repo / name, batched_config(name, model_contract, instances, parameters, backend))
     target = NATIVE_PLATFORMS[str(manifest.native_model)][1]

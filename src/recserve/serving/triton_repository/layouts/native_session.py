@@ -9,6 +9,7 @@ from pathlib import Path
 
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Parameter
 from recserve.constants import NATIVE_SESSION_MODEL
 from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record, stored_rules
 from recserve.serving.triton_repository.layouts.native import history_length, ruled, write_native_model
@@ -26,7 +27,7 @@ def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettin
 def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: RepositorySettings, version: int) -> None:
     on_recserve = dataclasses.replace(settings, native_runtime=RECSERVE_BACKEND)
     width = history_length(manifest)
-    parameters = store_parameter(settings) | {"history_length": str(width)}
+    parameters = store_parameter(settings) | {Parameter.HISTORY_LENGTH: str(width)}
     contract = served.native_by_session(width, ruled=ruled(manifest, on_recserve))
     write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, on_recserve, version, contract, parameters)
 

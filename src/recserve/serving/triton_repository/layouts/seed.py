@@ -9,7 +9,7 @@ from pathlib import Path
 from recserve.artifacts import served
 from recserve.artifacts.catalogue import copy_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
-from recserve.artifacts.served import TensorSpec
+from recserve.artifacts.served import Parameter, TensorSpec
 from recserve.constants import (
     SEED_ENSEMBLE,
     SEED_INDICES,
@@ -41,7 +41,7 @@ def _steps(manifest: ExportManifest, settings: RepositorySettings) -> tuple[Trit
         contract.inputs,
         (TensorSpec(SEED_TOKENS, "INT64", (1, -1)),),
         instance_groups=groups,
-        parameters={"window": str(manifest.window)},
+        parameters={Parameter.WINDOW: str(manifest.window)},
     )
     model = TritonModelConfig(  # the PoC's TorchScript model on Triton's PyTorch backend
         SEED_MODEL,

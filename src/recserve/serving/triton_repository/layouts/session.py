@@ -9,6 +9,7 @@ from pathlib import Path
 
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
+from recserve.artifacts.served import Parameter
 from recserve.constants import EVENTS_MODEL, SESSION_MODEL
 from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.layouts.common import (
@@ -22,7 +23,6 @@ from recserve.serving.triton_repository.layouts.common import (
     write_config,
     write_python_version,
 )
-from recserve.serving.triton_repository.python_models.served_model import ITEM_ID_TYPE_PARAMETER
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 
@@ -37,7 +37,7 @@ def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: Repo
         repo / SESSION_MODEL, batched_config(SESSION_MODEL, served.by_session(id_type(manifest)), settings, parameters)
     )
     write_python_version(repo / SESSION_MODEL, version, export_dir, "session")
-    events = store_parameter(settings) | {ITEM_ID_TYPE_PARAMETER: manifest.item_id_type}
+    events = store_parameter(settings) | {Parameter.ITEM_ID_TYPE: manifest.item_id_type}
     write_config(repo / EVENTS_MODEL, batched_config(EVENTS_MODEL, served.events(id_type(manifest)), settings, events))
     with replaced_on_success(repo / EVENTS_MODEL / str(version)) as staging:  # whole or not at all
         python_model("events", staging)

@@ -3,11 +3,10 @@
 The ceiling that the server stack (protocol, batching, python backend) allows, for benchmarks.
 """
 
-import json
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from recserve.artifacts.served import Parameter, config_parameters
 from recserve.constants import OUTPUT_ITEM_IDS, OUTPUT_SCORES, OUTPUT_UNKNOWN_IDS
 from recserve.data.vocab import as_bytes_ids
 from recserve.errors import RequestError
@@ -16,9 +15,9 @@ from recserve.serving.requests import parse_triton_request
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = json.loads(args["model_config"])["parameters"]
-        self.max_k = int(params["max_k"]["string_value"])
-        self.string_ids = params["item_id_type"]["string_value"] == "string"
+        parameters = config_parameters(args["model_config"])
+        self.max_k = int(parameters[Parameter.MAX_K])
+        self.string_ids = parameters[Parameter.ITEM_ID_TYPE] == "string"
         ids = np.arange(1, self.max_k + 1)
         self.ids = as_bytes_ids(ids.astype(str)) if self.string_ids else ids
         self.scores = np.linspace(1.0, 0.0, self.max_k, dtype=np.float32)

@@ -3,13 +3,13 @@
 The PoC's design, kept for compatibility and as the baseline: one request at a time, no batching.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from recserve.artifacts.catalogue import read_catalogue
+from recserve.artifacts.served import Parameter, config_parameters
 from recserve.constants import SEED_INPUT, SEED_TOKENS
 from recserve.data.vocab import Vocab
 
@@ -18,7 +18,7 @@ class TritonPythonModel:
     def initialize(self, args):
         folder = Path(args["model_repository"]) / args["model_version"]
         self.vocab = Vocab(read_catalogue(folder))
-        self.history_limit = int(json.loads(args["model_config"])["parameters"]["window"]["string_value"]) - 1
+        self.history_limit = int(config_parameters(args["model_config"])[Parameter.WINDOW]) - 1
 
     def execute(self, requests):
         responses = []

@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from recserve.artifacts.served import Parameter, config_parameters
 from recserve.serving.hidden_items import HiddenItems
 from recserve.serving.predictor import Predictor
 from recserve.serving.triton_repository.placement import instance_device
-
-RULES_PARAMETER = "rules"  # the rules stored by name (JSON: name -> rule), where the repository has any
-STORE_PARAMETER = "session_store"  # the session store's record (never a password), where it names one
-ITEM_ID_TYPE_PARAMETER = "item_id_type"  # the events model's: the catalogue's ID type (it loads no export)
 
 
 def load_served(args: dict):
@@ -21,14 +18,14 @@ def load_served(args: dict):
     from recserve.sessions.session_store import SessionStore
     from recserve.sessions.store_settings import StoreSettings
 
-    parameters = json.loads(args["model_config"])["parameters"]
-    value = lambda name: parameters[name]["string_value"] if name in parameters else None  # noqa: E731
-    folder = Path(args["model_repository"]) / args["model_version"] / str(value("export_dir"))
-    named = json.loads(value(RULES_PARAMETER) or "{}")
+    parameters = config_parameters(args["model_config"])
+    folder = Path(args["model_repository"]) / args["model_version"] / str(parameters.get(Parameter.EXPORT_DIR))
+    named = json.loads(parameters.get(Parameter.RULES) or "{}")
     predictor = Predictor.load(folder, instance_device(args), named)
-    if value(STORE_PARAMETER) is None:
+    if parameters.get(Parameter.SESSION_STORE) is None:
         return predictor, None, None
-    store = SessionStore(StoreSettings.from_record(json.loads(str(value(STORE_PARAMETER)))), predictor.id_type)
+    record = json.loads(parameters[Parameter.SESSION_STORE])
+    store = SessionStore(StoreSettings.from_record(record), predictor.id_type)
     return predictor, store, HiddenItems(store, predictor)
 
 
@@ -37,7 +34,7 @@ def load_store(args: dict):
     from recserve.sessions.session_store import SessionStore
     from recserve.sessions.store_settings import StoreSettings
 
-    parameters = json.loads(args["model_config"])["parameters"]
-    id_type = parameters[ITEM_ID_TYPE_PARAMETER]["string_value"]
-    record = json.loads(parameters[STORE_PARAMETER]["string_value"])
+    parameters = config_parameters(args["model_config"])
+    id_type = parameters[Parameter.ITEM_ID_TYPE]
+    record = json.loads(parameters[Parameter.SESSION_STORE])
     return SessionStore(StoreSettings.from_record(record), id_type), id_type
