@@ -34,7 +34,7 @@ PROBE = textwrap.dedent('''
 
     lightning_modules.SequenceModule.training_step = recording_step
     cfg = TrainConfig(epochs=1, batch_size=16, samples_per_user=2, device="cpu", devices=devices)
-    train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg)
+    train(data, out, {"window": 8, "hidden": 16, "dropout": 0.0}, cfg, model="bert4rec")
     rank = os.environ.get("LOCAL_RANK", "0")
     with open(f"{out}/batches-rank{rank}.json", "w") as f:
         json.dump({"batches": seen, "losses": losses}, f)

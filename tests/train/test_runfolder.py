@@ -18,7 +18,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def two_epoch_run(string_data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("reuse") / "run"
-    train(string_data_dir, out, SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    train(string_data_dir, out, SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"), model="bert4rec")
     return out
 
 
@@ -43,7 +43,7 @@ def test_the_run_names_its_data_folder_and_the_later_stages_find_it_there(two_ep
     shutil.copytree(string_data_dir, moved)
     run = tmp_path / "run"
     shutil.copytree(two_epoch_run, run)
-    train(moved, run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))  # the same run, resumed
+    train(moved, run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"), model="bert4rec")  # resumed
     assert data_folder_of(run) == moved.resolve()
 
 
@@ -55,18 +55,27 @@ def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, str
             two_epoch_run,
             SMALL | {"hidden": 32},
             TrainConfig(epochs=3, samples_per_user=1, device="cpu"),
+            model="bert4rec",
         )
     assert (two_epoch_run / WEIGHTS_FILE).read_bytes() == before  # nothing was touched
 
 
 def test_other_data_is_refused(two_epoch_run, ml100k_dir):
     with pytest.raises(ConfigError, match=r"data.items: 30 in the run, 1682 now"):
-        train(ml100k_dir, two_epoch_run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+        train(
+            ml100k_dir, two_epoch_run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"), model="bert4rec"
+        )
 
 
 def test_fewer_epochs_than_trained_says_so(two_epoch_run, string_data_dir):
     with pytest.raises(ConfigError, match="has trained 2 epochs and --epochs 1 asks for fewer; ask for more than 2"):
-        train(string_data_dir, two_epoch_run, SMALL, TrainConfig(epochs=1, samples_per_user=1, device="cpu"))
+        train(
+            string_data_dir,
+            two_epoch_run,
+            SMALL,
+            TrainConfig(epochs=1, samples_per_user=1, device="cpu"),
+            model="bert4rec",
+        )
 
 
 def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
@@ -95,7 +104,13 @@ def test_more_epochs_resume_the_same_run(string_data_dir, tmp_path):
 
 
 def test_overwrite_starts_afresh_and_records_the_new_settings(string_data_dir, tmp_path):
-    train(string_data_dir, tmp_path / "run", SMALL, TrainConfig(epochs=2, samples_per_user=1, device="cpu"))
+    train(
+        string_data_dir,
+        tmp_path / "run",
+        SMALL,
+        TrainConfig(epochs=2, samples_per_user=1, device="cpu"),
+        model="bert4rec",
+    )
     train(
         string_data_dir,
         tmp_path / "run",
@@ -120,7 +135,13 @@ def test_a_run_without_its_record_is_refused(two_epoch_run, string_data_dir, tmp
     shutil.copytree(two_epoch_run, tmp_path / "old")
     (tmp_path / "old" / RUN_FILE).unlink()
     with pytest.raises(ConfigError, match=f"without {RUN_FILE}"):
-        train(string_data_dir, tmp_path / "old", SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"))
+        train(
+            string_data_dir,
+            tmp_path / "old",
+            SMALL,
+            TrainConfig(epochs=3, samples_per_user=1, device="cpu"),
+            model="bert4rec",
+        )
 
 
 @pytest.mark.parametrize(

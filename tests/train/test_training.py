@@ -20,7 +20,7 @@ SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}
 
 def test_training_learns_a_planted_sequence_and_beats_popularity(string_data_dir, tmp_path):
     cfg = TrainConfig(epochs=25, samples_per_user=8, batch_size=64, lr=3e-3, patience=25, device="cpu", resume=False)
-    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg, model="bert4rec")
     for name in (WEIGHTS_FILE, MODEL_CONFIG_FILE, ITEM_TABLE_FILE, "curves.png"):
         assert (tmp_path / "run" / name).exists(), name
     result = evaluate_run(tmp_path / "run", string_data_dir)
@@ -55,7 +55,7 @@ def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_
 
     cfg = TrainConfig(epochs=4, samples_per_user=1, patience=4, device="cpu", resume=False)
     with pytest.raises(EvaluationError, match="validation after epoch 2: .* NaN or infinite score"):
-        train(string_data_dir, tmp_path / "run", SMALL, cfg, callbacks=[Diverge()])
+        train(string_data_dir, tmp_path / "run", SMALL, cfg, callbacks=[Diverge()], model="bert4rec")
     best = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)
     assert best["epoch"] == 0 and not (tmp_path / "run" / WEIGHTS_FILE).exists()
     assert all(torch.isfinite(v).all() for v in best["state_dict"].values())
@@ -64,7 +64,7 @@ def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_
 def test_same_seed_gives_the_same_weights(string_data_dir, tmp_path):
     cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu", resume=False)
     for name in ("a", "b"):
-        train(string_data_dir, tmp_path / name, SMALL, cfg)
+        train(string_data_dir, tmp_path / name, SMALL, cfg, model="bert4rec")
     a, b = load_run(tmp_path / "a").state_dict(), load_run(tmp_path / "b").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -98,7 +98,7 @@ def test_bad_settings_get_one_clear_error(ml100k_dir, tmp_path, model, cfg, erro
     if cfg.get("device") == "cuda" and torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(error, match=message):
-        train(ml100k_dir, tmp_path / "run", model, TrainConfig(**cfg))
+        train(ml100k_dir, tmp_path / "run", model, TrainConfig(**cfg), model="bert4rec")
 
 
 def test_a_folder_that_is_not_prepared_data_is_refused(tmp_path):
@@ -190,7 +190,7 @@ def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_
         assert refitted.tolist() == items[:-1].tolist()  # the validation item included, the test item not
         assert first.items[first.offsets[user] : first.offsets[user + 1]].tolist() == items[:-2].tolist()
     cfg = TrainConfig(epochs=3, samples_per_user=2, patience=3, device="cpu", resume=False, refit=True)
-    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg, model="bert4rec")
     assert summary["refit"]["epochs"] == summary["best_epoch"] + 1
     selected = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
     kept = torch.load(tmp_path / "run" / WEIGHTS_FILE, weights_only=True)

@@ -27,6 +27,9 @@ ZIPF_EXPONENT = 0.8  # a synthetic log's item popularity ~ 1 / rank^0.8
 CATEGORIES = 20  # a synthetic run's items' category attribute: "c00".."c19", item ID modulo 20
 
 
+SERVING_BENCH_MODEL = "bert4rec"  # the PoC's model: what the serving benchmarks and their targets are stated for
+
+
 def make_random_run(
     out: Path,
     num_items: int = 100_000,
@@ -35,7 +38,7 @@ def make_random_run(
     heads: int = 4,
     window: int = 40,
     seed: int = 0,
-    model: str = "bert4rec",
+    model: str = SERVING_BENCH_MODEL,
     **options,
 ) -> Path:
     """A run folder of ``model`` (bert4rec or sasrec; ``options``: more of its config's fields) with random

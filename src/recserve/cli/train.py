@@ -9,7 +9,7 @@ import typer
 
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import Settings, takes
-from recserve.models.registry import MODELS
+from recserve.models.registry import DEFAULT_MODEL, MODELS
 from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 
 
@@ -86,7 +86,7 @@ def train(
         model = model or values.pop("model", None)
         model_options = {k: v for k, v in values.items() if k in model_fields} | (model_options or {})
         training = {k: v for k, v in values.items() if k in train_fields} | (training or {})
-    model = model or "sasrec"
+    model = model or DEFAULT_MODEL
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")
     cfg = TrainConfig(**(MODEL_DEFAULTS[model] | (training or {})))

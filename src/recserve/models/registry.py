@@ -63,6 +63,9 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 
+DEFAULT_MODEL = "sasrec"  # what `recserve train` trains unless told: the best of them (docs/quality.md)
+
+
 def model_entry(name: str) -> ModelEntry:
     """The registry's entry of ``name``.
 

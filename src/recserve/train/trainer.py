@@ -13,7 +13,7 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
-from recserve.models.registry import model_entry
+from recserve.models.registry import DEFAULT_MODEL, model_entry
 from recserve.train.curves import plot_curves
 from recserve.train.run_writer import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
 from recserve.train.train_config import TrainConfig
@@ -28,7 +28,7 @@ def train(
     out_dir: Path,
     model_overrides: dict | None = None,
     cfg: TrainConfig | None = None,
-    model: str = "bert4rec",
+    model: str = DEFAULT_MODEL,
     overwrite: bool = False,
     callbacks: list | None = None,
 ) -> dict:
