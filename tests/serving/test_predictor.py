@@ -50,7 +50,10 @@ def test_a_history_longer_than_the_window_keeps_its_most_recent_items(predictor)
 
 
 def test_seen_items_are_excluded_unless_asked_not_to(predictor, tiny_run):
-    history = np.arange(1, 19)
+    from recserve.artifacts.catalogue import read_catalogue
+
+    popularity = np.load(tiny_run / "popularity.npy")[1:-1]
+    history = read_catalogue(tiny_run)[np.argsort(-popularity)[:18]]  # the most popular: some rank in the top 50
     seen_out = predictor.predict([history], 50, True)[0]
     assert not set(seen_out.item_ids) & set(history)
     kept = predictor.predict([history], 50, False)[0]

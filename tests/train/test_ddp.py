@@ -76,7 +76,7 @@ def test_two_processes_split_every_batch_and_match_one_process(string_data_dir, 
     # the logged training loss is the mean of every step's loss on both ranks, not rank 0's alone
     mean0, mean1 = (np.mean(rank["losses"]) for rank in ranks)
     assert _logged(tmp_path / "two", "train_loss") == pytest.approx((mean0 + mean1) / 2, rel=1e-5)
-    assert mean0 != pytest.approx(mean1, rel=1e-3)
+    assert abs(mean0 - mean1) > 1e-6  # the ranks' own losses differ (their rows do), so the mean says something
     assert _logged(tmp_path / "one", "train_loss") == pytest.approx(np.mean(whole["losses"]), rel=1e-5)
 
 
