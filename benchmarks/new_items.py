@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from warm_start import recserve  # `recserve ARGS` in its own process, timed (this folder's sibling script)
 
 EPOCHS = 0  # --epochs: 0 trains with the defaults
 VARIANTS = {  # each variant's own options of `recserve train`; id_only is the baseline every ratio reads
@@ -35,15 +33,6 @@ VARIANTS = {  # each variant's own options of `recserve train`; id_only is the b
     "attributes": ("--item-attributes",),
     "attributes_id_dropout": ("--item-attributes", "--id-dropout", "0.2"),
 }
-
-
-def recserve(*args: str) -> float:
-    """Runs `recserve ARGS` and returns its wall time; raises with its error output on a failure."""
-    started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "recserve.cli.main", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"recserve {' '.join(args)}: {result.stdout[-1500:]}{result.stderr[-1500:]}")
-    return time.perf_counter() - started
 
 
 def prepare(work: Path, seed: int, share: float, log: Path | None, items: Path | None) -> dict:
