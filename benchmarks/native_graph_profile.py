@@ -4,6 +4,7 @@ GPU time at one batch size, and the top-k step alone (torch.topk over the whole 
 top-k over chunks of the row) on the same scores. Figures printed and written to --out as JSON.
 
     python benchmarks/native_graph_profile.py --items 1000000 --out runs/native-profile.json
+    python benchmarks/native_graph_profile.py --items 100000 --attributes --explore-new 0.1 --out explore.json
 """
 
 from __future__ import annotations
@@ -33,6 +34,30 @@ def chunked_topk(scores: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor
     return top_scores, (local_idx + offsets).reshape(rows, -1).gather(1, pos)
 
 
+def with_attributes(run: Path, out: Path, rows: int = 17, new_share: float = 0.1) -> Path:
+    """A copy of the random ``run`` whose model learns its items as IDs plus two attributes of random values, a
+    ``new_share`` of the items held by no training event (what exploration serves)."""
+    import dataclasses
+    import shutil
+
+    from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+    from recserve.models.run_loader import load_config
+
+    shutil.copytree(run, out, dirs_exist_ok=True)
+    cfg = dataclasses.replace(load_config(run), attribute_columns=2, attribute_rows=rows)
+    cfg.save(out / MODEL_CONFIG_FILE)
+    weights = torch.load(run / WEIGHTS_FILE, weights_only=True)
+    generator = torch.Generator().manual_seed(0)
+    vocab = cfg.num_items + 2
+    weights["attributes.table.weight"] = 0.02 * torch.randn(rows, cfg.hidden, generator=generator)
+    weights["attributes.codes"] = torch.randint(1, rows, (vocab, 2), generator=generator)
+    trained = torch.rand(vocab, generator=generator) >= new_share
+    trained[[0, -1]] = True
+    weights["attributes.trained"] = trained
+    torch.save(weights, out / WEIGHTS_FILE)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=1_000_000)
@@ -49,6 +74,12 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=100)
     parser.add_argument("--chunks", default="1024,4096,16384")
     parser.add_argument("--work", type=Path, default=Path("/tmp/native-profile"))
+    parser.add_argument(
+        "--attributes", action="store_true", help="items learned as their IDs plus two attributes (folded at export)"
+    )
+    parser.add_argument(
+        "--explore-new", type=float, default=0.0, help="with --attributes: the answer's share for new items"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     options = ({"relative_positions": False} if args.no_relative_positions else {}) | (
@@ -58,8 +89,10 @@ def main() -> None:
     run = make_random_run(
         args.work / name, num_items=args.items, model=args.model, hidden=args.hidden, window=args.window, **options
     )
+    if args.attributes:
+        run = with_attributes(run, args.work / f"{name}-attributes")
     spec = load_spec(run)
-    graph = build_graph(run, spec, args.max_k, args.precision).cuda()
+    graph = build_graph(run, spec, args.max_k, args.precision, args.explore_new).cuda()
     length = spec.window - 1
     result: dict = {
         "items": args.items,
@@ -70,6 +103,8 @@ def main() -> None:
         "window": args.window,
         "precision": args.precision,
         "max_k": args.max_k,
+        "attributes": args.attributes,
+        "explore_new": args.explore_new,
         "gpu": torch.cuda.get_device_name(),
     }
     with torch.inference_mode():

@@ -161,8 +161,9 @@ def test_exploration_reserves_every_tenth_column_and_fills_a_row_short_of_new_it
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 40, generator=generator)
     scores[:, 0] = float("-inf")  # padding, as in every graph's scores
-    new = torch.zeros(40, dtype=torch.bool)
-    new[[3, 11, 17]] = True
+    new = torch.tensor([3, 11, 17])
+    is_new = torch.zeros(40, dtype=torch.bool)
+    is_new[new] = True
     scores[:, new] -= 10  # new items score below every other: only exploration shows them
     scores[1, new] = float("-inf")  # a rule hides every new item in row 1
     scores[2, [11, 17]] = float("-inf")  # and two of them in row 2
@@ -170,9 +171,14 @@ def test_exploration_reserves_every_tenth_column_and_fills_a_row_short_of_new_it
     slots[explore_slots(0.1, 20)] = True
     top_scores, top = explored_top(scores, 20, new, slots, 2)
     plain = scores.topk(20, dim=1).indices
-    best_new = scores[0].masked_fill(~new, float("-inf")).topk(2).indices
+    best_new = scores[0].masked_fill(~is_new, float("-inf")).topk(2).indices
     assert top[0, [9, 19]].tolist() == best_new.tolist()
-    assert torch.equal(top[0, new[top[0]].logical_not()], plain[0, :18])  # the others in order
+    assert torch.equal(top[0, is_new[top[0]].logical_not()], plain[0, :18])  # the others in order
+    # more slots than new items: the third slot is filled from the others
+    wide = torch.zeros(40, dtype=torch.bool)
+    wide[explore_slots(0.1, 40)] = True
+    _, widest = explored_top(scores, 40, new, wide, 4)
+    assert set(widest[0, [9, 19, 29]].tolist()) == {3, 11, 17} and not is_new[widest[0, 39]]
     assert torch.equal(top[1], plain[1])  # none to explore: the plain answer, no gap
     assert top[2, 9] == 3 and torch.equal(top[2, top[2] != 3], plain[2, :19])
     assert bool(torch.isfinite(top_scores).all())
@@ -194,7 +200,7 @@ def test_an_export_that_explores_answers_new_items_at_its_columns_in_every_backe
     with torch.no_grad():
         explored_ids, _ = graph(*inputs)
         plain_ids, _ = plain(*inputs)
-    new_ids = set(spec.vocab_ids[np.flatnonzero(graph.head.new_items.numpy()) - 1].tolist())
+    new_ids = set(spec.vocab_ids[graph.head.new_items.numpy() - 1].tolist())
     assert all(int(i) in new_ids for i in explored_ids[:, 9])  # column 9 of every answer: a new film
     for explored, plain_row in zip(explored_ids.tolist(), plain_ids.tolist()):
         if not new_ids & set(plain_row[:10]):  # no new film in the plain top 10: exploration took column 9

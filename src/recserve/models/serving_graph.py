@@ -134,13 +134,17 @@ def explored_top(
 
     Args:
         scores: (B, V) scores, -inf where an item may not be answered.
-        new_items: (V,) bool, the items that no training event holds.
+        new_items: (n,) int64 vocabulary indices, the items that no training event holds (their columns alone
+            are read for the reserved slots, not the whole row).
         slots: (width,) bool, the reserved columns (``explore_slots``); ``count`` of them are True.
 
     Returns:
         (B, width) scores and indices; the reserved columns' scores are the new items' own.
     """
-    new_scores, new_indices = scores.masked_fill(~new_items, float("-inf")).topk(count, dim=1)  # (B, n)
+    chosen_count = min(count, new_items.shape[0])  # fewer new items than slots: the rest are filled
+    new_scores, position = scores.index_select(1, new_items).topk(chosen_count, dim=1)  # (B, chosen_count)
+    new_scores = F.pad(new_scores, (0, count - chosen_count), value=float("-inf"))  # (B, count)
+    new_indices = F.pad(new_items[position], (0, count - chosen_count), value=PAD_INDEX)
     found = new_scores > float("-inf")
     # the chosen new items leave the others' ranking; a slot without one is filled from it
     chosen = torch.where(found, new_indices, PAD_INDEX)  # an unfound one is any -inf item: leave the rest whole
@@ -221,7 +225,8 @@ class TopKHead(nn.Module):
             )
         slot_mask = torch.zeros(self.max_k, dtype=torch.bool)
         slot_mask[self.slots] = True
-        self.register_buffer("new_items", new_items if self.slots else None, persistent=False)
+        new_list = new_items.nonzero()[:, 0] if self.slots and new_items is not None else None
+        self.register_buffer("new_items", new_list, persistent=False)  # (n,) their indices
         self.register_buffer("slot_mask", slot_mask, persistent=False)
         # the answer to a history of no known item, explored as every other answer is
         popular_scores, popular_indices = (top[0] for top in self.top_k(pop[None], self.max_k))
