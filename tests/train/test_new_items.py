@@ -249,14 +249,13 @@ def test_a_warm_start_carries_the_attribute_rows_only_where_they_mean_the_same_v
     from dataclasses import replace
 
     from recserve.data.datasets import load_prepared
-    from recserve.models.attribute_codes import AttributeCodes
+    from recserve.models.attribute_codes import AttributeCodes, attribute_codes
     from recserve.models.run_loader import load_config, load_run
-    from recserve.train.lightning_modules import data_attribute_codes
     from recserve.train.warm_start import carry_by_id
 
     old = load_run(attribute_run)
     data = load_prepared(new_films)
-    codes, trained = data_attribute_codes(data), _trained(new_films)
+    codes, trained = attribute_codes(data.attributes()), _trained(new_films)
     for shuffled in (False, True):
         model = old.__class__(load_config(attribute_run))
         used = codes

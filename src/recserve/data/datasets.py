@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from recserve.artifacts.catalogue import id_type_of
-from recserve.artifacts.item_table import attributes_of
+from recserve.artifacts.item_table import ItemAttributes, attributes_of, read_attributes
 from recserve.constants import DATA_FORMAT_VERSION, DATASET_FILE, ITEMS_FILE, SEQUENCES_FILE
 from recserve.data.io import Columns, read_item_table, read_source
 from recserve.data.sequences import Sequences, sequences_from_frame
@@ -84,6 +84,10 @@ class PreparedData:
 
     def test(self) -> HeldOut:
         return self.cuts.test(self.sequences)
+
+    def attributes(self) -> ItemAttributes:
+        """The item table's attributes, by catalogue row (none where the data had no item table)."""
+        return read_attributes(Path(self.info["folder"]), self.vocab.num_items)
 
 
 def _filter(frame: pl.DataFrame, options: PrepareOptions) -> pl.DataFrame:

@@ -292,13 +292,17 @@ class ItemTransformer(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the embedded tokens (B, L, H) and which keys the last position attends, (B, 1, 1, L)."""
+    def _embed(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the embedded tokens (B, L, H) and which keys the last position attends, (B, 1, 1, L). With
+        attributes, ``table`` is ``item_vectors()`` made once by the caller (None: made here)."""
         # no tensor is made with an explicit device: a traced graph would keep that device as a constant, and
         # Triton's PyTorch backend runs one traced graph on every GPU
         length = tokens.shape[1]
         positions = self.pos_emb.weight[self.cfg.window - length :]  # (L, H): the last L positions
-        items = self.item_emb(tokens) if self.attributes is None else F.embedding(tokens, self.item_vectors())
+        if self.attributes is None:
+            items = self.item_emb(tokens)
+        else:
+            items = F.embedding(tokens, self.item_vectors() if table is None else table)
         x = self.drop(self.emb_norm(items + positions))
         keep = tokens[:, :-1] != PAD_INDEX
         keep = torch.cat([keep, torch.ones_like(tokens[:, -1:], dtype=torch.bool)], 1)  # the last attends itself
@@ -312,9 +316,10 @@ class ItemTransformer(nn.Module):
         earlier = order[None, :] <= order[:, None]  # (L, L): key position <= query position
         return (keep & earlier) | (order[None, :] == order[:, None])  # padding queries attend themselves
 
-    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, L) indices, left-padded, L <= window. Returns hidden states (B, L, H)."""
-        x, keep = self._embed(tokens)
+    def encode(self, tokens: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: (B, L) indices, left-padded, L <= window; table: ``item_vectors()`` where the caller has made
+        it already (a training step scores against the same table). Returns hidden states (B, L, H)."""
+        x, keep = self._embed(tokens, table)
         mask = self._attention_mask(keep)
         for block in self.blocks:
             x = block(x, mask)
@@ -358,9 +363,8 @@ class ItemTransformer(nn.Module):
             vectors, bias = self.item_vectors().clone(), self.item_bias().clone()
             self.item_emb.weight.copy_(vectors)
             self.out_bias.copy_(bias)
-        untrained = ~self.attributes.trained
-        untrained[[0, -1]] = False  # padding and the mask token are never answered
-        self.register_buffer("untrained", untrained, persistent=False)  # what serving may explore
+        # what serving may explore; padding and the mask token count as trained (set_codes), so never here
+        self.register_buffer("untrained", ~self.attributes.trained, persistent=False)
         self.attributes = None
         self.cfg = replace(self.cfg, attribute_columns=0, attribute_rows=0)
 

@@ -343,9 +343,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     Each test user's input is their history before the target; popularity counts those inputs.
     """
     import time
-    from pathlib import Path
 
-    from recserve.artifacts.item_table import read_attributes
     from recserve.data.datasets import load_prepared
     from recserve.models.attribute_codes import attribute_codes
     from recserve.models.run_loader import load_run
@@ -372,7 +370,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     elapsed_s = time.perf_counter() - started
     drawn = negatives_summary(ranker)
     popular = ranker.ranks(popularity_score_fn(counts, device))
-    codes = attribute_codes(read_attributes(Path(data_dir), data.vocab.num_items))
+    codes = attribute_codes(data.attributes())
     window, mask_index = model.cfg.window, model.cfg.mask_index
     new = new_item_metrics(model, inputs, targets, trained_counts, codes, window, mask_index, device, seed)
     return {

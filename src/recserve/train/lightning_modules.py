@@ -8,13 +8,11 @@ so that importing recserve needs no Lightning.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
 import torch
 
-from recserve.artifacts.item_table import read_attributes
 from recserve.data.datasets import PreparedData
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
@@ -61,10 +59,11 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
         if entry.dropout_from_data and "dropout" not in overrides:
             overrides = overrides | {"dropout": dropout_for(train_seq.lengths)}
         sequence_cfg = cast(Bert4RecConfig | SASRecConfig, entry.config(num_items=data.vocab.num_items, **overrides))
-        sequence_cfg = with_attribute_table(sequence_cfg, data)
+        sequence_cfg, codes = with_attribute_table(sequence_cfg, data)
         sequence_cfg.validate()
         protocol: dict[str, Any] = {"name": entry.protocol, "ranking": "full, seen items excluded"}
-        return Task(sequence_cfg, SequenceModule(model, sequence_cfg, data, train_seq, cfg), "val_ndcg@10", protocol)
+        module = SequenceModule(model, sequence_cfg, data, train_seq, cfg, codes)
+        return Task(sequence_cfg, module, "val_ndcg@10", protocol)
     model_cfg = MultVAEConfig(num_items=data.vocab.num_items, **overrides)  # the bag of items
     model_cfg.validate()
     split = split_heldout(data.bags, cfg.heldout_share, seed=cfg.seed)
@@ -78,18 +77,15 @@ def build_task(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig
     return Task(model_cfg, MultVAEModule(model_cfg, split, cfg), "val_ndcg@100", protocol)
 
 
-def with_attribute_table(cfg: Bert4RecConfig | SASRecConfig, data: PreparedData) -> Bert4RecConfig | SASRecConfig:
-    """``cfg`` with its attribute table's size where it learns the item table's attributes and the data has
-    any to learn from (``models.attribute_codes``); else with none."""
-    codes = data_attribute_codes(data) if cfg.item_attributes else None
+def with_attribute_table(
+    cfg: Bert4RecConfig | SASRecConfig, data: PreparedData
+) -> tuple[Bert4RecConfig | SASRecConfig, AttributeCodes | None]:
+    """``cfg`` with its attribute table's size, and the codes the model learns (``models.attribute_codes``),
+    where it learns the item table's attributes and the data has any to learn from; else with none, and None."""
+    codes = attribute_codes(data.attributes()) if cfg.item_attributes else None
     if codes is None or not codes.rows:
-        return replace(cfg, attribute_columns=0, attribute_rows=0)
-    return replace(cfg, attribute_columns=len(codes.names), attribute_rows=codes.rows)
-
-
-def data_attribute_codes(data: PreparedData) -> AttributeCodes:
-    """The codes of a prepared data folder's item attributes over its vocabulary."""
-    return attribute_codes(read_attributes(Path(data.info["folder"]), data.vocab.num_items))
+        return replace(cfg, attribute_columns=0, attribute_rows=0), None
+    return replace(cfg, attribute_columns=len(codes.names), attribute_rows=codes.rows), codes
 
 
 def optimizer_with_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
@@ -159,26 +155,28 @@ class SequenceModule(_DeviceBatchesModule):
         data: PreparedData,
         train_seq: Sequences,
         cfg: TrainConfig,
+        codes: AttributeCodes | None = None,
     ):
+        """codes: the item attributes' codes the model learns (``with_attribute_table``), or None."""
         super().__init__()
         entry = model_entry(name)
         self.model = entry.module_class()(model_cfg)
         self.model_cfg, self.data, self.train_seq, self.cfg = model_cfg, data, train_seq, cfg
-        self.trained = history_counts(train_seq, model_cfg.vocab_size) > 0  # (V,) items a training event holds
+        self.counts = history_counts(train_seq, model_cfg.vocab_size)  # (V,) each item's training events
+        self.trained = self.counts > 0
         self.trained[[0, -1]] = True  # padding and the mask token keep their own rows
-        if self.model.attributes is not None:
-            self.model.attributes.set_codes(data_attribute_codes(data), self.trained)
+        if self.model.attributes is not None and codes is not None:
+            self.model.attributes.set_codes(codes, self.trained)
         self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
         objective = cloze_loss if entry.task == "cloze" else next_item_loss
         self.step_loss = torch.compile(objective) if cfg.compile else objective
 
     def setup(self, stage: str) -> None:
-        counts = history_counts(self.train_seq, self.model_cfg.vocab_size)
         # with attributes, an item no training event holds is left out of every softmax: its ID row is never
         # trained, and it is ranked by its attributes alone (models.transformer.ItemAttributeEmbedding)
         untrained = ~self.trained if self.model.attributes is not None else None
         self.catalogue_loss = CatalogueLoss(
-            self.loss_settings, counts, self.model_cfg.mask_index, self.device, left_out=untrained
+            self.loss_settings, self.counts, self.model_cfg.mask_index, self.device, left_out=untrained
         )
         self.generator = torch.Generator(self.device).manual_seed(self.cfg.seed * 7919 + self.global_rank)
         valid = self.data.valid()

@@ -22,7 +22,7 @@ import torch
 from recserve.constants import PAD_INDEX
 from recserve.data.sequences import Sequences
 from recserve.models.attribute_codes import AttributeCodes
-from recserve.train.leave_one_out import Ranker, ScoreFn
+from recserve.train.leave_one_out import Ranker, ScoreFn, popularity_score_fn
 from recserve.train.metrics import ranking_metrics
 
 TIE_BREAK = 1e-3  # attribute_profile: popularity's weight beside the user's own counts
@@ -34,23 +34,17 @@ def only_among(score_fn: ScoreFn, items: torch.Tensor) -> ScoreFn:
     return lambda tokens: score_fn(tokens).float().masked_fill(~items, torch.finfo(torch.float32).min)
 
 
-def attribute_popularity(codes: AttributeCodes, counts: np.ndarray, device: str | torch.device) -> torch.Tensor:
-    """(V,) float32: each item's sum over its attributes of log(1 + events on items of its value)."""
+def attribute_popularity(codes: AttributeCodes, counts: np.ndarray) -> np.ndarray:
+    """(V,): each item's sum over its attributes of log(1 + events on items of its value)."""
     by_code = np.bincount(codes.codes.ravel(), weights=np.tile(counts, len(codes.names)), minlength=codes.rows)
     by_code[0] = 0.0  # no attribute: no popularity
-    scores = np.log1p(by_code)[codes.codes].sum(0)
-    return torch.as_tensor(scores, dtype=torch.float32, device=device)
-
-
-def attribute_popularity_fn(codes: AttributeCodes, counts: np.ndarray, device: str | torch.device) -> ScoreFn:
-    table = attribute_popularity(codes, counts, device)
-    return lambda tokens: table.expand(tokens.shape[0], -1)
+    return np.log1p(by_code)[codes.codes].sum(0)
 
 
 def attribute_profile_fn(codes: AttributeCodes, counts: np.ndarray, device: str | torch.device) -> ScoreFn:
     """Scores each item by the user's history items that share its attribute values (``attribute_profile``)."""
     by_item = torch.as_tensor(codes.codes, device=device)  # (A, V)
-    tie_break = attribute_popularity(codes, counts, device) * TIE_BREAK
+    tie_break = torch.as_tensor(attribute_popularity(codes, counts) * TIE_BREAK, dtype=torch.float32, device=device)
 
     def scores(tokens: torch.Tensor) -> torch.Tensor:
         real = (tokens != PAD_INDEX) & (tokens < by_item.shape[1] - 1)  # history items, not the mask token
@@ -92,7 +86,7 @@ def new_item_metrics(
     scorers = {"model": model}
     if codes.rows:
         scorers |= {
-            "attribute_popularity": attribute_popularity_fn(codes, trained_counts, device),
+            "attribute_popularity": popularity_score_fn(attribute_popularity(codes, trained_counts), device),
             "attribute_profile": attribute_profile_fn(codes, trained_counts, device),
         }
     ranked = {name: ranker.ranks(only_among(fn, among), ("full",))["full"] for name, fn in scorers.items()}

@@ -37,7 +37,8 @@ def next_item_loss(
 
 
 def _positions_loss(model, batch, loss, exclude, rows, negatives, upto=None) -> torch.Tensor:
-    hidden = model.encode(batch.tokens)  # (B, L, H)
+    table = model.item_vectors()  # (V, H): made once a step, for the inputs and the output layer alike
+    hidden = model.encode(batch.tokens, table)  # (B, L, H)
     query = model.head(hidden[batch.rows, batch.cols])  # (C, H): the scored positions only
-    per_position = loss(query, model.item_vectors(), model.item_bias(), batch.targets, exclude, rows, negatives, upto)
+    per_position = loss(query, table, model.item_bias(), batch.targets, exclude, rows, negatives, upto)
     return per_position.sum() * batch.weight
