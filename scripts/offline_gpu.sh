@@ -12,8 +12,8 @@
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
 #                                    an earlier checkout's beside them)
-#   scripts/offline_gpu.sh candidates [NAME=OPTIONS ...]   there: SASRec's candidates beside its defaults on
-#                                    video.txt, seeds 0-2
+#   scripts/offline_gpu.sh candidates [NAME=OPTIONS ...]   there: candidates beside the defaults on
+#                                    video.txt, seeds 0-2 (BASE: options of every run, the model's too)
 #   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
 #                                    speed, the served graph's batch-1 replay with relative positions
 #   scripts/offline_gpu.sh speed     there: the ranking fused against plain, BERT4Rec and SASRec compiled, the
@@ -253,16 +253,17 @@ cmd_quality() {
   tail -n 6 "$out"/*.log
 }
 
-# One GPU-machine call: SASRec's candidates against its defaults on video.txt, seeds 0-2, several runs sharing
-# the GPU (their times are not solo times). Each argument is NAME=OPTIONS, for example "ligr=--ligr".
+# One GPU-machine call: candidates against the defaults on video.txt, seeds 0-2, several runs sharing the GPU
+# (their times are not solo times). Each argument is NAME=OPTIONS, for example "ligr=--ligr"; BASE (options
+# every run takes, the default's too: "--model bert4rec --max-minutes 7") picks the model and a budget.
 # Carries .gpu-carry/wheels and .gpu-carry/video (`recserve data video.txt --min-user-interactions 3`).
 cmd_candidates() {
   local variants=("$@")
   [ ${#variants[@]} -gt 0 ] || { echo "candidates: name at least one NAME=OPTIONS" >&2; return 2; }
   carried_site
   start_outputs runs/gpu-candidates
-  local args=(--variant "default=--device cuda")
-  for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${v#*=}"); done
+  local args=(--variant "default=--device cuda ${BASE:-}")
+  for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${BASE:-} ${v#*=}"); done
   seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel "${PARALLEL:-9}" "${args[@]}" \
     --out "$out/video.jsonl" --runs /tmp/qc-video > "$out/video.log" 2>&1
   for _ in $(seq 1 "${WAIT_STEPS:-110}"); do jobs -r | grep -q . || break; sleep 5; done

@@ -44,6 +44,16 @@ def test_sasrec_learns_the_planted_sequence_too(string_data_dir, tmp_path):
     assert summary["model"] == "sasrec" and summary["loss"]["name"] == "full"
 
 
+def test_a_time_budget_stops_training_and_keeps_the_best_validated_weights(string_data_dir, tmp_path):
+    """--max-minutes: 250 epochs asked, a budget of 3 s ends them, and the run is whole (weights, metrics)."""
+    cfg = TrainConfig(epochs=250, patience=250, samples_per_user=4, batch_size=64, device="cpu", max_minutes=0.05)
+    summary = train(string_data_dir, tmp_path / "run", SMALL, cfg, model="sasrec")
+    assert summary["budget_ended"] and 0 <= summary["best_epoch"] < 249
+    assert (tmp_path / "run" / WEIGHTS_FILE).exists()
+    unbounded = train(string_data_dir, tmp_path / "two", SMALL, dataclasses.replace(cfg, epochs=1, max_minutes=0))
+    assert not unbounded["budget_ended"]
+
+
 def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_checkpoint(string_data_dir, tmp_path):
     import lightning as L
 
@@ -92,6 +102,8 @@ def test_tiny_run_writes_metrics_with_both_protocols(tiny_run, ml100k_dir):
         ({}, {"input_mask": 1.0}, ConfigError, "input_mask=1.0"),
         ({}, {"input_mask": 0.2}, ConfigError, "--input-mask: not a setting of bert4rec"),
         ({}, {"label_smoothing": 1.5}, ConfigError, "label_smoothing=1.5"),
+        ({}, {"max_minutes": -1.0}, ConfigError, "max_minutes=-1.0"),
+        ({}, {"max_minutes": float("nan")}, ConfigError, "max_minutes=nan"),
     ],
 )
 def test_bad_settings_get_one_clear_error(ml100k_dir, tmp_path, model, cfg, error, message):

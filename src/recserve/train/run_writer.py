@@ -21,7 +21,7 @@ from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
 
 # Training settings a rerun may change: it continues the same run.
-RESUMABLE = ("epochs", "patience", "device", "devices", "ddp_compress", "precision", "compile", "resume")
+RESUMABLE = ("epochs", "patience", "max_minutes", "device", "devices", "ddp_compress", "precision", "compile", "resume")
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"
 

@@ -105,6 +105,11 @@ class TrainConfig:
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = option(0.1, "Mult-VAE: share of users held out for validation, and for test.")
     patience: int = option(8, "Epochs without a better validation metric before stopping.")
+    max_minutes: float = option(
+        0.0,
+        "Most minutes of training (a budget: at the limit training stops, and the best validated weights are "
+        "kept and evaluated as after early stopping); 0: no limit.",
+    )
     seed: int = option(0, "Random seed.")
     device: str = option(
         "auto", "auto, cpu or gpu (cuda is taken for gpu).", parse=lambda word: torch_device(word, allow_auto=True)
@@ -136,6 +141,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "samples_per_user", "devices"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        if not self.max_minutes >= 0:  # NaN too
+            problems.append(f"max_minutes={self.max_minutes}: must be 0 (no limit) or more")
         if self.refit and self.devices > 1:
             problems.append("refit: runs on one device; drop --devices or --refit")
         if not 0 < self.heldout_share < 0.5:

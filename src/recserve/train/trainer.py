@@ -13,6 +13,7 @@ import torch
 
 from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
+from recserve.errors import ConfigError
 from recserve.models.registry import DEFAULT_MODEL, model_entry
 from recserve.train.curves import plot_curves
 from recserve.train.run_writer import LAST_CHECKPOINT, prepare_run_folder, run_identity, save_catalog
@@ -69,6 +70,7 @@ def train(
     )
     trainer = L.Trainer(
         max_epochs=cfg.epochs,
+        max_time={"seconds": cfg.max_minutes * 60} if cfg.max_minutes > 0 else None,
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         strategy=cfg.strategy(),
@@ -91,6 +93,11 @@ def train(
     trainer.fit(task.module, ckpt_path=last if cfg.resume and last.exists() else None)
     if trainer.global_rank != 0:
         return {}
+    if not best.best_model_path:  # only a time budget ends training before its first validation
+        raise ConfigError(
+            f"--max-minutes {cfg.max_minutes:g} ended training before its first validation: give it more minutes "
+            "(the run resumes from its last checkpoint)"
+        )
     state = torch.load(best.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
     weights = {k.removeprefix("model."): v for k, v in state.items()}
     best_epoch = _best_epoch(best.best_model_path)
@@ -98,6 +105,7 @@ def train(
         "model": model,
         "data": str(data_dir),
         "best_epoch": best_epoch,
+        "budget_ended": bool(cfg.max_minutes) and time.perf_counter() - started >= cfg.max_minutes * 60,
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score or 0.0)} | task.protocol,
         "train": asdict(cfg)
         | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
