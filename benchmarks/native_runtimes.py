@@ -20,6 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from recserve.bench.load_settings import LoadSettings
 from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
@@ -58,8 +59,7 @@ def main() -> None:
                     Path(tmp) / f"sweep-{runtime}-{number}",
                     histories,
                     repo=repos[runtime],
-                    measurement_ms=args.measurement_ms,
-                    compare_with_fused=number == 0,
+                    load=LoadSettings(measurement_ms=args.measurement_ms, compare_with_fused=number == 0),
                 )
                 row[runtime] = summary["results"][0] | {"native_vs_fused": summary.get("native_vs_fused")}
                 print(runtime, f"round {number}: {row[runtime]['throughput_rps']:.0f} req/s", flush=True)

@@ -24,16 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from recserve.bench.load_report import ratios, write_report
-from recserve.bench.perf_analyzer import LoadLevel, default_client_threads
-from recserve.bench.step_log import read_step_lines, steps_beside_none
+from recserve.bench.load_settings import LoadSettings
+from recserve.bench.perf_analyzer import LoadLevel
+from recserve.bench.step_log import keep_step_summary
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
+from recserve.option_fields import add_arguments, from_arguments
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 from recserve.sessions import embedded_store
 
 log = logging.getLogger("serving_layouts")
+SLO_P99_MS = 10.0  # the GPU targets' objective
+STORED_RULES = "rules.toml"  # in --work: the stored rule --rules may name (rule:bench_category)
 
 
 def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
@@ -137,7 +141,7 @@ def gpu_name() -> str:
         return "unknown"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", default="seed,echo,fused-eager-bf16")
@@ -147,10 +151,11 @@ def main() -> None:
         help="levels; a level given again is run again (1,1,1: three rounds, each every --rules variant in turn), "
         "and the rules' cost at it is the median over the rounds",
     )
-    parser.add_argument("--measurement-ms", type=int, default=2000)
+    # the load's knobs: recserve bench's (LoadSettings), with this script's SLO; --rules' rule:bench_category is
+    # one of the synthetic run's 20 categories (every variant then has the store and the stored rule)
+    add_arguments(parser, LoadSettings, defaults={"slo_p99_ms": SLO_P99_MS})
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--delay-us", type=int, default=100)
-    parser.add_argument("--client-threads", type=int, help="perf_analyzer threads (default: one per core, at most 16)")
     parser.add_argument(
         "--client-cpus",
         type=int,
@@ -158,20 +163,10 @@ def main() -> None:
         help="pin perf_analyzer to this many of the usable cores and the server (this process's children) to "
         "the others; 0: both share every core",
     )
-    parser.add_argument(
-        "--events-every", type=int, default=0, help="by session: one request in N carries an event (0: none)"
-    )
     parser.add_argument("--ml100k", type=Path, help="run folder of the trained ML-100K model, with histories.npz")
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-bench"))
     parser.add_argument("--device", default="gpu", help="gpu, or cpu to try the script on a small model")
     parser.add_argument("--items", type=int, default=100_000)
-    parser.add_argument(
-        "--rules",
-        default="",
-        help="business rules to load each variant under too, beside none (recserve bench --rules), e.g. "
-        "rule:bench_category,exclude:100,hidden:10; rule:bench_category is one of the synthetic run's 20 "
-        "categories. Every variant then has the store and the stored rule.",
-    )
     parser.add_argument(
         "--step-summary-s",
         type=int,
@@ -182,38 +177,89 @@ def main() -> None:
         "(--concurrency 1,1,1) with periods shorter than a variant's run (2)",
     )
     parser.add_argument(
-        "--trace-rate",
-        type=int,
-        default=0,
-        help="Triton traces one request in N; each row's summary then says where its traced requests spent "
-        "their time, stage by stage, and where the slowest hundredth spent it (0: off; 20 or more: at 4 under load "
-        "Triton 2.51 failed some requests)",
-    )
-    parser.add_argument(
-        "--keep-traces",
-        action="store_true",
-        help="with --trace-rate: keep Triton's trace files (traces/)",
-    )
-    parser.add_argument(
         "--export-report",
         default="",
         help="backends to time with `recserve export --report` "
         "first (comma-separated), e.g. eager,cudagraph,torchscript",
     )
     args = parser.parse_args()
+    if args.client_cpus and args.client_cpus >= len(os.sched_getaffinity(0)):
+        parser.error(f"--client-cpus {args.client_cpus}: only {len(os.sched_getaffinity(0))} cores are usable")
+    return args
+
+
+def pinned_load(args: argparse.Namespace) -> LoadSettings:
+    """The load's settings; with --client-cpus, perf_analyzer's cores, the server (this process's children)
+    keeping to the others from here on."""
+    cores = sorted(os.sched_getaffinity(0))
+    client_cpus = tuple(cores[: args.client_cpus]) if args.client_cpus else ()
+    if client_cpus:
+        os.sched_setaffinity(0, cores[args.client_cpus :])  # the server inherits the rest
+    return from_arguments(LoadSettings, args, client_cpus=client_cpus).with_client_threads()
+
+
+def run_variant(name: str, spec: dict, args: argparse.Namespace, load: LoadSettings, run: Path, store: Path) -> dict:
+    """One variant's repository written from ``run`` and swept; its step summaries and, where the server
+    stopped answering, its log's tail kept beside its report."""
+    repo, layouts, settings = args.work / f"repo-{name}", spec.get("layouts", (spec["layout"],)), spec["settings"]
+    if "layouts" in spec or load.rules:
+        settings = dataclasses.replace(settings, session_store=str(store))
+    if load.rules:
+        settings = dataclasses.replace(settings, rules=str(args.work / STORED_RULES))
+    if args.step_summary_s and settings.native_runtime == RECSERVE_BACKEND:  # the variants on recserve's backend
+        settings = dataclasses.replace(settings, step_summary_s=args.step_summary_s)
+    repository_from_run(run, repo, layouts, settings, spec.get("backend", "eager"), spec.get("precision", "fp32"))
+    if spec.get("check"):  # the fused layout beside it (eager, same precision) for compare_with_fused
+        repository_from_run(run, repo, ("fused",), spec["settings"], "eager", spec["precision"])
+    load = dataclasses.replace(load, compare_with_fused=bool(spec.get("check")))
+    summary = sweep(list(layouts), args.levels, args.out / name, args.histories, repo=repo, load=load)
+    text = Path(summary["server_log"]).read_text(errors="replace") if summary.get("server_log") else ""
+    if settings.step_summary_s:
+        summary["rule_steps"] = keep_step_summary(text, args.out / name, bool(load.rules))
+    if summary.get("stopped") and text:  # why the server stopped answering
+        (args.out / name / "server-log-tail.txt").write_text("\n".join(text.splitlines()[-300:]) + "\n")
+    return summary
+
+
+def ml100k_rows(args: argparse.Namespace, load: LoadSettings, settings: RepositorySettings) -> list[dict]:
+    """The trained ML-100K model (--ml100k) on its own test histories, fused beside seed at c=1 and c=64."""
+    bundle = np.load(args.ml100k / "histories.npz")
+    real = np.split(bundle["items"], bundle["offsets"][1:-1])
+    repo = args.work / "repo-ml100k"
+    repository_from_run(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
+    levels = [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)]
+    summary = sweep(["fused", "seed"], levels, args.out / "ml100k", real, repo=repo, load=load)
+    return [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
+
+
+def variant_ratios(rows: list[dict], table: dict[str, dict]) -> dict[str, dict]:
+    """Each fused or native variant against echo and seed (native: and the fused variant of its precision);
+    by session against by item IDs in the variant's own rows."""
+    per_variant = {}
+    plain = [r for r in rows if "rules" not in r]  # the layouts compared without rules; rules in rule_overhead
+    candidates = {r["variant"]: r["layout"] for r in plain if r["layout"] in ("fused", "native")}
+    for name, layout in candidates.items():
+        chosen = [r for r in plain if r["variant"] == name and r["model"] == "random"]
+        if "layouts" in table.get(name, {}):  # by session against by item IDs, both in the variant's rows
+            per_variant[name] = ratios(chosen, slo_p99_ms=SLO_P99_MS)
+            continue
+        echo = "echo-plain" if "-plain" in name else "echo"
+        others = [r for r in plain if r["variant"] in ("seed", echo)]
+        if layout == "native":  # against the fused variant of the same precision, where it ran
+            fused = f"fused-eager-{name.split('-')[2]}"
+            others += [r for r in plain if r["variant"] == fused]
+        per_variant[name] = ratios(chosen + others, slo_p99_ms=SLO_P99_MS)
+    return per_variant
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
-    levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
-    client_cpus: tuple[int, ...] = ()
-    if args.client_cpus:
-        cores = sorted(os.sched_getaffinity(0))
-        if args.client_cpus >= len(cores):
-            parser.error(f"--client-cpus {args.client_cpus}: only {len(cores)} cores are usable")
-        client_cpus = tuple(cores[: args.client_cpus])
-        os.sched_setaffinity(0, cores[args.client_cpus :])  # the server inherits the rest
-        args.client_threads = args.client_threads or len(client_cpus)
+    load = pinned_load(args)
+    args.levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
     run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
-    histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
+    args.histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
     if args.export_report:
         from recserve.export.parity_report import build_report
@@ -225,103 +271,31 @@ def main() -> None:
     rows, notes, checks, overheads, steps = [], {}, {}, {}, {}
     chosen_variants = list(filter(None, args.variants.split(",")))
     store = args.work / "store"  # recserve's embedded store, for the variants by session and for hidden items
-    by_session = any("layouts" in table[name] for name in chosen_variants) or bool(args.rules)
+    by_session = any("layouts" in table[name] for name in chosen_variants) or bool(load.rules)
     if by_session:
         embedded_store.start(store)
-    stored_rules = args.work / "rules.toml"  # the stored rule --rules may name
-    stored_rules.write_text("bench_category = 'category == \"c03\"'\n")
+    (args.work / STORED_RULES).write_text("bench_category = 'category == \"c03\"'\n")  # the rule --rules may name
     for name in chosen_variants:
-        spec = table[name]
-        repo = args.work / f"repo-{name}"
-        layouts = spec.get("layouts", (spec["layout"],))
-        settings = spec["settings"]
-        if "layouts" in spec or args.rules:
-            settings = dataclasses.replace(settings, session_store=str(store))
-        if args.rules:
-            settings = dataclasses.replace(settings, rules=str(stored_rules))
-        if args.step_summary_s and settings.native_runtime == RECSERVE_BACKEND:  # the variants on recserve's backend
-            settings = dataclasses.replace(settings, step_summary_s=args.step_summary_s)
         started = time.time()
         try:
-            repository_from_run(
-                run, repo, layouts, settings, spec.get("backend", "eager"), spec.get("precision", "fp32")
-            )
-            if spec.get("check"):  # the fused layout beside it (eager, same precision) for compare_with_fused
-                repository_from_run(run, repo, ("fused",), spec["settings"], "eager", spec["precision"])
-            summary = sweep(
-                list(layouts),
-                levels,
-                args.out / name,
-                histories,
-                repo=repo,
-                measurement_ms=args.measurement_ms,
-                slo_p99_ms=10.0,
-                client_threads=args.client_threads,
-                compare_with_fused=bool(spec.get("check")),
-                client_cpus=client_cpus,
-                events_every=args.events_every,
-                rules=args.rules or None,
-                trace_rate=args.trace_rate,
-                keep_traces=args.keep_traces,
-            )
-            if "native_vs_fused" in summary:
-                checks[name] = summary["native_vs_fused"]
-            text = Path(summary["server_log"]).read_text(errors="replace") if summary.get("server_log") else ""
-            if settings.step_summary_s:  # the server's log lines of the steps, from this variant's run
-                lines = [x for x in text.splitlines() if "p50/p99/max" in x]
-                (args.out / name / "step-summary.log").write_text("\n".join(lines) + "\n")
-                if args.rules:  # each step's median with no rule and under rules (one level: --concurrency 1,1,1)
-                    try:
-                        steps[name] = steps_beside_none(read_step_lines(text))
-                    except ValueError as err:  # periods too long for the variants' runs: see --step-summary-s
-                        steps[name] = {"error": str(err)}
-            if summary.get("stopped") and text:  # why the server stopped answering
-                tail = text.splitlines()[-300:]
-                (args.out / name / "server-log-tail.txt").write_text("\n".join(tail) + "\n")
+            summary = run_variant(name, table[name], args, load, run, store)
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"
             continue
-        for row in summary["results"]:
-            rows.append(row | {"variant": name, "model": "random"})
-        if "rule_overhead" in summary:
-            overheads[name] = summary["rule_overhead"]
+        rows += [row | {"variant": name, "model": "random"} for row in summary["results"]]
+        for found, key in ((checks, "native_vs_fused"), (overheads, "rule_overhead"), (steps, "rule_steps")):
+            if summary.get(key):
+                found[name] = summary[key]
         notes[name] = f"ok in {time.time() - started:.0f} s" + (
             f"; stopped at {summary['stopped']}" if summary.get("stopped") else ""
         )
         log.info("%s done", name)
     if args.ml100k:
-        bundle = np.load(args.ml100k / "histories.npz")
-        real = np.split(bundle["items"], bundle["offsets"][1:-1])
-        repo = args.work / "repo-ml100k"
-        settings = table["echo"]["settings"]
-        repository_from_run(args.ml100k, repo, ("fused", "seed"), settings, "cudagraph", "fp32")
-        summary = sweep(
-            ["fused", "seed"],
-            [LoadLevel("concurrency", 1.0), LoadLevel("concurrency", 64.0)],
-            args.out / "ml100k",
-            real,
-            repo=repo,
-            measurement_ms=args.measurement_ms,
-            client_threads=args.client_threads,
-        )
-        rows += [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
+        rows += ml100k_rows(args, load, table["echo"]["settings"])
     if by_session:
         embedded_store.stop(store)
-    per_variant = {}
-    plain = [r for r in rows if "rules" not in r]  # the layouts compared without rules; rules in rule_overhead
-    candidates = {r["variant"]: r["layout"] for r in plain if r["layout"] in ("fused", "native")}
-    for name, layout in candidates.items():
-        chosen = [r for r in plain if r["variant"] == name and r["model"] == "random"]
-        if "layouts" in table.get(name, {}):  # by session against by item IDs, both in the variant's rows
-            per_variant[name] = ratios(chosen, slo_p99_ms=10.0)
-            continue
-        echo = "echo-plain" if "-plain" in name else "echo"
-        others = [r for r in plain if r["variant"] in ("seed", echo)]
-        if layout == "native":  # against the fused variant of the same precision, where it ran
-            fused = f"fused-eager-{name.split('-')[2]}"
-            others += [r for r in plain if r["variant"] == fused]
-        per_variant[name] = ratios(chosen + others, slo_p99_ms=10.0)
+    per_variant = variant_ratios(rows, table)
     result = {
         "gpu": gpu_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -330,13 +304,17 @@ def main() -> None:
         "settings": {
             "instances": args.instances,
             "max_queue_delay_microseconds": args.delay_us,
-            "measurement_ms": args.measurement_ms,
-            "protocol": "grpc",
-            "perf_analyzer": f"--async --max-threads {args.client_threads or default_client_threads()}"
-            + (f", pinned to cores {','.join(map(str, client_cpus))}, the server on the others" if client_cpus else ""),
+            "measurement_ms": load.measurement_ms,
+            "protocol": load.protocol,
+            "perf_analyzer": f"--async --max-threads {load.client_threads}"
+            + (
+                f", pinned to cores {','.join(map(str, load.client_cpus))}, the server on the others"
+                if load.client_cpus
+                else ""
+            ),
             "layouts": sorted({r["variant"] for r in rows}),
             "requests_from": "synthetic Zipf histories" + (", and ML-100K's test histories" if args.ml100k else ""),
-            "slo_p99_ms": 10.0,
+            "slo_p99_ms": load.slo_p99_ms,
         },
         "results": rows,
         "ratios": per_variant,
@@ -345,13 +323,21 @@ def main() -> None:
         **({"rule_steps_by_variant": steps} if steps else {}),
         "notes": notes,
     }
-    (args.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    write_report(result | {"ratios": next(iter(per_variant.values()), ratios(rows, 10.0))}, args.out / "report.md")
-    with (args.out / "report.md").open("a") as report:
+    write_result(result, args.out)
+
+
+def write_result(result: dict, out: Path) -> None:
+    """summary.json, report.md (the first variant's ratios, and the native answers' checks), and the notes."""
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    per_variant, checks = result["ratios"], result["native_checks"]
+    first = next(iter(per_variant.values()), ratios(result["results"], SLO_P99_MS))
+    write_report(result | {"ratios": first}, out / "report.md")
+    with (out / "report.md").open("a") as report:
         report.write("\n## Native answers against fused (eager, the same precision, the same repository)\n\n")
         for name, check in checks.items():
             report.write(f"- {name}: {json.dumps(check)}\n")
-    print(json.dumps({"notes": notes, "ratios": per_variant, "native_checks": checks, "rules": overheads}, indent=1))
+    summary = {"notes": result["notes"], "ratios": per_variant, "native_checks": checks}
+    print(json.dumps(summary | {"rules": result["rule_overhead_by_variant"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -115,3 +115,24 @@ def test_the_contract_tables_names_resolve_and_every_artifact_module_has_its_row
 
 
 FILE_SUFFIXES = ("json", "npy", "npz", "pt", "parquet", "pbtxt", "md", "png", "onnx", "yml", "yaml", "sh", "cc")
+
+
+def test_no_verb_imports_another_verbs_module():
+    """A verb's module (each module `recserve.cli.main` registers, and the optional groups) imports what verbs
+    share (console, options, store_access, metrics_report, ...), never another verb: a group's own parts
+    (sagemaker_*) are the group's."""
+    cli = SRC / "recserve" / "cli"
+    verbs = {m.removeprefix("recserve.cli.") for m in _imported(cli / "main.py") if m.count(".") == 2}
+    verbs |= {"sagemaker", "deploy"}
+    shared = {"console", "options", "env"}  # main.py's own helpers: the console, the version
+    verbs -= shared
+    found = []
+    for name in sorted(verbs):
+        for module in sorted(_imported(cli / f"{name}.py")):
+            other = module.removeprefix("recserve.cli.")
+            if module.startswith("recserve.cli.") and other in verbs and other != name:
+                found.append(f"cli/{name}.py imports the verb {other}")
+            if other.startswith("sagemaker_") and name != "sagemaker":
+                found.append(f"cli/{name}.py imports the sagemaker group's part {other}")
+    assert len(verbs) >= 15 and "events" in verbs and "store" in verbs
+    assert not found, found

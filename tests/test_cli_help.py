@@ -48,3 +48,29 @@ def test_at_80_columns_each_options_help_reads_under_its_name_not_in_a_squeezed_
     assert {"--data", "--relative-positions", "--warm-start"} <= set(names), names
     data = runner.invoke(app, ["data", "--help"], env={"COLUMNS": "80"}).output
     assert re.search(r"^│ --min-user-interactions\b", data, flags=re.M), data
+
+
+def test_the_helps_lists_of_models_layouts_and_backends_come_from_their_registries():
+    """A model, layout or backend added to its registry is in the help without a word of the CLI changed."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import dataclasses, sys
+from recserve.artifacts import served
+from recserve.export import backends
+from recserve.models import registry
+registry.MODELS["gru4rec"] = dataclasses.replace(registry.MODELS["sasrec"], name="gru4rec", about="a new model")
+served.LAYOUTS["shadow"] = served.ServedLayout(("shadow_model",), about="a new layout")
+backends.BACKENDS = (*backends.BACKENDS, "openvino")
+from typer.testing import CliRunner
+from recserve.cli.main import app
+for verb in ("train", "repo", "export", "bench"):
+    print(CliRunner().invoke(app, [verb, "--help"]).output)
+"""
+    wide = os.environ | {"COLUMNS": "1000"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=wide).stdout
+    assert "gru4rec (a new model)" in out and "[default: sasrec]" in out
+    assert "shadow (a new layout)" in out and "of fused, native, seed, session, native_session, echo, shadow" in out
+    assert "cudagraph, torch_tensorrt or openvino" in out

@@ -44,3 +44,32 @@ def option(
 def has_option(item: Field) -> bool:
     """Whether a dataclass field is set from the command line (``option`` with a help)."""
     return bool(item.metadata.get("help"))
+
+
+def add_arguments(parser: Any, settings: type, defaults: dict | None = None) -> None:
+    """Adds to an ``argparse`` parser (a benchmark script's) one argument a field of ``settings`` that has an
+    option, with its help and its default (``defaults`` replacing some); ``from_arguments`` reads them back."""
+    import argparse
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(settings)
+    for item in dataclasses.fields(settings):
+        if not has_option(item):
+            continue
+        kind = item.metadata.get("cli_type") or hints[item.name]
+        kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)  # X | None: X
+        default = (defaults or {}).get(item.name, item.default)
+        flags = item.metadata.get("flags") or ("--" + item.name.replace("_", "-"),)
+        if kind is bool:
+            parser.add_argument(*flags, dest=item.name, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            parser.add_argument(*flags, dest=item.name, type=kind, default=default, help=item.metadata["help"])
+
+
+def from_arguments(settings: type, arguments: Any, **more: Any) -> Any:
+    """The ``settings`` made of what ``add_arguments`` added to a parser, and ``more`` fields."""
+    import dataclasses
+
+    given = {f.name: getattr(arguments, f.name) for f in dataclasses.fields(settings) if has_option(f)}
+    return settings(**given, **more)

@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import SERVED_LAYOUTS, needs_native_backends
 
 from recserve.bench.load_report import ratios
+from recserve.bench.load_settings import LoadSettings
 from recserve.bench.perf_analyzer import LoadLevel, find_perf_analyzer
 from recserve.bench.sweep import real_histories, sweep
 from recserve.bench.triton_trace import read_traces, trace_args
@@ -28,10 +29,7 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
         histories,
         string_ids,
         repo=int_repo,
-        measurement_ms=800,
-        slo_p99_ms=1000,
-        client_threads=2,
-        trace_rate=3,
+        load=LoadSettings(measurement_ms=800, slo_p99_ms=1000, client_threads=2, trace_rate=3),
     )
     return out, result
 
@@ -117,7 +115,8 @@ def test_a_run_that_runs_past_its_bound_stops_the_sweep_with_what_it_measured(in
     histories, string_ids = real_histories(ml100k_dir)
     levels = [LoadLevel("concurrency", 1), LoadLevel("concurrency", 2)]
     # a bound no run can keep: perf_analyzer is killed in its first window, and the sweep returns what it has
-    result = sweep(["fused"], levels, tmp_path, histories, string_ids, repo=int_repo, run_timeout_s=0.3)
+    load = LoadSettings(run_timeout_s=0.3)
+    result = sweep(["fused"], levels, tmp_path, histories, string_ids, repo=int_repo, load=load)
     (row,) = result["results"]  # the second level was not run
     assert row["timed_out"] and row["errors"] == 1 and "perf_analyzer ran past 0 s" in row["error"], row
     assert result["stopped"] == f"fused concurrency 1: {row['error']}; the levels after it were not run"
@@ -132,7 +131,8 @@ def test_a_trace_file_that_is_not_one_is_refused(tmp_path):
     with pytest.raises(ValueError, match="trace rate 0"):
         trace_args(tmp_path / "trace.json", 0)
     with pytest.raises(ServingError, match="tracing needs --repo"):
-        sweep(["native"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3", trace_rate=10)
+        load = LoadSettings(trace_rate=10)
+        sweep(["native"], [LoadLevel("concurrency", 1)], tmp_path, [], url="a:1,a:2,a:3", load=load)
 
 
 def test_ratios_formula():

@@ -545,6 +545,7 @@ def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each
     """`recserve bench --rules`: the fused and native layouts under a stored rule, 20 excluded items a request
     and a tenth of the catalogue hidden, each level beside no rule; every request answered, the hidden items
     shown again after their runs, and no answer after a hidden run showed one."""
+    from recserve.bench.load_settings import LoadSettings
     from recserve.bench.perf_analyzer import LoadLevel
     from recserve.bench.sweep import real_histories, sweep
 
@@ -558,10 +559,7 @@ def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each
         histories,
         string_ids,
         repo=server.repo,
-        measurement_ms=300,
-        slo_p99_ms=1000,
-        client_threads=1,
-        rules=rules,
+        load=LoadSettings(measurement_ms=300, slo_p99_ms=1000, client_threads=1, rules=rules),
     )
     rows = result["results"]
     assert sorted((r["layout"], r.get("rules", "none")) for r in rows) == sorted(
@@ -580,7 +578,8 @@ def test_a_load_test_under_each_rule_variant_runs_beside_none_and_says_what_each
     with _store(store_dir) as store:
         assert store.hidden()[1] == []  # shown again after the hidden variant's runs
     with pytest.raises(ServingError, match="--rules 'hidden:200': expected none, rule:NAME, exclude:N"):
-        sweep(["fused"], [LoadLevel("concurrency", 1)], tmp_path, histories, repo=server.repo, rules="hidden:200")
+        load = LoadSettings(rules="hidden:200")
+        sweep(["fused"], [LoadLevel("concurrency", 1)], tmp_path, histories, repo=server.repo, load=load)
 
 
 def _integration_blocks() -> list[str]:

@@ -155,6 +155,7 @@ def test_a_store_that_is_down_answers_from_the_requests_items_or_refuses(session
 
 
 def test_perf_analyzer_asks_by_session_with_events_mixed_in(session_stack, ml100k_dir, tmp_path):
+    from recserve.bench.load_settings import LoadSettings
     from recserve.bench.perf_analyzer import BENCH_SESSION, LoadLevel
     from recserve.bench.sweep import real_histories, sweep
 
@@ -167,9 +168,7 @@ def test_perf_analyzer_asks_by_session_with_events_mixed_in(session_stack, ml100
         histories,
         string_ids,
         repo=repo,
-        measurement_ms=500,
-        client_threads=2,
-        events_every=4,
+        load=LoadSettings(measurement_ms=500, client_threads=2, events_every=4),
     )
     (row,) = result["results"]
     assert row["errors"] == 0 and row["throughput_rps"] > 10, row

@@ -230,6 +230,7 @@ class ServedLayout:
     models: tuple[str, ...]
     request: str = "items"
     native: bool = False  # a native model: fixed shapes read from its config, every input sent
+    about: str = ""  # what the help of `recserve repo --layout` says of it
 
     @property
     def entry(self) -> str:
@@ -251,13 +252,35 @@ class ServedLayout:
 # every layout, in the order a repository writes them; each has a module of its name in
 # recserve.serving.triton_repository.layouts with its writer, checks and description
 LAYOUTS: dict[str, ServedLayout] = {
-    "fused": ServedLayout((FUSED_MODEL,)),
-    "native": ServedLayout((NATIVE_MODEL,), "native", native=True),
-    "seed": ServedLayout((SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING), "seed"),
-    "session": ServedLayout((SESSION_MODEL, EVENTS_MODEL), "session"),
-    "native_session": ServedLayout((NATIVE_SESSION_MODEL,), "session", native=True),
-    "echo": ServedLayout((ECHO_MODEL,)),
+    "fused": ServedLayout((FUSED_MODEL,), about=f"model `{FUSED_MODEL}`, python"),
+    "native": ServedLayout(
+        (NATIVE_MODEL,),
+        "native",
+        native=True,
+        about=f"`{NATIVE_MODEL}`: TorchScript or ONNX on Triton's own backends, integer IDs, no Python",
+    ),
+    "seed": ServedLayout(
+        (SEED_ENSEMBLE, SEED_PREPROCESSING, SEED_MODEL, SEED_POSTPROCESSING), "seed", about="the PoC's ensemble"
+    ),
+    "session": ServedLayout(
+        (SESSION_MODEL, EVENTS_MODEL),
+        "session",
+        about=f"`{SESSION_MODEL}`: a session ID in, its history read from the store; `{EVENTS_MODEL}` beside it",
+    ),
+    "native_session": ServedLayout(
+        (NATIVE_SESSION_MODEL,),
+        "session",
+        native=True,
+        about=f"`{NATIVE_SESSION_MODEL}`: the same on recserve's own backend, the store read in C++ and the native "
+        "graph scored in one call",
+    ),
+    "echo": ServedLayout((ECHO_MODEL,), about="a fixed answer, the python server stack's ceiling"),
 }
+
+
+def layouts_help() -> str:
+    """The help's list of the layouts: each with what it serves."""
+    return "; ".join(f"{name} ({layout.about})" for name, layout in LAYOUTS.items())
 
 
 @dataclass(frozen=True)

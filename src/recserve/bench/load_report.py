@@ -63,6 +63,13 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
 
 
 def write_report(summary: dict, path: Path) -> None:
+    """report.md: the settings, a row a run, the ratios, then the rules', the traces' and the CPU's sections
+    where the sweep measured them."""
+    lines = _results(summary) + _ratios(summary) + _rules(summary) + _traces(summary) + _cpu(summary)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _results(summary: dict) -> list[str]:
     s = summary["settings"]
     lines = [
         "# Benchmark",
@@ -93,7 +100,11 @@ def write_report(summary: dict, path: Path) -> None:
         )
     if summary.get("stopped"):
         lines += ["", f"The sweep stopped early: {summary['stopped']}."]
-    lines += ["", "## Ratios", ""]
+    return lines
+
+
+def _ratios(summary: dict) -> list[str]:
+    lines = ["", "## Ratios", ""]
     ratios_ = summary["ratios"]
     for a, b in PAIRS:
         for level, v in ratios_.get(f"{a}_over_{b}", {}).items():
@@ -120,6 +131,11 @@ def write_report(summary: dict, path: Path) -> None:
                 else f"{best['throughput_rps']:,.0f} req/s at {best['level']} (p99 {best['p99_ms']:.2f} ms)"
             )
         )
+    return lines
+
+
+def _rules(summary: dict) -> list[str]:
+    lines: list[str] = []
     if summary.get("rule_overhead"):
         lines += ["", "## Business rules beside none", ""]
         for layout, variants in summary["rule_overhead"].items():
@@ -138,6 +154,11 @@ def write_report(summary: dict, path: Path) -> None:
                 if "answers_probed" in v:  # the hide held: answers after each run's load, checked
                     shown, probed = v["answers_showing_hidden"], v["answers_probed"]
                     lines[-1] += f"; {shown} of {probed} answers after it showed a hidden item"
+    return lines
+
+
+def _traces(summary: dict) -> list[str]:
+    lines: list[str] = []
     traced = [r for r in summary["results"] if r.get("trace", {}).get("traces")]
     if traced:
         stages = list(traced[0]["trace"]["p50_ms"])
@@ -162,6 +183,11 @@ def write_report(summary: dict, path: Path) -> None:
             cells = " | ".join(f"{t['p50_ms'][s]:.2f}/{t['p99_ms'][s]:.2f}" for s in stages)
             tail = ", ".join(f"{t['slowest']['mean_ms'][s]:.2f}" for s in stages)
             lines.append(f"| {row_label(r)} | {kind} {value:g} | {t['traces']} | {cells} | {tail} |")
+    return lines
+
+
+def _cpu(summary: dict) -> list[str]:
+    lines: list[str] = []
     measured = [r for r in summary["results"] if r.get("cpu_us_per_request")]
     if measured:
         lines += [
@@ -179,4 +205,4 @@ def write_report(summary: dict, path: Path) -> None:
                 f"- {row_label(r)} at {kind} {value:g}: client {cpu['client']:.0f}, "
                 f"server {cpu['server']:.0f}, models {cpu['models']:.0f}"
             )
-    path.write_text("\n".join(lines) + "\n")
+    return lines

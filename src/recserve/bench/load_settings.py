@@ -1,10 +1,11 @@
-"""How `recserve bench` loads a server: the protocol, perf_analyzer's windows and threads, the SLO it judges
-by, what the requests carry (events by session, business rules) and what the server traces; a field with a
-help is an option."""
+"""How a sweep loads a server: the protocol, perf_analyzer's windows, threads and cores, the SLO it judges by,
+what the requests carry (events by session, business rules), what the server traces and what is checked beside
+the load. Every knob of ``recserve bench`` and ``benchmarks/serving_layouts.py`` is a field here, once: a field
+with a help is an option of both (``recserve.cli.options``; ``option_fields.add_arguments``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from recserve.option_fields import option
 
@@ -39,3 +40,16 @@ class LoadSettings:
         "Trace one in 20 or fewer: at one in 4 under load, Triton 2.51 failed some requests.",
         min=0,
     )
+    keep_traces: bool = option(False, "With --trace-rate: keep Triton's trace files (traces/ in the report folder).")
+    client_cpus: tuple[int, ...] = ()  # cores perf_analyzer is pinned to (the server keeps to the others); ()
+    run_timeout_s: float | None = None  # one perf_analyzer run's limit (None: ten windows and a minute)
+    compare_with_fused: bool = False  # check the native layout against the repository's fused one, if not swept
+
+    def with_client_threads(self) -> LoadSettings:
+        """These settings with ``client_threads`` decided: as given, else one per pinned core, else the default."""
+        from recserve.bench.perf_analyzer import default_client_threads
+
+        return replace(self, client_threads=self.client_threads or len(self.client_cpus) or default_client_threads())
+
+    def run_limit_s(self) -> float:
+        return self.run_timeout_s or self.measurement_ms / 1000 * 10 + 60

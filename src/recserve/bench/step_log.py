@@ -11,6 +11,7 @@ that a client's p50 carries.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from statistics import median
 
 _LINE = re.compile(
@@ -66,3 +67,17 @@ def steps_beside_none(lines: list[dict], min_batches: int = 100) -> dict:
     out["more_ms"] = {step: out["ruled"][step] - out["none"][step] for step in shared}
     out["more_ms"]["all"] = sum(out["more_ms"].values())
     return out
+
+
+def keep_step_summary(server_log: str, folder: Path, rules: bool) -> dict | None:
+    """A sweep's server log's step lines kept in ``folder``/step-summary.log; under rules, each step's median
+    with no rule and under rules (``steps_beside_none``; an error where the periods were too long for the
+    variants' runs); None without rules."""
+    lines = [x for x in server_log.splitlines() if "p50/p99/max" in x]
+    (folder / "step-summary.log").write_text("\n".join(lines) + "\n")
+    if not rules:
+        return None
+    try:
+        return steps_beside_none(read_step_lines(server_log))
+    except ValueError as err:  # periods too long for the variants' runs: see --step-summary-s
+        return {"error": str(err)}

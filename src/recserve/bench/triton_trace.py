@@ -10,10 +10,14 @@ selects the requests that arrived in it.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from recserve.artifacts.served import LAYOUTS
 
 # The stages of one request, in the order they happen, from the frontend having read it to the frontend
 # having sent its answer; they add up to the whole ("server"). gRPC's and HTTP's stamps are alternatives.
@@ -106,3 +110,35 @@ def window_summary(traces: list[Trace], model: str, start_ns: int, end_ns: int) 
             "mean_ms": {name: float(v[slowest].mean()) for name, v in times.items()},
         },
     }
+
+
+class TraceFiles:
+    """A sweep's traces: the server options that write them (one request in ``rate``; none at 0) into a folder
+    of their own, read after the server has stopped (every trace then written), and removed with it."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self._folder = tempfile.TemporaryDirectory()
+        self.file = Path(self._folder.name) / "trace.json"
+        self.server_args = trace_args(self.file, rate) if rate else ()
+
+    def __enter__(self) -> TraceFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._folder.cleanup()
+
+    def summarize(self, windows: list[tuple[dict, int, int]], keep_in: Path | None = None) -> None:
+        """Gives each (row, start ns, end ns) ``trace``: its window's traced requests (``window_summary``), and
+        with ``keep_in`` the window and a copy of the trace files in its traces/ folder."""
+        if not self.rate:
+            return
+        traces = read_traces(self.file)
+        for row, start, end in windows:
+            row["trace"] = window_summary(traces, LAYOUTS[row["layout"]].entry, start, end)
+            if keep_in is not None:
+                row["trace"]["window_ns"] = [start, end]
+        if keep_in is not None:
+            (keep_in / "traces").mkdir(exist_ok=True)
+            for file in self.file.parent.glob(self.file.name + "*"):
+                shutil.copy(file, keep_in / "traces" / file.name)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from recserve.artifacts.served import LAYOUTS
 from recserve.bench.load_settings import LoadSettings
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import Settings, takes
@@ -42,9 +43,9 @@ def bench(
     layouts: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated layouts to load: fused, native, seed, echo, session, native_session (by "
-            "session: their sessions loaded into the repository's store first) (default: every layout the "
-            "repository holds; fused,seed,echo with --url)."
+            help=f"Comma-separated layouts to load, of {', '.join(LAYOUTS)} (by session: their sessions loaded "
+            "into the repository's store first) (default: every layout the repository holds; fused,seed,echo with "
+            "--url)."
         ),
     ] = None,
     concurrency: Annotated[
@@ -76,7 +77,6 @@ def bench(
     data = data or _data_of(repo)
     if layouts is None:
         from recserve.artifacts.repository_record import read_repository_info
-        from recserve.artifacts.served import LAYOUTS
 
         held = read_repository_info(repo)["layouts"] if repo is not None else {}
         layouts = ",".join(x for x in LAYOUTS if x in held) or "fused,seed,echo"
@@ -103,14 +103,8 @@ def bench(
             string_ids,
             repo=repo,
             url=url,
-            protocol=load.protocol,
-            measurement_ms=load.measurement_ms,
-            slo_p99_ms=load.slo_p99_ms,
-            client_threads=load.client_threads,
+            load=load,
             progress=progress,
-            events_every=load.events_every,
-            rules=load.rules,
-            trace_rate=load.trace_rate,
         )
         bar.update(task, completed=len(summary["results"]), description="done")
     console.print((out / "report.md").read_text(), markup=False, highlight=False)

@@ -10,6 +10,7 @@ import typer
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import EXPLORE_NEW_HELP
 from recserve.constants import DEFAULT_MAX_K
+from recserve.export.backends import BACKENDS, DEFAULT_BACKEND
 
 
 @handle_errors
@@ -19,8 +20,9 @@ def export(
     backend: Annotated[
         str | None,
         typer.Option(
-            help="eager, torchscript, onnx, aoti, compile, cudagraph or torch_tensorrt "
-            "(default: onnx on cpu, eager on cuda)."
+            help=f"{', '.join(BACKENDS[:-1])} or {BACKENDS[-1]} (default: "
+            + ", ".join(f"{name} on {device}" for device, name in DEFAULT_BACKEND.items())
+            + ")."
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from recserve.cli.console import console, err_console, handle_errors
-from recserve.cli.events import PasswordEnvOption, StoreOption, open_store
+from recserve.cli.store_access import PasswordEnvOption, StoreOption, open_store
 
 app = typer.Typer(
     help="Items hidden from every answer (out of stock, withdrawn) or shown again; served models follow the "

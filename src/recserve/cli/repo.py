@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from recserve.artifacts.served import LAYOUTS
+from recserve.artifacts.served import LAYOUTS, layouts_help
 from recserve.cli.console import console, export_or_run, handle_errors
 from recserve.cli.options import EXPLORE_NEW_HELP, Settings, takes
 from recserve.constants import DEFAULT_MAX_K
@@ -38,14 +38,7 @@ def repo(
     ] = None,
     layout: Annotated[
         str,
-        typer.Option(
-            help="Comma-separated: fused (model `recommender`, python), native (`recommender_native`: "
-            "TorchScript or ONNX on Triton's own backends, integer IDs, no Python), seed (the PoC's ensemble), "
-            "echo (fixed answer, the python server-stack ceiling), session (`recommender_session`: a session "
-            "ID in, its history read from --session-store), native_session (`recommender_native_session`: the "
-            "same on recserve's own backend, the store read in C++ and the native TorchScript graph scored in one "
-            "call)."
-        ),
+        typer.Option(help="Comma-separated, of: " + layouts_help() + "."),
     ] = "fused",
     backend: Annotated[
         str | None,
@@ -71,7 +64,7 @@ def repo(
     export_or_run(export, run)  # exactly one of them
     layouts = tuple(x.strip() for x in layout.split(",") if x.strip())
     if settings.session_store is None and any(LAYOUTS.get(x, LAYOUTS["fused"]).by_session for x in layouts):
-        from recserve.cli.store import store_dir
+        from recserve.cli.store_access import store_dir
         from recserve.sessions import embedded_store
 
         folder = store_dir(None)  # a laptop's default: recserve's embedded store, no root, started if need be

@@ -16,7 +16,7 @@ from recserve.errors import ServingError
 def _stores(records) -> list[dict]:
     """The embedded stores to report: the default folder's, and those the detached servers' repositories name."""
     from recserve.artifacts.repository_record import read_repository_info, store_of
-    from recserve.cli.store import store_dir
+    from recserve.cli.store_access import store_dir
     from recserve.sessions import embedded_store
 
     folders = {store_dir(None)}

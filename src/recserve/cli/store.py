@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from recserve.cli.console import console, handle_errors
+from recserve.cli.store_access import store_dir
 
 app = typer.Typer(
     help="The embedded session store: a Redis server on loopback with a generated password, run from a folder "
@@ -18,12 +19,6 @@ app = typer.Typer(
 FolderOption = Annotated[
     Path | None, typer.Option("--dir", help="The store's folder (default: store/ in recserve's cache folder).")
 ]
-
-
-def store_dir(folder: Path | None) -> Path:
-    from recserve.files import cache_dir
-
-    return folder or cache_dir() / "store"
 
 
 @app.command()

@@ -9,7 +9,7 @@ import typer
 
 from recserve.cli.console import console, handle_errors
 from recserve.cli.options import Settings, takes
-from recserve.models.registry import DEFAULT_MODEL, MODELS
+from recserve.models.registry import DEFAULT_MODEL, MODELS, models_help
 from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 
 
@@ -38,11 +38,7 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder (a second run on it resumes).")],
     model: Annotated[
         str | None,
-        typer.Option(
-            help="sasrec (causal, next item at every position; the default: it ranks best on every data set "
-            "measured), bert4rec (bidirectional, Cloze task; the PoC's model) or multvae (items from a bag). "
-            "[default: sasrec]"
-        ),
+        typer.Option(help=models_help()),
     ] = None,
     config: Annotated[
         Path | None,
@@ -98,6 +94,6 @@ def train(
     metric, value = next(iter(summary["valid"].items()))
     console.print(f"best validation {metric.upper()} {value:.4f} (epoch {summary['best_epoch']}); run folder {out}")
     if evaluate:
-        from recserve.cli.evaluate import show_and_save
+        from recserve.cli.metrics_report import show_and_save
 
         show_and_save(out, data, cfg.seed, torch_device(cfg.accelerator))
