@@ -135,14 +135,14 @@ def ours_from_run(run_dir: Path) -> list[dict]:
 
 
 def train_ours(data_dir: Path, out: Path) -> Path:
+    from recserve.artifacts.run_metrics import merge_metrics
     from recserve.train.leave_one_out import evaluate_run
-    from recserve.train.run_writer import write_metrics
     from recserve.train.trainer import TrainConfig, train
 
     run = out / "recserve-small"
     started = time.perf_counter()
-    write_metrics(run, train(data_dir, run, {}, TrainConfig(resume=False)))
-    write_metrics(run, evaluate_run(run, data_dir) | {"wall_s": round(time.perf_counter() - started, 1)})
+    merge_metrics(run, train(data_dir, run, {}, TrainConfig(resume=False)))
+    merge_metrics(run, evaluate_run(run, data_dir) | {"wall_s": round(time.perf_counter() - started, 1)})
     return run
 
 

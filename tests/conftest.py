@@ -27,14 +27,14 @@ def ml100k_dir(tmp_path_factory) -> Path:
 
 
 def _train_tiny(data_dir: Path, out: Path, model: str = "bert4rec", **overrides) -> Path:
-    from recserve.train.run_writer import write_metrics
+    from recserve.artifacts.run_metrics import merge_metrics
     from recserve.train.trainer import TrainConfig, train
 
     settings = {"window": 20, "hidden": 32, "layers": 1, "heads": 2} | overrides
     summary = train(
         data_dir, out, settings, TrainConfig(epochs=2, samples_per_user=1, device="cpu", resume=False), model=model
     )
-    write_metrics(out, summary)
+    merge_metrics(out, summary)
     return out
 
 
@@ -242,14 +242,14 @@ def ml100k_implicit_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vae_run(ml100k_implicit_dir, tmp_path_factory) -> Path:
     """Mult-VAE trained briefly on implicit ML-100K, its test metrics in metrics.json."""
+    from recserve.artifacts.run_metrics import merge_metrics
     from recserve.train.heldout import evaluate_heldout_run
-    from recserve.train.run_writer import write_metrics
     from recserve.train.trainer import TrainConfig, train
 
     out = tmp_path_factory.mktemp("vae") / "run"
     cfg = TrainConfig(epochs=25, batch_size=100, weight_decay=0.0, patience=25, device="cpu", resume=False)
-    write_metrics(out, train(ml100k_implicit_dir, out, {}, cfg, model="multvae"))
-    write_metrics(out, evaluate_heldout_run(out, ml100k_implicit_dir))
+    merge_metrics(out, train(ml100k_implicit_dir, out, {}, cfg, model="multvae"))
+    merge_metrics(out, evaluate_heldout_run(out, ml100k_implicit_dir))
     return out
 
 

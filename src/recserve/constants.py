@@ -13,6 +13,7 @@ MODEL_CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
 ITEM_TABLE_FILE = "item_ids.npy"  # sorted item IDs (index i + 1 is ids[i]); also in every export
 POPULARITY_FILE = "popularity.npy"  # interaction counts by index, padding and mask included
+RULE_BANK_FILE = "rules.pt"  # a ruled native model's version folder: the rules recserve's backend reads
 METRICS_FILE = "metrics.json"
 RUN_FILE = "run.json"  # what trained the run: model, settings, data (a rerun must agree)
 

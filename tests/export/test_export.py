@@ -44,6 +44,7 @@ def test_a_ligr_sasrec_exports_with_its_gates(sasrec_run, tmp_path, backend):
     drawn far from their start (gate biases included), exported and checked against eager fp32."""
     import shutil
 
+    from recserve.artifacts.model_config import read_model_config
     from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
     from recserve.models import SASRec, SASRecConfig
 
@@ -52,7 +53,7 @@ def test_a_ligr_sasrec_exports_with_its_gates(sasrec_run, tmp_path, backend):
     config = json.loads((run / MODEL_CONFIG_FILE).read_text()) | {"ligr": True}
     (run / MODEL_CONFIG_FILE).write_text(json.dumps(config))
     torch.manual_seed(0)
-    model = SASRec(SASRecConfig.load(run / MODEL_CONFIG_FILE))
+    model = SASRec(SASRecConfig.from_settings(read_model_config(run)))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.3)

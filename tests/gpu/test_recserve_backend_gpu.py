@@ -116,7 +116,7 @@ LISTED = 128  # the listed items a captured graph takes (recserve.cc's kListed)
 
 
 def test_replayed_graphs_under_rules_answer_what_the_ruled_graph_answers_eagerly(tmp_path):
-    from recserve.serving.triton_repository.rule_bank import load_rule_bank
+    from recserve.artifacts.rule_bank import load_rule_bank
 
     repo = _repository(tmp_path, 0)
     module = torch.jit.load(str(repo / "recommender_native" / "1" / "model.pt"), map_location="cuda:0").eval()

@@ -77,13 +77,13 @@ def repository_catalogue(repo: Path) -> np.ndarray:
         ServingError: a repository that holds neither.
     """
     from recserve.artifacts.catalogue import read_catalogue
-    from recserve.constants import ITEM_TABLE_FILE
+    from recserve.constants import ITEM_TABLE_FILE, RULE_BANK_FILE
 
     for table in sorted(Path(repo).glob(f"*/*/export/{ITEM_TABLE_FILE}")):
         return read_catalogue(table.parent)
-    for bank in sorted(Path(repo).glob("*/*/rules.pt")):
-        from recserve.serving.triton_repository.rule_bank import load_rule_bank
+    from recserve.artifacts.rule_bank import load_rule_bank
 
+    for bank in sorted(Path(repo).glob(f"*/*/{RULE_BANK_FILE}")):
         return load_rule_bank(bank)[0]
     raise ServingError(f"{repo}: no model of it holds its catalogue (a python model's export, or a rule bank)")
 

@@ -8,7 +8,6 @@ still occurs) with Poisson history lengths.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -18,7 +17,9 @@ import torch
 
 from recserve.artifacts.catalogue import write_catalogue
 from recserve.artifacts.item_table import Attribute, ItemAttributes, write_attributes
-from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, WEIGHTS_FILE
+from recserve.artifacts.popularity import write_popularity
+from recserve.artifacts.run_metrics import merge_metrics
+from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.models.model_configs import Bert4RecConfig, SASRecConfig
 from recserve.models.registry import model_entry
@@ -56,8 +57,8 @@ def make_random_run(
     torch.save(model_class(cfg).state_dict(), out / WEIGHTS_FILE)
     write_catalogue(out, np.arange(1, num_items + 1, dtype=np.int64))
     counts = (1e6 / np.arange(1, num_items + 1)).astype(np.int64)
-    np.save(out / POPULARITY_FILE, np.concatenate([[0], counts, [0]]))
-    (out / METRICS_FILE).write_text(json.dumps({"model": model, "random_weights": True}) + "\n")
+    write_popularity(out, np.concatenate([[0], counts, [0]]))
+    merge_metrics(out, {"model": model, "random_weights": True})
     names = np.array([f"c{n:02d}" for n in range(CATEGORIES)])
     codes = (np.arange(1, num_items + 1) % CATEGORIES).astype(np.int32)
     write_attributes(out, ItemAttributes(num_items, {"category": Attribute("category", "string", codes, names)}))

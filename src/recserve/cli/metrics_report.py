@@ -11,14 +11,14 @@ from recserve.cli.console import console
 def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     from rich.table import Table
 
+    from recserve.artifacts.run_metrics import merge_metrics
     from recserve.models.run_loader import model_name
     from recserve.train.run_evaluation import evaluate_test, split_of
-    from recserve.train.run_writer import write_metrics
 
     model, split = model_name(run), split_of(run)
     with console.status("ranking the test split"):
         result = evaluate_test(run, data, seed=seed, device=device)
-    write_metrics(run, result)
+    merge_metrics(run, result)
     cut = result.get("split")
     described = split.description
     if isinstance(cut, dict) and cut.get("kind") == "time":

@@ -21,12 +21,14 @@ def run_row(run: Path, protocol: str) -> dict:
     Raises:
         ConfigError: a folder that holds no finished run.
     """
-    from recserve.constants import METRICS_FILE, MODEL_CONFIG_FILE
+    from recserve.artifacts.model_config import read_model_config
+    from recserve.artifacts.run_metrics import read_metrics
+    from recserve.errors import DataError
 
     try:
-        metrics = json.loads((run / METRICS_FILE).read_text())
-        model = json.loads((run / MODEL_CONFIG_FILE).read_text())
-    except (OSError, ValueError) as err:
+        metrics = read_metrics(run)
+        model = read_model_config(run)
+    except (OSError, ValueError, DataError) as err:
         raise ConfigError(f"{run}: no finished run there ({err}); `recserve train --out {run}` makes one") from err
     test = metrics.get("test", {}).get(protocol, {})
     popular = metrics.get("popularity", {}).get(protocol, {})

@@ -69,8 +69,8 @@ def train(
     (BERT4Rec first), where they differ; in parentheses, each model's. A setting of another model than the
     chosen one is refused.
     """
+    from recserve.artifacts.run_metrics import merge_metrics
     from recserve.devices import torch_device
-    from recserve.train.run_writer import write_metrics
     from recserve.train.train_config import model_settings
     from recserve.train.trainer import train as run_training
 
@@ -90,7 +90,7 @@ def train(
     summary = run_training(data, out, overrides, cfg, model=model, overwrite=overwrite)
     if not summary:
         return  # a DDP worker other than rank 0
-    write_metrics(out, summary)
+    merge_metrics(out, summary)
     metric, value = next(iter(summary["valid"].items()))
     console.print(f"best validation {metric.upper()} {value:.4f} (epoch {summary['best_epoch']}); run folder {out}")
     if evaluate:

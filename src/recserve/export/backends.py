@@ -6,11 +6,9 @@ import importlib
 from pathlib import Path
 from typing import cast
 
-import numpy as np
-
 from recserve.artifacts.catalogue import read_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
-from recserve.constants import POPULARITY_FILE
+from recserve.artifacts.popularity import read_popularity
 from recserve.errors import ExportError
 from recserve.export.backend_protocol import Backend, Runner
 from recserve.export.spec import GraphSpec
@@ -44,8 +42,7 @@ def backend_module(backend: str) -> Backend:
 
 def spec_of(export_dir: Path, manifest: ExportManifest) -> GraphSpec:
     ids = read_catalogue(export_dir)
-    popularity = np.load(Path(export_dir) / POPULARITY_FILE, allow_pickle=False)
-    return GraphSpec(ids, popularity, manifest.window, manifest.model, manifest.id_mapping)
+    return GraphSpec(ids, read_popularity(export_dir), manifest.window, manifest.model, manifest.id_mapping)
 
 
 def load_runner(export_dir: Path, manifest: ExportManifest | None = None, device: str = "cpu") -> Runner:

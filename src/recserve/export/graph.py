@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from recserve.artifacts.catalogue import has_catalogue, read_catalogue
-from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS, POPULARITY_FILE
+from recserve.artifacts.popularity import has_popularity, read_popularity
+from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ConfigError, ExportError
 from recserve.export.spec import GraphSpec
@@ -28,13 +29,13 @@ def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
     """
     run_dir = Path(run_dir)
     model = model_name(run_dir)  # a folder that is no run at all says so first
-    if not has_catalogue(run_dir) or not (run_dir / POPULARITY_FILE).is_file():
+    if not has_catalogue(run_dir) or not has_popularity(run_dir):
         raise ExportError(f"{run_dir}: missing its catalogue or popularity; this run predates them, train it again")
     ids = read_catalogue(run_dir)
     window = load_config(run_dir).window
     in_graph = ids.dtype.kind in "iu" and (graph_searches or use_lookup_table(ids))
     mapping = "graph" if in_graph else "predictor"
-    return GraphSpec(ids, np.load(run_dir / POPULARITY_FILE), window, model, mapping)
+    return GraphSpec(ids, read_popularity(run_dir), window, model, mapping)
 
 
 def build_graph(

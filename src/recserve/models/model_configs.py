@@ -36,10 +36,9 @@ class ModelConfig:
         Path(path).write_text(json.dumps({"model": self.MODEL, **asdict(self)}, indent=2) + "\n")  # type: ignore[call-overload]
 
     @classmethod
-    def load(cls, path: Path) -> Self:
-        raw = json.loads(Path(path).read_text())
-        raw.pop("model", None)
-        return cls(**(cls.BEFORE_FIELDS | raw))
+    def from_settings(cls, settings: dict) -> Self:
+        """The config of ``settings`` as ``artifacts.model_config.read_model_config`` reads them (``model`` aside)."""
+        return cls(**(cls.BEFORE_FIELDS | {k: v for k, v in settings.items() if k != "model"}))
 
 
 ITEM_ATTRIBUTES = True

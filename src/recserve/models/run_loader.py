@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from recserve.constants import EXPORT_MANIFEST, MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.artifacts.model_config import read_model_config
+from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
 from recserve.errors import DataError
 from recserve.models.bert4rec import Bert4Rec
 from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecConfig
@@ -18,21 +18,14 @@ from recserve.models.sasrec import SASRec
 
 def model_name(run_dir: Path) -> str:
     """The model of a run folder (``bert4rec``, ``sasrec`` or ``multvae``)."""
-    path = Path(run_dir) / MODEL_CONFIG_FILE
-    if not path.is_file():
-        if (Path(run_dir) / EXPORT_MANIFEST).is_file():
-            raise DataError(
-                f"{run_dir}: an export, not a training run; serve it with `recserve repo --export {run_dir}`"
-            )
-        raise DataError(f"{run_dir}: not a training run, missing {MODEL_CONFIG_FILE}; run `recserve train` first")
-    name = json.loads(path.read_text()).get("model", "bert4rec")
+    name = read_model_config(run_dir)["model"]
     if name not in MODELS:
-        raise DataError(f"{path}: unknown model {name!r}; this recserve knows {', '.join(MODELS)}")
+        raise DataError(f"{run_dir}: unknown model {name!r}; this recserve knows {', '.join(MODELS)}")
     return name
 
 
 def load_config(run_dir: Path) -> Bert4RecConfig | SASRecConfig | MultVAEConfig:
-    return model_entry(model_name(run_dir)).config.load(Path(run_dir) / MODEL_CONFIG_FILE)
+    return model_entry(model_name(run_dir)).config.from_settings(read_model_config(run_dir))
 
 
 def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:

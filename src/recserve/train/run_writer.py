@@ -12,11 +12,10 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from recserve.artifacts.catalogue import write_catalogue
+from recserve.artifacts.popularity import write_popularity
 from recserve.artifacts.run_record import DATA_FOLDER, read_run_record, write_run_record
-from recserve.constants import ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, POPULARITY_FILE, RUN_FILE
+from recserve.constants import ITEMS_FILE, METRICS_FILE, MODEL_CONFIG_FILE, RUN_FILE
 from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
 
@@ -156,14 +155,5 @@ def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
 def save_catalog(run_dir: Path, data: PreparedData) -> None:
     """Copies what serving needs from the data folder, so that a run folder stands alone."""
     write_catalogue(run_dir, data.vocab.ids)
-    np.save(run_dir / POPULARITY_FILE, data.popularity, allow_pickle=False)
+    write_popularity(run_dir, data.popularity)
     shutil.copyfile(Path(data.info["folder"]) / ITEMS_FILE, run_dir / ITEMS_FILE)
-
-
-def write_metrics(run_dir: Path, update: dict) -> dict:
-    """Merges ``update`` into the run's metrics.json and returns the whole file."""
-    path = Path(run_dir) / METRICS_FILE
-    metrics = json.loads(path.read_text()) if path.exists() else {}
-    metrics |= update
-    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return metrics

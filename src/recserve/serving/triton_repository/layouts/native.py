@@ -16,7 +16,7 @@ from recserve.artifacts import served
 from recserve.artifacts.catalogue import read_catalogue
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.served import Parameter
-from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, NATIVE_PAD_ID
+from recserve.constants import NATIVE_MODEL, NATIVE_ONNX_FILE, NATIVE_PAD_ID, RULE_BANK_FILE
 from recserve.errors import ServingError
 from recserve.files import replaced_on_success
 from recserve.serving.triton_repository.layouts.common import (
@@ -35,7 +35,6 @@ from recserve.serving.triton_repository.native_configs import (
 )
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
-RULE_BANK_FILE = "rules.pt"  # in a ruled model's version folder: what recserve's backend reads of the rules
 
 
 def history_length(manifest: ExportManifest) -> int:
@@ -58,7 +57,7 @@ def write_rule_bank(target: Path, export_dir: Path, manifest: ExportManifest, se
     """The rule bank recserve's backend reads (``rule_bank.RuleBank``): the catalogue's IDs in index order, the
     stored rules' names, and their masks by vocabulary index (row 0 every item; padding and the mask token
     never)."""
-    from recserve.serving.triton_repository.rule_bank import save_rule_bank  # torch, only where one is written
+    from recserve.artifacts.rule_bank import save_rule_bank  # torch, only where one is written
 
     named = stored_rules(export_dir, manifest, settings)
     masks = np.zeros((1 + len(named), manifest.num_items + 2), dtype=bool)

@@ -1,5 +1,6 @@
-"""The rule bank of a native model on recserve's backend (``layouts/native.py`` writes it, the backend's C++ reads
-it with ``torch::jit::load``, no Python there): a TorchScript module whose attributes are the catalogue's item
+"""The rule bank of a native model on recserve's backend (``constants.RULE_BANK_FILE`` in its version folder;
+``layouts/native.py`` writes it, the backend's C++ reads it with ``torch::jit::load``, no Python there, and
+``load_rule_bank`` reads it as the backend does): a TorchScript module whose attributes are the catalogue's item
 IDs in index order, the stored rules' names, and their masks by vocabulary index."""
 
 from pathlib import Path

@@ -1,0 +1,28 @@
+"""A run's ``metrics.json``: what training recorded (the model, the best epoch and its validation, the settings)
+and what evaluation added (the test split under each protocol, popularity beside it, the cold targets and the
+new items). Updates merge into it; written and read only here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recserve.constants import METRICS_FILE
+
+
+def merge_metrics(run_dir: Path, update: dict) -> dict:
+    """Merges ``update`` into the run's metrics.json (made where there is none) and returns the whole file."""
+    path = Path(run_dir) / METRICS_FILE
+    metrics = read_metrics(run_dir) if path.exists() else {}
+    metrics |= update
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
+def read_metrics(run_dir: Path) -> dict:
+    """The run's metrics.json.
+
+    Raises:
+        OSError: there is none; ValueError: it is not JSON.
+    """
+    return json.loads((Path(run_dir) / METRICS_FILE).read_text())
