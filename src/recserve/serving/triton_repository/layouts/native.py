@@ -36,7 +36,6 @@ from recserve.serving.triton_repository.native_configs import (
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
 
-
 def history_length(manifest: ExportManifest) -> int:
     """The native graph's width: the history items of the model's window (the last token is its own)."""
     return manifest.window - 1
