@@ -20,7 +20,7 @@
 #                                    served graph's replay with LiGR blocks
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
 # ddp, quality, candidates, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
-# Results go to $OUT.
+# Results go to $OUT. Each mode's set-up is the table SETUP at the end: a mode's function holds only its work.
 set -uo pipefail
 
 seeds() {  # benchmarks/train_seeds.py, each run bounded (RUN_TIMEOUT_S)
@@ -43,8 +43,8 @@ start_outputs() {  # OUT (default $1) made, and which GPUs this call has
 }
 
 carried_site() {  # the carried wheels importable, this checkout's source first
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
-  export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null || true
+  export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 }
 
@@ -109,9 +109,7 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
 }
 
 cmd_bench() {
-  carried_server
-  out=${OUT:-runs/gpu-bench}
-  nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv || true
+  nvidia-smi --query-gpu=utilization.gpu --format=csv || true
   python3 benchmarks/serving_layouts.py --out "$out" "$@"
 }
 
@@ -124,8 +122,6 @@ cmd_bench() {
 # Each size's results come back as one archive, items-N.tar.gz. The backend logs its steps every STEP_SUMMARY_S
 # seconds (2: shorter than a variant's run, so that rule_steps_by_variant finds periods of one kind).
 cmd_rules() {
-  carried_server
-  out=${OUT:-runs/gpu-rules}; mkdir -p "$out"
   if [ "${PROFILE:-0}" = 1 ]; then
     python3 benchmarks/rules_overhead.py --native --device cuda --items "$(echo ${PROFILE_ITEMS:-${ITEMS:-100000}} | tr ' ' ,)" \
       --batches 1,16,64 --rounds 100 --profile --work /tmp/gpu-rules-profile --out "$out/native-graph-profile.json" \
@@ -155,8 +151,7 @@ cmd_rules() {
 # native, one repository, bf16 TorchScript) and the python session model against fused, perf_analyzer pinned
 # to its own cores; then events' visibility and a store kill under a mixed load (session_load.py) for each.
 cmd_sessions() {
-  carried_server
-  out=${OUT:-runs/gpu-sessions}; work=/tmp/gpu-sessions
+  local work=/tmp/gpu-sessions
   python3 benchmarks/serving_layouts.py --out "$out" --work "$work" --client-cpus 4 \
     --variants native_session-recserve-bf16-plain,session-eager-bf16 --concurrency "${LEVELS:-1,8,16,32,64}" --measurement-ms 1500 "$@"
   for variant in native_session-recserve-bf16-plain:recommender_native_session session-eager-bf16:recommender_session; do
@@ -171,11 +166,6 @@ cmd_sessions() {
 # The GPU tests (pytest arguments, default tests/gpu) against the carried server and the backends built there.
 # The export tests prepare ML-100K, which needs polars: carry .gpu-carry/wheels for them.
 cmd_test() {
-  carried_server
-  if ls .gpu-carry/wheels/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu-carry/wheels/*.whl 2>/dev/null
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  fi
   python3 -m pytest -q -p no:cacheprovider "${@:-tests/gpu}"
 }
 
@@ -189,8 +179,7 @@ cmd_test() {
 # (polars for Python 3.12). video.txt: VIDEO=1 (needs .gpu-carry/video; VIDEO_BATCH, default 128).
 # The training runs' JSON files end up in one, runs.json ({file name: its content}).
 cmd_ddp() {
-  carried_site
-  out=${OUT:-runs/gpu-ddp}; mkdir -p "$out"; work=$(mktemp -d /tmp/ddp-work.XXXX)
+  local work; work=$(mktemp -d /tmp/ddp-work.XXXX)
   python3 benchmarks/train_scale.py --sizes 1000000:200000 --work "$work" --prepare-only --out "$out/prepared.json"
   scale() { python3 benchmarks/train_scale.py --device cuda --work "$work" --epochs 2 --data "$work/data-1000000-200000" "$@" >> "$out/scale.log" 2>&1; }
   compiled() {  # the run with --compile; eager (and said so in the log) where compiling fails
@@ -234,8 +223,6 @@ cmd_ddp() {
 # times are not solo times). Carries .gpu-carry/wheels (polars for Python 3.12) and the prepared folders
 # .gpu-carry/video and .gpu-carry/ml100k.
 cmd_quality() {
-  carried_site
-  start_outputs runs/gpu-quality
   local sets=("$@"); [ ${#sets[@]} -gt 0 ] || sets=(video ml100k)
   for data in "${sets[@]}"; do
     local seed_list=0,1,2,3,4; [ "$data" = video ] && seed_list=0,1,2
@@ -260,8 +247,6 @@ cmd_quality() {
 cmd_candidates() {
   local variants=("$@")
   [ ${#variants[@]} -gt 0 ] || { echo "candidates: name at least one NAME=OPTIONS" >&2; return 2; }
-  carried_site
-  start_outputs runs/gpu-candidates
   local args=(--variant "default=--device cuda ${BASE:-}")
   for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${BASE:-} ${v#*=}"); done
   seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel "${PARALLEL:-9}" "${args[@]}" \
@@ -276,8 +261,6 @@ cmd_candidates() {
 # 100,000 items, the test ranking of 200,000 users x 1M items (with a profile), and the served graph's
 # batch-1 replay with and without relative positions. Carries .gpu-carry/wheels.
 cmd_lean() {
-  carried_site
-  start_outputs runs/gpu-lean
   local scale="python3 benchmarks/train_scale.py --model sasrec --no-test"
   python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/lean --prepare-only \
     --out "$out/prepared.json" | tail -n 1
@@ -301,8 +284,6 @@ cmd_lean() {
 # rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
-  carried_site
-  start_outputs runs/gpu-speed
   local parts=" ${PARTS:-tests rank bert4rec sasrec graph} "
   if [[ $parts == *" tests "* ]]; then
     python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
@@ -340,8 +321,6 @@ cmd_speed() {
 # default SASRec on video.txt trained with DDP on both GPUs (`--devices 2`) for the one-GPU comparison.
 # Carries .gpu-carry/wheels (polars for Python 3.12), .gpu-carry/video and .gpu-carry/ml100k.
 cmd_sasrec() {
-  carried_site
-  start_outputs runs/gpu-sasrec
   export RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-290}
   S="--model sasrec --device cuda"
   CUDA_VISIBLE_DEVICES=0 seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel 3 --variant "sasrec=$S" \
@@ -359,7 +338,22 @@ cmd_sasrec() {
   tail -n 12 "$out"/*.log
 }
 
-case "${1:-}" in
-  pack|bench|sessions|rules|test|ddp|quality|candidates|lean|speed|sasrec) cmd=$1; shift; "cmd_$cmd" "$@" ;;
-  *) echo "usage: scripts/offline_gpu.sh pack|bench|sessions|rules|test|ddp|quality|candidates|lean|speed|sasrec [options]" >&2; exit 2 ;;
+# The modes, each with the set-up it needs: site (the carried wheels, with .gpu-carry's, and this checkout's
+# source first), server (that, the carried Triton server and perf_analyzer, the native backends built there) or
+# here (this machine). A mode there writes to $OUT (default runs/gpu-MODE), the GPUs it has printed first.
+declare -A SETUP=(
+  [pack]=here
+  [bench]=server [sessions]=server [rules]=server [test]=server
+  [ddp]=site [quality]=site [candidates]=site [lean]=site [speed]=site [sasrec]=site
+)
+mode=${1:-}
+if [ -z "$mode" ] || [ -z "${SETUP[$mode]:-}" ]; then
+  echo "usage: scripts/offline_gpu.sh $(printf '%s\n' "${!SETUP[@]}" | sort | paste -sd'|') [options]" >&2
+  exit 2
+fi
+shift
+case ${SETUP[$mode]} in
+  server) carried_server; carried_site; start_outputs "runs/gpu-$mode" ;;
+  site) carried_site; start_outputs "runs/gpu-$mode" ;;
 esac
+"cmd_$mode" "$@"
