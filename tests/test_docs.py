@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|shell|console)\s*$")
 RUN = "<!-- run by tests/test_docs.py -->"
-RUN_ELSEWHERE = re.compile(r"^<!-- run by (tests/[\w/]+\.py) -->$")  # a block another test file runs
+RUN_ELSEWHERE = re.compile(r"^<!-- run by (tests/[\w/]+\.py)( [\w ]+)? -->$")  # a block another test file runs
 ILLUSTRATIVE = re.compile(r"^<!-- illustrative: .+ -->$")
 OPERATORS = {"&&", "||", ";", "|", "&", ">", "<", ">>"}
 

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -629,6 +630,52 @@ def test_docs_integrations_curl_and_redis_cli_blocks_answer_as_they_say(shop):
     finally:
         with _store(store_dir) as store:
             store.hide(["313"], hidden=False)
+
+
+def test_docs_grpcurl_blocks_answer_over_grpc_as_they_say(shop, tmp_path):
+    """The gRPC blocks of docs/integration.md, run as written with grpcurl (a test tool of the suite's) and
+    recserve's protoset against the real server: the top 5 of the items by HTTP decoded from Triton's raw
+    output, a session on recserve's backend that took its two items, and an event alone stored."""
+    import base64
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_docs import shell_blocks
+
+    server, _, _ = shop
+    marker = "<!-- run by tests/rules/test_rules_serving.py over gRPC -->"
+    blocks = ["\n".join(c) for where, before, c in shell_blocks() if before == marker and "integration" in where]
+    assert len(blocks) == 2, blocks
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # the suite's grpcurl and python
+    answers = []
+    for block in blocks:
+        script = block.replace("127.0.0.1:8001", server.grpc_url)
+        run = subprocess.run(
+            ["bash", "-c", "set -eo pipefail\n" + script],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=os.environ | {"PATH": path},
+        )
+        assert run.returncode == 0, f"{block}\n{run.stdout}\n{run.stderr}"
+        text, decoder = run.stdout[run.stdout.index("{") :], json.JSONDecoder()
+        while text.strip():
+            answer, end = decoder.raw_decode(text)
+            answers.append(answer)
+            text = text[end:].lstrip()
+
+    def output(answer: dict, name: str) -> np.ndarray:
+        n = [o["name"] for o in answer["outputs"]].index(name)
+        kind = {"INT64": np.int64, "INT32": np.int32, "FP32": np.float32}[answer["outputs"][n]["datatype"]]
+        return np.frombuffer(base64.b64decode(answer["raw_output_contents"][n]), dtype=np.dtype(kind).newbyteorder("<"))
+
+    by_items, by_session, event = answers
+    assert output(by_items, "item_ids").tolist() == model_top_ids_of(server, [1, 2, 3], 5)
+    assert output(by_session, "history_length").tolist() == [2] and len(output(by_session, "item_ids")) >= 5
+    assert output(event, "stored").tolist() == [1]
+    with RecommenderClient(server.grpc_url) as client:  # the event appended to the same session, once
+        assert client.recommend_session("shopper-9", k=5).history_length == 3
 
 
 def model_top_ids_of(server, history: list[int], k: int) -> list[int]:
