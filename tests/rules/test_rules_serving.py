@@ -683,24 +683,30 @@ def model_top_ids_of(server, history: list[int], k: int) -> list[int]:
         return client.recommend(history, k=k).item_ids.tolist()
 
 
-def test_items_appended_with_the_clients_event_ids_are_stored_once_when_the_request_is_sent_again(shop):
-    """Once the session model took no event ID, so a client's retry stored its click twice. With the client's
-    IDs the request sent again changes nothing; a bad ID or shape fails its own request in one line."""
+@pytest.mark.parametrize("model", [SESSION_MODEL, NATIVE_SESSION_MODEL])
+def test_items_appended_with_the_clients_event_ids_are_stored_once_when_the_request_is_sent_again(shop, model):
+    """Once the session models took no event ID, so a client's retry stored its click twice. With the client's
+    IDs the request sent again changes nothing, in the python model and on recserve's backend alike; a bad ID
+    or shape fails its own request in one line."""
     server, _, _ = shop
+    session = f"evt-shopper-{model}"
     with RecommenderClient(server.grpc_url) as client:
-        first = client.recommend_session("evt-shopper", [50, 172], k=5, event_ids=["click-1", "click-2"])
-        again = client.recommend_session("evt-shopper", [50, 172], k=5, event_ids=["click-1", "click-2"])
+        first = client.recommend_session(session, [50, 172], k=5, model=model, event_ids=["click-1", "click-2"])
+        again = client.recommend_session(session, [50, 172], k=5, model=model, event_ids=["click-1", "click-2"])
         assert first.history_length == again.history_length == 2  # the retry stored nothing twice
-        mixed = client.recommend_session("evt-shopper", [181, 258], k=5, event_ids=["click-3", ""])
+        mixed = client.recommend_session(session, [181, 258], k=5, model=model, event_ids=["click-3", ""])
         assert mixed.history_length == 4  # an item without the client's ID gets one of recserve's
         for ids, message in (
             (["has space", "x"], "event_ids: 1 to 64 letters, digits or '._:-'"),
             (["only-one"], "event_ids: BYTES of item_ids' shape [1, 2]"),
         ):
             with pytest.raises(RecommendError, match=re.escape(message)) as err:
-                client.recommend_session("evt-shopper", [7, 8], k=5, event_ids=ids)
+                client.recommend_session(session, [7, 8], k=5, model=model, event_ids=ids)
             assert err.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
-        assert client.recommend_session("evt-shopper", k=5).history_length == 4  # nothing of those stored
+        assert client.recommend_session(session, k=5, model=model).history_length == 4  # none of those stored
+    with _upkeep(shop[1]) as store:  # the client's IDs are the members' IDs (store contract): once each
+        members = store._client.zrange(store.settings.key(session), 0, -1)
+    assert sorted(m for m in members if m.startswith("click-")) == ["click-1 50", "click-2 172", "click-3 181"]
 
 
 def test_the_events_model_stores_an_event_sent_twice_with_its_id_once(shop):

@@ -14,7 +14,8 @@
 //
 // By session (parameter session_store: the store's record, JSON; history_length: the graph's width): the
 // `recommender_native_session` contract, session_id BYTES (B, 1), item_ids INT64 (B, -1) optional (items to
-// append to the row's session first; -1 is padding), k, exclude_seen in; item IDs, scores (k wide),
+// append to the row's session first; -1 is padding), event_ids BYTES (B, -1) optional (the client's ID of each
+// item, "" for none: an event sent again with its ID is stored once), k, exclude_seen in; item IDs, scores (k wide),
 // unknown_ids, history_source INT32 (0 the store, 1 the request's items alone), history_length INT32 out. One
 // round trip to the store a batch (session_store.h) appends every row's items and reads every session's
 // newest items; the rows' histories are staged as the graph takes them and scored in the same execution.
@@ -37,6 +38,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -69,12 +71,14 @@ const TRITONSERVER_DataType kOutputTypes[kOutputs] = {
     TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32};
 const at::ScalarType kInputScalars[kInputs] = {at::kLong, at::kInt, at::kBool};
 const at::ScalarType kOutputScalars[kOutputs] = {at::kLong, at::kFloat, at::kInt};
-// by session: session_id, item_ids (optional), k, exclude_seen in; the graph's outputs, history_source and
-// history_length out
-constexpr int kSessionInputs = 4;
+// by session: session_id, item_ids (optional), event_ids (optional), k, exclude_seen in; the graph's outputs,
+// history_source and history_length out
+constexpr int kSessionInputs = 5;
 constexpr int kSessionOutputs = 5;
 const TRITONSERVER_DataType kSessionInputTypes[kSessionInputs] = {
-    TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_BOOL};
+    TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT32,
+    TRITONSERVER_TYPE_BOOL};
+constexpr int kSessionFirstGraphInput = 3;  // k: the first of the inputs the graph takes as they come
 const TRITONSERVER_DataType kSessionOutputTypes[kSessionOutputs] = {
     TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_INT32,
     TRITONSERVER_TYPE_INT32};
@@ -239,7 +243,7 @@ class ModelState : public BackendModel {
   }
 
  private:
-  // optional inputs allowed: by session, item_ids
+  // optional inputs allowed: by session, item_ids and event_ids
   explicit ModelState(TRITONBACKEND_Model* triton_model) : BackendModel(triton_model, true) {}
   TRITONSERVER_Error* ReadContract();
   TRITONSERVER_Error* ReadParameters();
@@ -335,7 +339,8 @@ ModelState::ReadContract()
             std::string(kinds[side]) + " " + std::to_string(i) + " ('" + names[side][i] + "') is " + type + "; the " +
             contract + " contract has " + TRITONSERVER_DataTypeString(want) + " there");
       }
-      if (side == 0 && !rule && !(by_session_ && i == 1)) {  // by session, item_ids are as wide as a request's
+      // by session, item_ids and event_ids are as wide as a request's
+      if (side == 0 && !rule && !(by_session_ && (i == 1 || i == 2))) {
         std::vector<int64_t> dims;
         RETURN_IF_ERROR(ParseShape(tensor, "dims", &dims));
         const bool history = !by_session_ && i == 0;
@@ -507,10 +512,12 @@ struct Slot {
   std::string unavailable = "";  // by session: the store's problem where the request cannot be answered
 };
 
-// A request's rows by session: their session IDs and the items to append to each first.
+// A request's rows by session: their session IDs, the items to append to each first and the client's ID of
+// each item ("" where it has none: the store gives it one of the batch's).
 struct SessionRows {
   std::vector<std::string> sessions;
   std::vector<std::vector<int64_t>> events;
+  std::vector<std::vector<std::string>> event_ids;
 };
 
 // One instance: the loaded graph on its device; on a GPU its captured graphs and their static tensors.
@@ -863,6 +870,35 @@ GatherStrings(const InputView& view, const std::string& name, int64_t count, std
   return nullptr;
 }
 
+// The client's event IDs of a request's items (`name`, optional: `out` left empty where absent): BYTES of the
+// items' shape, each "" (no ID: the store gives one) or 1 to 64 letters, digits or '._:-'
+// (store_contract.event_problem), as the python models take them.
+TRITONSERVER_Error*
+GatherEventIds(
+    TRITONBACKEND_Request* request, const std::string& name, const std::vector<int64_t>& shape,
+    std::vector<std::string>* out)
+{
+  InputView view;
+  RETURN_IF_ERROR(ViewInput(request, name, true, &view));
+  if (view.input == nullptr) {
+    return nullptr;
+  }
+  if (view.type != TRITONSERVER_TYPE_BYTES || view.shape != shape) {
+    return Error(
+        name + ": BYTES of item_ids' shape [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + "]");
+  }
+  RETURN_IF_ERROR(GatherStrings(view, name, shape[0] * shape[1], out));
+  for (const std::string& id : *out) {
+    const bool allowed = std::all_of(id.begin(), id.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-';
+    });
+    if (id.size() > 64 || !allowed) {
+      return Error(name + ": 1 to 64 letters, digits or '._:-', got '" + id.substr(0, 80) + "'");
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 TRITONSERVER_Error*
@@ -916,6 +952,7 @@ ModelInstanceState::StageSession(
   const std::string& items_name = model_->InputName(1);
   RETURN_IF_ERROR(ViewInput(request, items_name, true, &items));
   found->events.assign(*rows, {});
+  found->event_ids.assign(*rows, {});
   if (items.input != nullptr) {
     if (items.type != TRITONSERVER_TYPE_INT64 || items.shape.size() != 2 || items.shape[0] != *rows ||
         items.shape[1] > kMaxAppended) {
@@ -925,17 +962,26 @@ ModelInstanceState::StageSession(
     }
     std::vector<int64_t> ids(items.bytes / sizeof(int64_t));
     RETURN_IF_ERROR(Gather(items, items_name, reinterpret_cast<char*>(ids.data())));
+    std::vector<std::string> event_ids;
+    RETURN_IF_ERROR(GatherEventIds(request, model_->InputName(2), items.shape, &event_ids));
     for (int64_t r = 0; r < *rows; ++r) {
       for (int64_t c = 0; c < items.shape[1]; ++c) {
         const int64_t id = ids[r * items.shape[1] + c];
         if (id != model_->PaddingId()) {
           found->events[r].push_back(id);
+          found->event_ids[r].push_back(event_ids.empty() ? std::string() : event_ids[r * items.shape[1] + c]);
         }
       }
     }
+  } else {
+    InputView event_ids;  // IDs of no items: refused, as the python models refuse them
+    RETURN_IF_ERROR(ViewInput(request, model_->InputName(2), true, &event_ids));
+    if (event_ids.input != nullptr) {
+      return Error("input '" + model_->InputName(2) + "': the IDs of the events in " + items_name + ", which is absent");
+    }
   }
   for (int i = 1; i < kInputs; ++i) {  // k and exclude_seen, as the graph takes them
-    const std::string& name = model_->InputName(i + 1);
+    const std::string& name = model_->InputName(kSessionFirstGraphInput + i - 1);
     InputView view;
     RETURN_IF_ERROR(ViewInput(request, name, false, &view));
     if (view.type != kInputTypes[i] || view.shape.size() != 2 || view.shape[0] != *rows || view.shape[1] != 1) {
@@ -948,7 +994,9 @@ ModelInstanceState::StageSession(
   const int32_t* ks = staged_[1].data_ptr<int32_t>() + first_row;
   for (int64_t r = 0; r < *rows; ++r) {
     if (ks[r] < 1 || ks[r] > model_->MaxK()) {
-      return Error("input '" + model_->InputName(2) + "': k out of range (1.." + std::to_string(model_->MaxK()) + ")");
+      return Error(
+          "input '" + model_->InputName(kSessionFirstGraphInput) + "': k out of range (1.." +
+          std::to_string(model_->MaxK()) + ")");
     }
     *width = std::max<int64_t>(*width, ks[r]);
   }
@@ -1151,7 +1199,8 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
   std::vector<std::vector<int64_t>> histories;
   int64_t version = hidden_version_;  // the hidden items' version, read in the same round trip under rules
   const std::string problem =
-      store_->AppendAndRead(batch.sessions, batch.events, count, &histories, model_->Rules() ? &version : nullptr);
+      store_->AppendAndRead(
+          batch.sessions, batch.events, batch.event_ids, count, &histories, model_->Rules() ? &version : nullptr);
   if (model_->Rules()) {
     RefreshHidden(version);
   }
@@ -1335,6 +1384,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     for (size_t row = 0; row < found.sessions.size(); ++row) {
       batch.sessions.push_back(std::move(found.sessions[row]));
       batch.events.push_back(std::move(found.events[row]));
+      batch.event_ids.push_back(std::move(found.event_ids[row]));
     }
   }
   SET_TIMESTAMP(compute_start_ns);

@@ -473,7 +473,8 @@ SessionStore::Dial()
 
 std::string
 SessionStore::RoundTrip(
-    const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
+    const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
+    const std::vector<std::vector<std::string>>& event_ids, int64_t count,
     std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable)
 {
   *retryable = false;
@@ -491,8 +492,9 @@ SessionStore::RoundTrip(
     sent = sent && redisAppendCommandArgv(c_, command.argc(), command.argv.data(), command.lengths.data()) == REDIS_OK;
     ++expected;
   };
-  // each event one member, "EVENT_ID ITEM" scored by now (a microsecond apart in row order), its ID made of
-  // this batch's random token: a batch sent again stores nothing twice (store_contract)
+  // each event one member, "EVENT_ID ITEM" scored by now (a microsecond apart in row order), its ID the
+  // client's where it gave one (sent again, ZADD NX stores it once), else made of this batch's random token
+  // (store_contract)
   char token[32];
   std::snprintf(token, sizeof(token), "%016llx", static_cast<unsigned long long>(random_()));
   const double now = Now();
@@ -510,8 +512,10 @@ SessionStore::RoundTrip(
       char score[32];
       std::snprintf(score, sizeof(score), "%.6f", now + 1e-6 * static_cast<double>(e));
       add.push_back(score);
-      add.push_back(std::string(token) + "-" + std::to_string(i) + "-" + std::to_string(e) + " " +
-                    std::to_string(events[i][e]));
+      const bool given = i < event_ids.size() && e < event_ids[i].size() && !event_ids[i][e].empty();
+      const std::string id =
+          given ? event_ids[i][e] : std::string(token) + "-" + std::to_string(i) + "-" + std::to_string(e);
+      add.push_back(id + " " + std::to_string(events[i][e]));
     }
     send(add);
     send({"ZREMRANGEBYRANK", keys[i], "0", window});
@@ -594,7 +598,8 @@ SessionStore::RoundTrip(
 
 std::string
 SessionStore::AppendAndRead(
-    const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
+    const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
+    const std::vector<std::vector<std::string>>& event_ids, int64_t count,
     std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version)
 {
   // one retry at most, on a fresh connection, and only where an old one was found closed before any answer
@@ -608,7 +613,7 @@ SessionStore::AppendAndRead(
       }
     }
     bool retryable = false;
-    std::string problem = RoundTrip(sessions, events, count, histories, hidden_version, &retryable);
+    std::string problem = RoundTrip(sessions, events, event_ids, count, histories, hidden_version, &retryable);
     if (problem.empty() || !retryable || fresh) {
       return problem;
     }

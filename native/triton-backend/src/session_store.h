@@ -66,8 +66,11 @@ class SessionStore {
   // and the events are acknowledged only if a later call says so.
   // `hidden_version`, where given: the hidden items' version read in the same round trip (unchanged where the
   // store did not answer it).
+  // `event_ids[i][e]`: the client's ID of events[i][e] (the member "ID ITEM", which ZADD NX stores once
+  // however often it is sent), "" or absent for one of the batch's own.
   std::string AppendAndRead(
-      const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
+      const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
+      const std::vector<std::vector<std::string>>& event_ids, int64_t count,
       std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version = nullptr);
 
   // What a read of the items hidden catalogue-wide found: the whole set, or the changes after an entry.
@@ -101,7 +104,8 @@ class SessionStore {
   std::string Dial();
   std::string AskSentinels(std::string* host, int* port);  // the primary of s_.service: "" or the problem
   std::string RoundTrip(
-      const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events, int64_t count,
+      const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
+      const std::vector<std::vector<std::string>>& event_ids, int64_t count,
       std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable);
   void Drop();
   // The most elements a reply of ours may hold: a read's window or a transaction's commands (a session

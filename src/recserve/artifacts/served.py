@@ -205,10 +205,12 @@ def native(history_length: int, onnx: bool = False, ruled: bool = False) -> Cont
 
 
 def native_by_session(history_length: int, ruled: bool = False) -> Contract:
-    """The native contract by session (recserve's backend): the items to append as wide as a request's."""
+    """The native contract by session (recserve's backend): the items to append as wide as a request's, and
+    the client's event IDs beside them (optional), as the session layout takes them."""
     contract = _by_session(native(history_length, ruled=ruled))
     item_ids = dataclasses.replace(contract.inputs[1], dims=(-1,))
-    return dataclasses.replace(contract, inputs=(contract.inputs[0], item_ids, *contract.inputs[2:]))
+    event_ids = TensorSpec(INPUT_EVENT_IDS, "BYTES", (-1,), optional=True)
+    return dataclasses.replace(contract, inputs=(contract.inputs[0], item_ids, event_ids, *contract.inputs[2:]))
 
 
 def seed(id_type: str) -> Contract:
