@@ -80,6 +80,7 @@ HISTORY_FROM_REQUEST = 1
 STORE_UNAVAILABLE = "the session store is unavailable; the server's log says why"
 # the same by session on recserve's own backend: the store read in C++ (hiredis), the native graph scored
 NATIVE_SESSION_MODEL = "recommender_native_session"
+NATIVE_EVENTS_MODEL = "events_native"  # the events model on recserve's backend, beside it: appends in C++
 
 # Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
 NATIVE_MODEL = "recommender_native"

@@ -709,19 +709,32 @@ def test_items_appended_with_the_clients_event_ids_are_stored_once_when_the_requ
     assert sorted(m for m in members if m.startswith("click-")) == ["click-1 50", "click-2 172", "click-3 181"]
 
 
-def test_the_events_model_stores_an_event_sent_twice_with_its_id_once(shop):
-    """The session layout's `events` model: appends and answers how many the store acknowledged, nothing else;
-    an event sent again with its ID is acknowledged and stored once, and the next answer by session has it."""
-    from recserve.constants import EVENTS_MODEL
-
+@pytest.mark.parametrize("model", ["events", "events_native"])
+def test_the_events_model_stores_an_event_sent_twice_with_its_id_once(shop, model):
+    """The session layout's `events` model and the native session layout's `events_native` (appends in C++ on
+    recserve's backend): each appends and answers how many the store acknowledged, nothing else; an event sent
+    again with its ID is acknowledged and stored once, and the next answer by session has it; a bad ID, or items
+    missing, fail their own request."""
     server, _, _ = shop
+    session = f"events-only-{model}"
     with RecommenderClient(server.grpc_url) as client:
-        assert client.send_events("events-only", [50, 172, 181], ["e-1", "e-2", "e-3"]) == 3
-        assert client.send_events("events-only", [50, 172, 181], ["e-1", "e-2", "e-3"]) == 3  # a retry
-        assert client.send_events("events-only", [258]) == 1  # no ID: one of recserve's
-        assert client.recommend_session("events-only", k=5).history_length == 4
+        assert client.send_events(session, [50, 172, 181], ["e-1", "e-2", "e-3"], model=model) == 3
+        assert client.send_events(session, [50, 172, 181], ["e-1", "e-2", "e-3"], model=model) == 3  # a retry
+        assert client.send_events(session, [258], model=model) == 1  # no ID: one of recserve's
+        assert client.recommend_session(session, k=5).history_length == 4
         with pytest.raises(RecommendError, match="event_ids: 1 to 64 letters") as err:
-            client.send_events("events-only", [7], ["bad id"])
+            client.send_events(session, [7], ["bad id"], model=model)
         assert err.value.status in ("400", "StatusCode.INVALID_ARGUMENT")
-        config = client.client.get_model_config(EVENTS_MODEL, as_json=True)["config"]
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException, match="item_ids"):  # a session without its items
+            client.client.infer(model, [_bytes_input(client, "session_id", [[b"s"]])])
+        config = client.client.get_model_config(model, as_json=True)["config"]
         assert [o["name"] for o in config["output"]] == ["stored"]
+        assert client.recommend_session(session, k=5).history_length == 4  # nothing of those stored
+
+
+def _bytes_input(client, name: str, rows: list[list[bytes]]):
+    tensor = client.module.InferInput(name, [len(rows), len(rows[0])], "BYTES")
+    tensor.set_data_from_numpy(np.array(rows, dtype=object))
+    return tensor

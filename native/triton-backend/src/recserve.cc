@@ -22,6 +22,11 @@
 // A store that fails answers the requests that brought items from those alone, and refuses the others
 // with UNAVAILABLE.
 //
+// Events alone (parameters session_store and events_only "true": the `events` contract of the session layout,
+// integer IDs): session_id BYTES (B, 1), item_ids INT64 (B, -1) (padded with -1), event_ids BYTES (B, -1)
+// optional in; stored INT32 (B, 1) out, how many of a row's items the store acknowledged. No graph: one round
+// trip a batch appends every row's items (as by session, nothing read), on a KIND_CPU instance.
+//
 // Business rules (parameter rules_file: the rule bank `recserve repo` compiles, rules.pt): three more
 // optional inputs after the others, rule BYTES (rows, 1) (a rule stored by name), exclude_item_ids and
 // include_item_ids INT64 (rows, items) (padded with -1). The stored rules' masks live on the device; each
@@ -79,6 +84,11 @@ const TRITONSERVER_DataType kSessionInputTypes[kSessionInputs] = {
     TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT32,
     TRITONSERVER_TYPE_BOOL};
 constexpr int kSessionFirstGraphInput = 3;  // k: the first of the inputs the graph takes as they come
+// events alone: session_id, item_ids, event_ids (optional) in; stored out
+constexpr int kEventsInputs = 3;
+const TRITONSERVER_DataType kEventsInputTypes[kEventsInputs] = {
+    TRITONSERVER_TYPE_BYTES, TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_BYTES};
+const TRITONSERVER_DataType kEventsOutputTypes[1] = {TRITONSERVER_TYPE_INT32};
 const TRITONSERVER_DataType kSessionOutputTypes[kSessionOutputs] = {
     TRITONSERVER_TYPE_INT64, TRITONSERVER_TYPE_FP32, TRITONSERVER_TYPE_INT32, TRITONSERVER_TYPE_INT32,
     TRITONSERVER_TYPE_INT32};
@@ -227,6 +237,7 @@ class ModelState : public BackendModel {
   int64_t StepSummaryS() const { return step_summary_s_; }  // 0: no summary of the batches' steps
   const std::vector<int64_t>& Buckets() const { return buckets_; }
   bool BySession() const { return by_session_; }
+  bool EventsOnly() const { return events_only_; }  // appends alone, no graph (by session too)
   int64_t MaxK() const { return max_k_; }
   const StoreSettings& Store() const { return store_; }
   bool Rules() const { return rules_; }
@@ -252,6 +263,7 @@ class ModelState : public BackendModel {
   std::string inputs_[kSessionInputs + kRuleInputs];
   std::string outputs_[kSessionOutputs];
   bool by_session_ = false;
+  bool events_only_ = false;
   StoreSettings store_;
   bool rules_ = false;
   RuleBank bank_;
@@ -296,11 +308,17 @@ ModelState::ReadContract()
   }
   const std::string record = StringParameter(ModelConfig(), "session_store");
   by_session_ = !record.empty();
+  events_only_ = StringParameter(ModelConfig(), "events_only") == "true";
+  if (events_only_ && !by_session_) {
+    return Error("parameter events_only needs the parameter session_store (the store the events go to)");
+  }
   if (by_session_) {
     const std::string problem = ParseStoreRecord(record, &store_);
     if (!problem.empty()) {
       return Error(problem);
     }
+  }
+  if (by_session_ && !events_only_) {
     int64_t length = 0;
     RETURN_IF_ERROR(IntParameter(ModelConfig(), "history_length", 0, &length));
     if (length < 1) {
@@ -309,14 +327,18 @@ ModelState::ReadContract()
     history_length_ = length;
   }
   rules_ = !StringParameter(ModelConfig(), "rules_file").empty();
-  const char* contract = by_session_ ? "recommender_native_session" : "recommender_native";
+  if (events_only_ && rules_) {
+    return Error("an events-only model takes no rules: it answers no recommendations");
+  }
+  const char* contract = events_only_ ? "events" : by_session_ ? "recommender_native_session" : "recommender_native";
   const char* kinds[2] = {"input", "output"};
   const TRITONSERVER_DataType* types[2] = {
-      by_session_ ? kSessionInputTypes : kInputTypes, by_session_ ? kSessionOutputTypes : kOutputTypes};
+      events_only_ ? kEventsInputTypes : by_session_ ? kSessionInputTypes : kInputTypes,
+      events_only_ ? kEventsOutputTypes : by_session_ ? kSessionOutputTypes : kOutputTypes};
   const size_t counts[2] = {
-      size_t((by_session_ ? kSessionInputs : kInputs) + (rules_ ? kRuleInputs : 0)),
-      size_t(by_session_ ? kSessionOutputs : kOutputs)};
-  const size_t rule_input = by_session_ ? kSessionInputs : kInputs;
+      size_t(events_only_ ? kEventsInputs : (by_session_ ? kSessionInputs : kInputs) + (rules_ ? kRuleInputs : 0)),
+      size_t(events_only_ ? 1 : by_session_ ? kSessionOutputs : kOutputs)};
+  const size_t rule_input = events_only_ ? kEventsInputs : by_session_ ? kSessionInputs : kInputs;
   std::string* names[2] = {inputs_, outputs_};
   for (int side = 0; side < 2; ++side) {
     common::TritonJson::Value tensors;
@@ -534,6 +556,12 @@ class ModelInstanceState : public BackendModelInstance {
   }
   TRITONSERVER_Error* Load();
   TRITONSERVER_Error* Stage(TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows);
+  // By session and events alone: the request's session IDs, items and their event IDs into `found` (the items
+  // required where `items_required`).
+  TRITONSERVER_Error* StageAppends(
+      TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, SessionRows* found, bool items_required);
+  // Events alone: every request's rows appended in one round trip, each answered how many the store took.
+  void ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t request_count);
   // By session: the request's session IDs and items into `found`, its k and exclude_seen staged.
   TRITONSERVER_Error* StageSession(
       TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found);
@@ -657,6 +685,10 @@ ModelInstanceState::Load()
 #endif
   if (!gpu && Kind() != TRITONSERVER_INSTANCEGROUPKIND_CPU) {
     return Error("the recserve backend runs KIND_CPU or KIND_GPU instances");
+  }
+  if (model_->EventsOnly()) {  // the store alone: no graph, nothing on a device
+    store_ = std::make_unique<SessionStore>(model_->Store());
+    return nullptr;
   }
   const std::string path = model_->ModelPath(ArtifactFilename());
   try {
@@ -927,8 +959,8 @@ ModelInstanceState::Stage(TRITONBACKEND_Request* request, int64_t first_row, int
 }
 
 TRITONSERVER_Error*
-ModelInstanceState::StageSession(
-    TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found)
+ModelInstanceState::StageAppends(
+    TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, SessionRows* found, bool items_required)
 {
   InputView sessions;
   const std::string& session_name = model_->InputName(0);
@@ -950,7 +982,7 @@ ModelInstanceState::StageSession(
   }
   InputView items;
   const std::string& items_name = model_->InputName(1);
-  RETURN_IF_ERROR(ViewInput(request, items_name, true, &items));
+  RETURN_IF_ERROR(ViewInput(request, items_name, !items_required, &items));
   found->events.assign(*rows, {});
   found->event_ids.assign(*rows, {});
   if (items.input != nullptr) {
@@ -980,6 +1012,14 @@ ModelInstanceState::StageSession(
       return Error("input '" + model_->InputName(2) + "': the IDs of the events in " + items_name + ", which is absent");
     }
   }
+  return nullptr;
+}
+
+TRITONSERVER_Error*
+ModelInstanceState::StageSession(
+    TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found)
+{
+  RETURN_IF_ERROR(StageAppends(request, first_row, rows, found, false));
   for (int i = 1; i < kInputs; ++i) {  // k and exclude_seen, as the graph takes them
     const std::string& name = model_->InputName(kSessionFirstGraphInput + i - 1);
     InputView view;
@@ -1353,8 +1393,101 @@ ModelInstanceState::Respond(const Slot& slot)
 }
 
 void
+ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t request_count)
+{
+  uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
+  SET_TIMESTAMP(exec_start_ns);
+  std::vector<Slot> slots;
+  std::vector<bool> succeeded(request_count, false);
+  int64_t rows = 0;
+  SessionRows batch;
+  for (uint32_t r = 0; r < request_count; ++r) {
+    TRITONBACKEND_Response* response = nullptr;
+    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
+    if (err != nullptr) {
+      LOG_IF_ERROR(err, "recserve backend: no response could be made for a request");
+      continue;
+    }
+    int64_t n = 0;
+    SessionRows found;
+    err = StageAppends(requests[r], rows, &n, &found, true);
+    if (err != nullptr) {  // this request alone is refused
+      LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending an error");
+      TRITONSERVER_ErrorDelete(err);
+      continue;
+    }
+    slots.push_back({r, requests[r], response, rows, n});
+    rows += n;
+    for (size_t row = 0; row < found.sessions.size(); ++row) {
+      batch.sessions.push_back(std::move(found.sessions[row]));
+      batch.events.push_back(std::move(found.events[row]));
+      batch.event_ids.push_back(std::move(found.event_ids[row]));
+    }
+  }
+  SET_TIMESTAMP(compute_start_ns);
+  std::vector<std::vector<int64_t>> nothing_read;
+  const std::string problem =
+      rows > 0 ? store_->AppendAndRead(batch.sessions, batch.events, batch.event_ids, 0, &nothing_read) : "";
+  if (!problem.empty()) {
+    LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: " + problem).c_str());
+  }
+  SET_TIMESTAMP(compute_end_ns);
+  for (const Slot& slot : slots) {
+    TRITONSERVER_Error* err = problem.empty() ? nullptr : Error(kStoreUnavailable, TRITONSERVER_ERROR_UNAVAILABLE);
+    TRITONBACKEND_Output* output = nullptr;
+    const int64_t shape[2] = {slot.rows, 1};
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_id = 0;
+    if (err == nullptr) {
+      err = TRITONBACKEND_ResponseOutput(slot.response, &output, model_->OutputName(0).c_str(), TRITONSERVER_TYPE_INT32, shape, 2);
+    }
+    if (err == nullptr) {
+      err = TRITONBACKEND_OutputBuffer(output, &buffer, slot.rows * sizeof(int32_t), &memory, &memory_id);
+    }
+    if (err == nullptr && memory != TRITONSERVER_MEMORY_CPU && memory != TRITONSERVER_MEMORY_CPU_PINNED) {
+      err = Error("output 'stored' was asked for in GPU memory", TRITONSERVER_ERROR_INTERNAL);
+    }
+    if (err == nullptr) {  // every event of an acknowledged append is stored: now, or before under its ID
+      for (int64_t row = 0; row < slot.rows; ++row) {
+        const int32_t stored = static_cast<int32_t>(batch.events[slot.first_row + row].size());
+        std::memcpy(static_cast<char*>(buffer) + row * sizeof(int32_t), &stored, sizeof(int32_t));
+      }
+    }
+    LOG_IF_ERROR(TRITONBACKEND_ResponseSend(slot.response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending a response");
+    succeeded[slot.index] = err == nullptr;
+    if (err != nullptr) {
+      TRITONSERVER_ErrorDelete(err);
+    }
+  }
+  SET_TIMESTAMP(exec_end_ns);
+  for (uint32_t r = 0; r < request_count; ++r) {
+#ifdef TRITON_ENABLE_STATS
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportStatistics(
+            TritonModelInstance(), requests[r], succeeded[r], exec_start_ns, compute_start_ns, compute_end_ns,
+            exec_end_ns),
+        "reporting request statistics");
+#endif
+    LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL), "releasing a request");
+  }
+#ifdef TRITON_ENABLE_STATS
+  if (rows > 0) {
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportBatchStatistics(
+            TritonModelInstance(), rows, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns),
+        "reporting batch statistics");
+  }
+#endif
+}
+
+void
 ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_count)
 {
+  if (model_->EventsOnly()) {
+    ExecuteEvents(requests, request_count);
+    return;
+  }
   uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
   SET_TIMESTAMP(exec_start_ns);
   clock_.Start();

@@ -531,8 +531,8 @@ SessionStore::RoundTrip(
       send({"WAIT", "1", std::to_string(static_cast<int64_t>(s_.timeout_s * 1000))});
     }
   }
-  for (const std::string& key : keys) {
-    send({"ZRANGE", key, first, "-1"});
+  for (size_t i = 0; i < keys.size() && count > 0; ++i) {  // count 0: an append alone (events), nothing read
+    send({"ZRANGE", keys[i], first, "-1"});
   }
   if (hidden_version != nullptr) {
     send({"GET", s_.prefix + "items:version"});  // store_contract.HIDDEN_VERSION_KEY: the last reply

@@ -28,6 +28,7 @@ from recserve.constants import (
     INPUT_RULE,
     INPUT_SESSION_ID,
     INPUT_WHERE,
+    NATIVE_EVENTS_MODEL,
     NATIVE_MODEL,
     NATIVE_ONNX_OUTPUT_IDS,
     NATIVE_SESSION_MODEL,
@@ -76,6 +77,7 @@ class Parameter:
     STEP_SUMMARY_S = "step_summary_s"  # seconds between the batches' step summaries in the log (0: none)
     WARMUP = "warmup"  # calls that warm each captured graph up before it serves
     BUCKETS = "buckets"  # the batch sizes captured as CUDA graphs ("1,2,4,...")
+    EVENTS_ONLY = "events_only"  # "true": the events contract, appends alone, no graph (native_session's)
 
 
 BACKEND_PARAMETERS = frozenset(
@@ -90,6 +92,7 @@ BACKEND_PARAMETERS = frozenset(
         Parameter.STEP_SUMMARY_S,
         Parameter.WARMUP,
         Parameter.BUCKETS,
+        Parameter.EVENTS_ONLY,
     )
 )
 
@@ -270,11 +273,11 @@ LAYOUTS: dict[str, ServedLayout] = {
         about=f"`{SESSION_MODEL}`: a session ID in, its history read from the store; `{EVENTS_MODEL}` beside it",
     ),
     "native_session": ServedLayout(
-        (NATIVE_SESSION_MODEL,),
+        (NATIVE_SESSION_MODEL, NATIVE_EVENTS_MODEL),
         "session",
         native=True,
         about=f"`{NATIVE_SESSION_MODEL}`: the same on recserve's own backend, the store read in C++ and the native "
-        "graph scored in one call",
+        f"graph scored in one call; `{NATIVE_EVENTS_MODEL}` beside it, appends in C++",
     ),
     "echo": ServedLayout((ECHO_MODEL,), about="a fixed answer, the python server stack's ceiling"),
 }

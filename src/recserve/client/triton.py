@@ -343,10 +343,10 @@ class RecommenderClient(_ModelClient):
             int(reply.as_numpy(OUTPUT_HISTORY_LENGTH)[0, 0]),
         )
 
-    def send_events(self, session: str, item_ids, event_ids: list[str] | None = None) -> int:
-        """Appends ``item_ids`` (in order) to ``session`` through the session layout's ``events`` model
-        (``event_ids``: the caller's ID of each, so that sending them again stores them once); returns how many
-        the store acknowledged.
+    def send_events(self, session: str, item_ids, event_ids: list[str] | None = None, model: str = EVENTS_MODEL) -> int:
+        """Appends ``item_ids`` (in order) to ``session`` through the session layout's ``events`` model (or
+        ``events_native``, the native session layout's on recserve's backend) (``event_ids``: the caller's ID of
+        each, so that sending them again stores them once); returns how many the store acknowledged.
 
         Raises:
             SessionStoreError: the store is down (nothing was acknowledged).
@@ -357,7 +357,7 @@ class RecommenderClient(_ModelClient):
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         with self._errors():
             reply = self.client.infer(
-                EVENTS_MODEL,
+                model,
                 inputs=[_tensor(self.module, name, value) for name, value in tensors],
                 outputs=[self.module.InferRequestedOutput(OUTPUT_STORED)],
                 **kwargs,

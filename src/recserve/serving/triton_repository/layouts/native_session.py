@@ -1,6 +1,7 @@
 """The native session layout: ``recommender_native_session``, the native TorchScript graph on recserve's own
 backend, which reads each request's session from the store (``settings.session_store``) and scores it in the
-same call (``native/triton-backend``)."""
+same call (``native/triton-backend``); and ``events_native`` beside it, the session layout's events contract on
+the same backend: appends in C++, no graph, on the CPU."""
 
 from __future__ import annotations
 
@@ -10,8 +11,16 @@ from pathlib import Path
 from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.served import Parameter
-from recserve.constants import NATIVE_SESSION_MODEL
-from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record, stored_rules
+from recserve.constants import NATIVE_EVENTS_MODEL, NATIVE_SESSION_MODEL
+from recserve.files import replaced_on_success
+from recserve.serving.triton_repository.layouts.common import (
+    Layout,
+    batched_config,
+    store_parameter,
+    store_record,
+    stored_rules,
+    write_config,
+)
 from recserve.serving.triton_repository.layouts.native import history_length, ruled, write_native_model
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND, check_native_session
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
@@ -30,10 +39,20 @@ def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: Repo
     parameters = store_parameter(settings) | {Parameter.HISTORY_LENGTH: str(width)}
     contract = served.native_by_session(width, ruled=ruled(manifest, on_recserve))
     write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, on_recserve, version, contract, parameters)
+    events = store_parameter(settings) | {Parameter.EVENTS_ONLY: "true"}
+    on_cpus = dataclasses.replace(settings, device="cpu", instance_count=settings.native_instances)
+    config = batched_config(NATIVE_EVENTS_MODEL, served.events("INT64"), on_cpus, events, (RECSERVE_BACKEND, ""))
+    write_config(repo / NATIVE_EVENTS_MODEL, config)
+    with replaced_on_success(repo / NATIVE_EVENTS_MODEL / str(version)) as staging:  # no file: the store alone
+        (staging / "README").write_text("events alone on recserve's backend: no graph, the store in config.pbtxt\n")
 
 
 def describe(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
-    return [{"name": NATIVE_SESSION_MODEL, "backend": RECSERVE_BACKEND, "store": store_record(settings)["url"]}]
+    store = store_record(settings)["url"]
+    return [
+        {"name": NATIVE_SESSION_MODEL, "backend": RECSERVE_BACKEND, "store": store},
+        {"name": NATIVE_EVENTS_MODEL, "backend": RECSERVE_BACKEND, "store": store},
+    ]
 
 
 LAYOUT = Layout(served.LAYOUTS["native_session"], ("torchscript", None), check, write, describe)
