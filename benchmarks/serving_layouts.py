@@ -76,6 +76,9 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
             "settings": dataclasses.replace(plain, native_runtime=native[name]["settings"].native_runtime)
         }
     native["echo-plain"] = {"layout": "echo", "settings": plain}
+    # recserve's backend without a graph, batched as the native variants are: their figures over its are the
+    # model's own cost on this host (native over floor)
+    native["floor-plain"] = {"layout": "floor", "settings": plain}
     for gpus in ((0,), (0, 1)):  # the native layout's instances on one GPU, or on each of two
         for runtime in ("torchscript", "recserve"):
             base = native[f"native-{runtime}-bf16-plain"]
@@ -244,7 +247,7 @@ def variant_ratios(rows: list[dict], table: dict[str, dict]) -> dict[str, dict]:
             per_variant[name] = ratios(chosen, slo_p99_ms=SLO_P99_MS)
             continue
         echo = "echo-plain" if "-plain" in name else "echo"
-        others = [r for r in plain if r["variant"] in ("seed", echo)]
+        others = [r for r in plain if r["variant"] in ("seed", echo, "floor-plain")]
         if layout == "native":  # against the fused variant of the same precision, where it ran
             fused = f"fused-eager-{name.split('-')[2]}"
             others += [r for r in plain if r["variant"] == fused]

@@ -170,6 +170,7 @@ SKIP_NATIVE_ENV = "RECSERVE_SKIP_NATIVE"
 SKIP_NATIVE = os.environ.get(SKIP_NATIVE_ENV) == "1"
 NATIVE_READY = {"pytorch", "onnxruntime"} <= BUILT_BACKENDS
 SERVED_LAYOUTS = ("fused", "seed", "native", "echo") if NATIVE_READY else ("fused", "echo")  # a test server's
+BENCH_LAYOUTS = (*SERVED_LAYOUTS, "floor") if NATIVE_READY else SERVED_LAYOUTS  # and the floor beside native
 
 
 def require_native(*backends: str) -> None:
@@ -206,10 +207,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 @pytest.fixture(scope="session")
 def int_repo(tiny_run, tmp_path_factory):
-    """Every layout of ``tiny_run``: fused from an eager export, native and seed from a torchscript one."""
+    """Every layout of ``tiny_run``: fused from an eager export, native and seed from a torchscript one, and
+    the floor (recserve's backend without a graph) where the native backends are built."""
     repo = tmp_path_factory.mktemp("repo-int") / "repo"
     repository_from_run(
-        tiny_run, repo, SERVED_LAYOUTS, RepositorySettings(max_queue_delay_microseconds=2000), backend="eager"
+        tiny_run, repo, BENCH_LAYOUTS, RepositorySettings(max_queue_delay_microseconds=2000), backend="eager"
     )
     return repo
 

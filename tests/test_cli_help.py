@@ -72,5 +72,5 @@ for verb in ("train", "repo", "export", "bench"):
     wide = os.environ | {"COLUMNS": "1000"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=wide).stdout
     assert "gru4rec (a new model)" in out and "[default: sasrec]" in out
-    assert "shadow (a new layout)" in out and "of fused, native, seed, session, native_session, echo, shadow" in out
+    assert "shadow (a new layout)" in out and "native_session, echo, floor, shadow (by session" in out
     assert "cudagraph, torch_tensorrt or openvino" in out

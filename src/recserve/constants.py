@@ -84,6 +84,7 @@ NATIVE_EVENTS_MODEL = "events_native"  # the events model on recserve's backend,
 
 # Native layout: the whole serving graph in one TorchScript or ONNX model on Triton's own backends
 NATIVE_MODEL = "recommender_native"
+FLOOR_MODEL = "recommender_floor"  # the native contract on recserve's backend answered without a graph
 NATIVE_PAD_ID = -1  # fills item_ids on the left up to the model's fixed length, and the answer past k
 NATIVE_TORCHSCRIPT_FILE = "native.pt"  # in a torchscript export: the native graph
 NATIVE_ONNX_FILE = "native.onnx"  # in an onnx export: the native graph (dense integer IDs only)

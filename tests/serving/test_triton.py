@@ -71,6 +71,28 @@ def test_each_layout_is_one_module_whose_configs_declare_the_served_contract(int
         assert [t.name for t in config.output] == contract.output_names, model
 
 
+@needs_native_backends
+def test_the_floor_answers_the_native_contract_without_a_graph(int_server):
+    """The floor layout: recserve's backend answers the native contract as wide as the batch's largest k,
+    IDs of -1 and scores of 0, with no graph in its version folder."""
+    from recserve.constants import FLOOR_MODEL, NATIVE_MODEL
+
+    with (
+        RecommenderClient(int_server.grpc_url, model=FLOOR_MODEL) as floor,
+        RecommenderClient(int_server.grpc_url, model=NATIVE_MODEL) as native,
+    ):
+        answer = floor.recommend([1, 2, 3], k=7)
+        assert answer.item_ids.tolist() == [-1] * 7 and answer.scores.tolist() == [0.0] * 7
+        floor_shape, native_shape = floor.native_shape(), native.native_shape()  # as clients read them
+        assert (floor_shape.length, floor_shape.padding_id, floor_shape.max_k) == (
+            native_shape.length,
+            native_shape.padding_id,
+            native_shape.max_k,
+        )
+    version = Path(int_server.repo) / FLOOR_MODEL / "1"
+    assert [p.name for p in version.iterdir()] == ["README"]
+
+
 def test_config_pbtxt_parses_back_with_tritons_schema(int_repo):
     fused = parse_pbtxt((int_repo / "recommender" / "config.pbtxt").read_text())
     assert fused.max_batch_size == 256 and fused.backend == "python"

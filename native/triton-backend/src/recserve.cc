@@ -22,6 +22,11 @@
 // A store that fails answers the requests that brought items from those alone, and refuses the others
 // with UNAVAILABLE.
 //
+// The floor (parameter floor "true", the `floor` layout): the recommender_native contract answered without a
+// graph: the requests read and staged as above, and each answered max_k IDs of -1, scores 0 and unknown_ids
+// 0, batched as the native model is. What a request costs the server, Triton and this backend, with no model
+// in it: the native model's figures over the floor's are the model's own cost on any host.
+//
 // Events alone (parameters session_store and events_only "true": the `events` contract of the session layout,
 // integer IDs): session_id BYTES (B, 1), item_ids INT64 (B, -1) (padded with -1), event_ids BYTES (B, -1)
 // optional in; stored INT32 (B, 1) out, how many of a row's items the store acknowledged. No graph: one round
@@ -238,6 +243,7 @@ class ModelState : public BackendModel {
   const std::vector<int64_t>& Buckets() const { return buckets_; }
   bool BySession() const { return by_session_; }
   bool EventsOnly() const { return events_only_; }  // appends alone, no graph (by session too)
+  bool Floor() const { return floor_; }  // answers without a graph (the recommender_native contract)
   int64_t MaxK() const { return max_k_; }
   const StoreSettings& Store() const { return store_; }
   bool Rules() const { return rules_; }
@@ -264,6 +270,7 @@ class ModelState : public BackendModel {
   std::string outputs_[kSessionOutputs];
   bool by_session_ = false;
   bool events_only_ = false;
+  bool floor_ = false;
   StoreSettings store_;
   bool rules_ = false;
   RuleBank bank_;
@@ -329,6 +336,10 @@ ModelState::ReadContract()
   rules_ = !StringParameter(ModelConfig(), "rules_file").empty();
   if (events_only_ && rules_) {
     return Error("an events-only model takes no rules: it answers no recommendations");
+  }
+  floor_ = StringParameter(ModelConfig(), "floor") == "true";
+  if (floor_ && (by_session_ || rules_)) {
+    return Error("parameter floor answers the recommender_native contract alone: no session_store, no rules_file");
   }
   const char* contract = events_only_ ? "events" : by_session_ ? "recommender_native_session" : "recommender_native";
   const char* kinds[2] = {"input", "output"};
@@ -595,6 +606,7 @@ class ModelInstanceState : public BackendModelInstance {
   at::Device device_ = at::kCPU;
   at::Tensor staged_[kInputs];  // host (pinned on GPUs), max_batch_size rows
   at::Tensor outputs_[kOutputs];  // host answers of the last Run
+  at::Tensor floor_[kOutputs];  // the floor's answers (parameter floor), made at load, max_batch_size x max_k
   std::unique_ptr<SessionStore> store_;  // by session
   at::Tensor session_out_[2];  // by session: history_source and history_length, max_batch_size rows
   // business rules: each staged row's mask (its stored rule's row, 0 for none) and listed items (vocabulary
@@ -688,6 +700,19 @@ ModelInstanceState::Load()
   }
   if (model_->EventsOnly()) {  // the store alone: no graph, nothing on a device
     store_ = std::make_unique<SessionStore>(model_->Store());
+    return nullptr;
+  }
+  if (model_->Floor()) {  // the requests staged as the graph would take them; the answers made once
+    if (model_->MaxK() < 1 || model_->MaxK() > 100000) {
+      return Error("parameter floor needs the parameter max_k (1..100000): the answers' width");
+    }
+    const int64_t widths[kInputs] = {model_->HistoryLength(), 1, 1};
+    for (int i = 0; i < kInputs; ++i) {
+      staged_[i] = at::empty({max_batch, widths[i]}, at::TensorOptions().dtype(kInputScalars[i]));
+    }
+    floor_[0] = at::full({max_batch, model_->MaxK()}, model_->PaddingId(), at::TensorOptions().dtype(at::kLong));
+    floor_[1] = at::zeros({max_batch, model_->MaxK()}, at::TensorOptions().dtype(at::kFloat));
+    floor_[2] = at::zeros({max_batch, 1}, at::TensorOptions().dtype(at::kInt));
     return nullptr;
   }
   const std::string path = model_->ModelPath(ArtifactFilename());
@@ -1273,6 +1298,16 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
 void
 ModelInstanceState::Run(int64_t rows, bool ruled)
 {
+  if (model_->Floor()) {  // no graph: the answers made at load, as wide as the batch's largest k
+    const int32_t* ks = staged_[1].data_ptr<int32_t>();
+    const int64_t widest = std::clamp<int64_t>(*std::max_element(ks, ks + rows), 1, model_->MaxK());
+    outputs_[0] = floor_[0].narrow(0, 0, rows).narrow(1, 0, widest);
+    outputs_[1] = floor_[1].narrow(0, 0, rows).narrow(1, 0, widest);
+    outputs_[2] = floor_[2].narrow(0, 0, rows);
+    clock_.Mark(kStepInputs);
+    clock_.Mark(kStepGraph);
+    return;
+  }
   c10::InferenceMode inference;
 #ifdef TRITON_ENABLE_GPU
   if (device_.is_cuda() && !(ruled && widest_ > kListed)) {  // longer lists run the graph as it is, below
@@ -1367,7 +1402,8 @@ ModelInstanceState::Respond(const Slot& slot)
     const int64_t shape[2] = {slot.rows, width};
     TRITONBACKEND_Output* output;
     RETURN_IF_ERROR(TRITONBACKEND_ResponseOutput(slot.response, &output, name, type, shape, 2));
-    const uint64_t stride = all.size(1) * all.element_size(), row_bytes = width * all.element_size();
+    // a row's bytes apart: the tensor's own stride (the floor's answers are a narrowed view of wider rows)
+    const uint64_t stride = all.stride(0) * all.element_size(), row_bytes = width * all.element_size();
     void* buffer;
     TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
     int64_t memory_id = 0;

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from recserve.constants import (
     ECHO_MODEL,
     EVENTS_MODEL,
+    FLOOR_MODEL,
     FUSED_MODEL,
     INPUT_EVENT_IDS,
     INPUT_EXCLUDE_ITEMS,
@@ -78,6 +79,7 @@ class Parameter:
     WARMUP = "warmup"  # calls that warm each captured graph up before it serves
     BUCKETS = "buckets"  # the batch sizes captured as CUDA graphs ("1,2,4,...")
     EVENTS_ONLY = "events_only"  # "true": the events contract, appends alone, no graph (native_session's)
+    FLOOR = "floor"  # "true": the native contract answered without a graph (the floor layout)
 
 
 BACKEND_PARAMETERS = frozenset(
@@ -93,6 +95,7 @@ BACKEND_PARAMETERS = frozenset(
         Parameter.WARMUP,
         Parameter.BUCKETS,
         Parameter.EVENTS_ONLY,
+        Parameter.FLOOR,
     )
 )
 
@@ -280,6 +283,13 @@ LAYOUTS: dict[str, ServedLayout] = {
         f"graph scored in one call; `{NATIVE_EVENTS_MODEL}` beside it, appends in C++",
     ),
     "echo": ServedLayout((ECHO_MODEL,), about="a fixed answer, the python server stack's ceiling"),
+    "floor": ServedLayout(
+        (FLOOR_MODEL,),
+        "native",
+        native=True,
+        about=f"`{FLOOR_MODEL}`: the native contract answered on recserve's backend without a graph, the "
+        "server's own cost that the native model's figures are read against",
+    ),
 }
 
 

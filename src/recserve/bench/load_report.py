@@ -10,6 +10,7 @@ PAIRS = (
     ("fused", "echo"),
     ("native", "fused"),
     ("native", "echo"),
+    ("native", "floor"),
     ("session", "fused"),
     ("native_session", "native"),
 )
