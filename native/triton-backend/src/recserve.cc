@@ -545,6 +545,11 @@ struct Slot {
   std::string unavailable = "";  // by session: the store's problem where the request cannot be answered
 };
 
+// An execution's times as Triton's statistics take them: its start, its compute's start and end, its end.
+struct ExecTimes {
+  uint64_t start = 0, compute_start = 0, compute_end = 0, end = 0;
+};
+
 // A request's rows by session: their session IDs, the items to append to each first and the client's ID of
 // each item ("" where it has none: the store gives it one of the batch's).
 struct SessionRows {
@@ -573,6 +578,14 @@ class ModelInstanceState : public BackendModelInstance {
       TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, SessionRows* found, bool items_required);
   // Events alone: every request's rows appended in one round trip, each answered how many the store took.
   void ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t request_count);
+  // Every request staged as the model takes it into `slots` (a request refused is answered its error there),
+  // its session rows into `batch`; returns the rows staged.
+  int64_t StageRequests(
+      TRITONBACKEND_Request** requests, uint32_t request_count, std::vector<Slot>* slots, SessionRows* batch);
+  // Every request's statistics reported (and the batch's, where it had rows) and the requests released.
+  void Release(
+      TRITONBACKEND_Request** requests, uint32_t request_count, const std::vector<bool>& succeeded,
+      const ExecTimes& times, int64_t rows);
   // By session: the request's session IDs and items into `found`, its k and exclude_seen staged.
   TRITONSERVER_Error* StageSession(
       TRITONBACKEND_Request* request, int64_t first_row, int64_t* rows, int64_t* width, SessionRows* found);
@@ -1428,15 +1441,11 @@ ModelInstanceState::Respond(const Slot& slot)
   return nullptr;
 }
 
-void
-ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t request_count)
+int64_t
+ModelInstanceState::StageRequests(
+    TRITONBACKEND_Request** requests, uint32_t request_count, std::vector<Slot>* slots, SessionRows* batch)
 {
-  uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
-  SET_TIMESTAMP(exec_start_ns);
-  std::vector<Slot> slots;
-  std::vector<bool> succeeded(request_count, false);
   int64_t rows = 0;
-  SessionRows batch;
   for (uint32_t r = 0; r < request_count; ++r) {
     TRITONBACKEND_Response* response = nullptr;
     TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
@@ -1444,30 +1453,69 @@ ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t req
       LOG_IF_ERROR(err, "recserve backend: no response could be made for a request");
       continue;
     }
-    int64_t n = 0;
+    int64_t n = 0, width = 0;
     SessionRows found;
-    err = StageAppends(requests[r], rows, &n, &found, true);
+    err = model_->EventsOnly()  ? StageAppends(requests[r], rows, &n, &found, true)
+          : model_->BySession() ? StageSession(requests[r], rows, &n, &width, &found)
+                                : Stage(requests[r], rows, &n);
     if (err != nullptr) {  // this request alone is refused
       LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending an error");
       TRITONSERVER_ErrorDelete(err);
       continue;
     }
-    slots.push_back({r, requests[r], response, rows, n});
+    slots->push_back({r, requests[r], response, rows, n, width});
     rows += n;
     for (size_t row = 0; row < found.sessions.size(); ++row) {
-      batch.sessions.push_back(std::move(found.sessions[row]));
-      batch.events.push_back(std::move(found.events[row]));
-      batch.event_ids.push_back(std::move(found.event_ids[row]));
+      batch->sessions.push_back(std::move(found.sessions[row]));
+      batch->events.push_back(std::move(found.events[row]));
+      batch->event_ids.push_back(std::move(found.event_ids[row]));
     }
   }
-  SET_TIMESTAMP(compute_start_ns);
+  return rows;
+}
+
+void
+ModelInstanceState::Release(
+    TRITONBACKEND_Request** requests, uint32_t request_count, const std::vector<bool>& succeeded,
+    const ExecTimes& times, int64_t rows)
+{
+  for (uint32_t r = 0; r < request_count; ++r) {
+#ifdef TRITON_ENABLE_STATS
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportStatistics(
+            TritonModelInstance(), requests[r], succeeded[r], times.start, times.compute_start, times.compute_end,
+            times.end),
+        "reporting request statistics");
+#endif
+    LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL), "releasing a request");
+  }
+#ifdef TRITON_ENABLE_STATS
+  if (rows > 0) {
+    LOG_IF_ERROR(
+        TRITONBACKEND_ModelInstanceReportBatchStatistics(
+            TritonModelInstance(), rows, times.start, times.compute_start, times.compute_end, times.end),
+        "reporting batch statistics");
+  }
+#endif
+}
+
+void
+ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t request_count)
+{
+  ExecTimes times;
+  SET_TIMESTAMP(times.start);
+  std::vector<Slot> slots;
+  std::vector<bool> succeeded(request_count, false);
+  SessionRows batch;
+  const int64_t rows = StageRequests(requests, request_count, &slots, &batch);
+  SET_TIMESTAMP(times.compute_start);
   std::vector<std::vector<int64_t>> nothing_read;
   const std::string problem =
       rows > 0 ? store_->AppendAndRead(batch.sessions, batch.events, batch.event_ids, 0, &nothing_read) : "";
   if (!problem.empty()) {
     LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: " + problem).c_str());
   }
-  SET_TIMESTAMP(compute_end_ns);
+  SET_TIMESTAMP(times.compute_end);
   for (const Slot& slot : slots) {
     TRITONSERVER_Error* err = problem.empty() ? nullptr : Error(kStoreUnavailable, TRITONSERVER_ERROR_UNAVAILABLE);
     TRITONBACKEND_Output* output = nullptr;
@@ -1496,25 +1544,8 @@ ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t req
       TRITONSERVER_ErrorDelete(err);
     }
   }
-  SET_TIMESTAMP(exec_end_ns);
-  for (uint32_t r = 0; r < request_count; ++r) {
-#ifdef TRITON_ENABLE_STATS
-    LOG_IF_ERROR(
-        TRITONBACKEND_ModelInstanceReportStatistics(
-            TritonModelInstance(), requests[r], succeeded[r], exec_start_ns, compute_start_ns, compute_end_ns,
-            exec_end_ns),
-        "reporting request statistics");
-#endif
-    LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL), "releasing a request");
-  }
-#ifdef TRITON_ENABLE_STATS
-  if (rows > 0) {
-    LOG_IF_ERROR(
-        TRITONBACKEND_ModelInstanceReportBatchStatistics(
-            TritonModelInstance(), rows, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns),
-        "reporting batch statistics");
-  }
-#endif
+  SET_TIMESTAMP(times.end);
+  Release(requests, request_count, succeeded, times, rows);
 }
 
 void
@@ -1524,39 +1555,16 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     ExecuteEvents(requests, request_count);
     return;
   }
-  uint64_t exec_start_ns = 0, compute_start_ns = 0, compute_end_ns = 0, exec_end_ns = 0;
-  SET_TIMESTAMP(exec_start_ns);
+  ExecTimes times;
+  SET_TIMESTAMP(times.start);
   clock_.Start();
   std::vector<Slot> slots;
   std::vector<bool> succeeded(request_count, false);
-  int64_t rows = 0;
   SessionRows batch;  // by session
   ruled_ = false;
   widest_ = 0;
-  for (uint32_t r = 0; r < request_count; ++r) {
-    TRITONBACKEND_Response* response = nullptr;
-    TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, requests[r]);
-    if (err != nullptr) {
-      LOG_IF_ERROR(err, "recserve backend: no response could be made for a request");
-      continue;
-    }
-    int64_t n = 0, width = 0;
-    SessionRows found;
-    err = model_->BySession() ? StageSession(requests[r], rows, &n, &width, &found) : Stage(requests[r], rows, &n);
-    if (err != nullptr) {  // this request alone is refused
-      LOG_IF_ERROR(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err), "sending an error");
-      TRITONSERVER_ErrorDelete(err);
-      continue;
-    }
-    slots.push_back({r, requests[r], response, rows, n, width});
-    rows += n;
-    for (size_t row = 0; row < found.sessions.size(); ++row) {
-      batch.sessions.push_back(std::move(found.sessions[row]));
-      batch.events.push_back(std::move(found.events[row]));
-      batch.event_ids.push_back(std::move(found.event_ids[row]));
-    }
-  }
-  SET_TIMESTAMP(compute_start_ns);
+  const int64_t rows = StageRequests(requests, request_count, &slots, &batch);
+  SET_TIMESTAMP(times.compute_start);
   clock_.Mark(kStepRequests);
   std::string failure;
   if (rows > 0 && model_->BySession()) {
@@ -1580,7 +1588,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
       failure = std::string("recserve backend: running the graph failed: ") + ex.what();
     }
   }
-  SET_TIMESTAMP(compute_end_ns);
+  SET_TIMESTAMP(times.compute_end);
   for (const Slot& slot : slots) {
     TRITONSERVER_Error* err = !failure.empty()            ? Error(failure, TRITONSERVER_ERROR_INTERNAL)
                               : !slot.unavailable.empty() ? Error(slot.unavailable, TRITONSERVER_ERROR_UNAVAILABLE)
@@ -1591,7 +1599,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
       TRITONSERVER_ErrorDelete(err);
     }
   }
-  SET_TIMESTAMP(exec_end_ns);
+  SET_TIMESTAMP(times.end);
   clock_.Mark(kStepAnswers);
   if (clock_.On() && rows > 0) {
     const std::string summary = clock_.EndBatch(ruled_ || hidden_count_ > 0);
@@ -1599,24 +1607,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
       LOG_MESSAGE(TRITONSERVER_LOG_INFO, ("recserve backend: " + Name() + ": " + summary).c_str());
     }
   }
-  for (uint32_t r = 0; r < request_count; ++r) {
-#ifdef TRITON_ENABLE_STATS
-    LOG_IF_ERROR(
-        TRITONBACKEND_ModelInstanceReportStatistics(
-            TritonModelInstance(), requests[r], succeeded[r], exec_start_ns, compute_start_ns, compute_end_ns,
-            exec_end_ns),
-        "reporting request statistics");
-#endif
-    LOG_IF_ERROR(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL), "releasing a request");
-  }
-#ifdef TRITON_ENABLE_STATS
-  if (rows > 0) {
-    LOG_IF_ERROR(
-        TRITONBACKEND_ModelInstanceReportBatchStatistics(
-            TritonModelInstance(), rows, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns),
-        "reporting batch statistics");
-  }
-#endif
+  Release(requests, request_count, succeeded, times, rows);
 }
 
 extern "C" {
