@@ -127,6 +127,37 @@ def test_a_run_that_runs_past_its_bound_stops_the_sweep_with_what_it_measured(in
     assert "failed: perf_analyzer ran past" in report and "The sweep stopped early: fused concurrency 1" in report
 
 
+def test_a_sweep_over_both_protocols_runs_each_layout_over_each_and_compares_them(int_repo, ml100k_dir, tmp_path):
+    """--protocol grpc,http: every run over gRPC and over HTTP in turn (what a Java or Go client and a JSON one
+    send), labelled so in the rows, the report and the plots; the layouts' ratios over gRPC, HTTP against it."""
+    histories, string_ids = real_histories(ml100k_dir)
+    load = LoadSettings(protocol="grpc,http", measurement_ms=300, client_threads=1, slo_p99_ms=1000)
+    result = sweep(
+        ["fused", "echo"], [LoadLevel("concurrency", 1)], tmp_path, histories, string_ids, int_repo, load=load
+    )
+    rows = result["results"]
+    assert [(r["layout"], r["protocol"]) for r in rows] == [
+        ("fused", "grpc"),
+        ("fused", "http"),
+        ("echo", "grpc"),
+        ("echo", "http"),
+    ]
+    assert all(r["errors"] == 0 and r["throughput_rps"] > 0 for r in rows)
+    assert set(result["http_over_grpc"]) == {"fused", "echo"}
+    assert result["ratios"]["fused_over_echo"]["concurrency=1"]["throughput"] > 0  # over gRPC alone
+    report = (tmp_path / "report.md").read_text()
+    assert "| fused over http | concurrency 1 |" in report and "fused over HTTP against gRPC at concurrency=1" in report
+    with pytest.raises(ServingError, match="protocol 'grpc,soap': expected grpc, http or grpc,http"):
+        sweep(
+            ["fused"],
+            [LoadLevel("concurrency", 1)],
+            tmp_path,
+            [],
+            url="a:1,a:2,a:3",
+            load=LoadSettings(protocol="grpc,soap"),
+        )
+
+
 def test_a_trace_file_that_is_not_one_is_refused(tmp_path):
     (tmp_path / "trace.json").write_text('{"not": "a list"}')
     with pytest.raises(ValueError, match="not a Triton trace file"):

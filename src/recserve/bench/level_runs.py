@@ -77,15 +77,20 @@ def run_levels(
     """Every (level, rule variant, layout) against ``server`` with ``request_files``' inputs; stops at a run
     the server no longer answered."""
     hidden_store = store_of(read_repository_info(repo)) if repo and any(v.kind == "hidden" for v in variants) else None
-    runs, meter, total = Runs(), CpuMeter(server.pid), len(layouts) * len(levels) * len(variants)
+    protocols = load.protocols()
+    runs, meter = Runs(), CpuMeter(server.pid)
+    total = len(layouts) * len(levels) * len(variants) * len(protocols)
     for level, variant in ((level, variant) for level in levels for variant in variants):
         with hidden_for(variant, hidden_store, catalogue) as hidden:
-            for layout in layouts:
-                label = f"{layout} {level.kind} {level.value:g}"
+            for layout, protocol in ((x, p) for x in layouts for p in protocols):
+                label = f"{layout} {level.kind} {level.value:g}" + (f" {protocol}" if len(protocols) > 1 else "")
                 progress(label + ("" if variant.name == NONE else f" {variant.name}"), len(runs.rows), total)
-                row = _measure(server, load, meter, runs, layout, level, inputs[layout, variant.name], scratch)
+                file = inputs[layout, variant.name]
+                row = _measure(server, load, meter, runs, layout, level, file, scratch, protocol)
                 if variant.name != NONE:
                     row |= {"rules": variant.name, "hidden_items": len(hidden)}
+                if len(protocols) > 1:
+                    row["protocol"] = protocol
                 runs.rows.append(row)
                 if row.get("timed_out"):  # a server that stopped answering: what was measured is kept
                     runs.stopped = f"{label}: {row['error']}; the levels after it were not run"
@@ -160,14 +165,16 @@ def _measure(
     level: LoadLevel,
     input_file: Path,
     scratch: Path,
+    protocol: str,
 ) -> dict:
-    """One perf_analyzer run: its figures, the server's steps and failures over it, its CPU a request."""
-    target = server.grpc_url if load.protocol == "grpc" else server.http_url
+    """One perf_analyzer run over ``protocol``: its figures, the server's steps and failures over it, its CPU
+    a request."""
+    target = server.grpc_url if protocol == "grpc" else server.http_url
     before, cpu_before, started = pa.model_statistics(server.http_url), meter.snapshot(), time.monotonic_ns()
     result = pa.run(
         LAYOUTS[layout].entry,
         target,
-        load.protocol,
+        protocol,
         level,
         input_file,
         load.measurement_ms,

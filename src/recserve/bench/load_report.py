@@ -17,8 +17,9 @@ PAIRS = (
 
 
 def row_label(row: dict) -> str:
-    """A row's name in reports and plots: its variant (GPU runs) or layout, and the rules it ran under."""
-    name = row.get("variant", row["layout"])
+    """A row's name in reports and plots: its variant (GPU runs) or layout, the protocol where a sweep ran
+    more than one, and the rules it ran under."""
+    name = row.get("variant", row["layout"]) + (f" over {row['protocol']}" if row.get("protocol") else "")
     return f"{name} [{row['rules']}]" if row.get("rules") else name
 
 
@@ -60,6 +61,22 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
     for a, b in PAIRS:
         if a in best and b in best:
             out[f"best_{a}_over_best_{b}"] = best[a] / best[b]
+    return out
+
+
+def protocol_ratios(rows: list[dict]) -> dict:
+    """Where a sweep ran both protocols: each layout's HTTP run over its gRPC run at each level (rules aside),
+    throughput as a ratio and p50 as milliseconds more."""
+    ok = [r for r in rows if r.get("protocol") and "rules" not in r and not r.get("errors") and "throughput_rps" in r]
+    by = {(r["layout"], row_level(r), r["protocol"]): r for r in ok}
+    out: dict = {}
+    for (layout, level, protocol), row in by.items():
+        grpc = by.get((layout, level, "grpc"))
+        if protocol == "http" and grpc is not None:
+            out.setdefault(layout, {})[f"{level[0]}={level[1]:g}"] = {
+                "throughput": row["throughput_rps"] / grpc["throughput_rps"],
+                "p50_ms_more": row["p50_ms"] - grpc["p50_ms"],
+            }
     return out
 
 
@@ -111,6 +128,12 @@ def _ratios(summary: dict) -> list[str]:
         for level, v in ratios_.get(f"{a}_over_{b}", {}).items():
             lines.append(
                 f"- {a} over {b} at {level}: throughput x{v['throughput']:.2f}, p99 x{v['p99']:.2f}, "
+                f"p50 {v['p50_ms_more']:+.2f} ms"
+            )
+    for layout, levels in summary.get("http_over_grpc", {}).items():
+        for level, v in levels.items():
+            lines.append(
+                f"- {layout} over HTTP against gRPC at {level}: throughput x{v['throughput']:.2f}, "
                 f"p50 {v['p50_ms_more']:+.2f} ms"
             )
     for a, b in PAIRS:

@@ -12,7 +12,11 @@ from recserve.option_fields import option
 
 @dataclass(frozen=True)
 class LoadSettings:
-    protocol: str = option("grpc", "grpc or http.")
+    protocol: str = option(
+        "grpc",
+        "grpc, http, or grpc,http: every run made over each in turn, side by side (what Java and Go clients use "
+        "beside the JSON one; the report gives http over grpc).",
+    )
     measurement_ms: int = option(2000, "perf_analyzer measurement window (3 per level).")
     slo_p99_ms: float = option(50.0, "p99 latency objective for the best-within-SLO figure.")
     client_threads: int | None = option(
@@ -50,6 +54,19 @@ class LoadSettings:
         from recserve.bench.perf_analyzer import default_client_threads
 
         return replace(self, client_threads=self.client_threads or len(self.client_cpus) or default_client_threads())
+
+    def protocols(self) -> tuple[str, ...]:
+        """The protocols each run is made over, in order.
+
+        Raises:
+            ServingError: a word that is neither grpc nor http.
+        """
+        from recserve.errors import ServingError
+
+        words = tuple(dict.fromkeys(w.strip() for w in self.protocol.split(",") if w.strip()))
+        if not words or any(w not in ("grpc", "http") for w in words):
+            raise ServingError(f"protocol {self.protocol!r}: expected grpc, http or grpc,http")
+        return words
 
     def run_limit_s(self) -> float:
         return self.run_timeout_s or self.measurement_ms / 1000 * 10 + 60

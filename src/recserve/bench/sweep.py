@@ -18,7 +18,7 @@ from recserve.artifacts.served import LAYOUTS
 from recserve.bench import perf_analyzer as pa
 from recserve.bench.answer_checks import compare_native
 from recserve.bench.level_runs import Runs, Served, request_files, rules_catalogue, run_levels
-from recserve.bench.load_report import ratios, write_report
+from recserve.bench.load_report import protocol_ratios, ratios, write_report
 from recserve.bench.load_settings import LoadSettings
 from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.rule_variants import RuleVariant, parse_variants, rule_overhead
@@ -93,6 +93,7 @@ def _refuse_what_cannot_run(layouts: list[str], repo: Path | None, url: str | No
         raise ServingError("pass either a repository to serve or the url of a running server")
     if load.trace_rate and repo is None:
         raise ServingError("tracing needs --repo: only a server the sweep starts is traced")
+    load.protocols()  # a protocol that is neither grpc nor http, refused before a server starts
 
 
 def _metrics_unless_stopped(server: Served, stopped: str) -> str | None:
@@ -116,6 +117,8 @@ def _summary(
 ) -> dict:
     """summary.json's content: the rows, the settings, the server's failures by its metrics, the ratios, and
     the rules' cost where the sweep ran rule variants."""
+    protocol = load.protocols()[0]
+    first = [r for r in runs.rows if r.get("protocol", protocol) == protocol]  # the rows its ratios compare
     summary = {
         "results": runs.rows,
         "server_log": str(server_log) if server_log else None,  # the server the sweep started: its log
@@ -134,10 +137,12 @@ def _summary(
             layout: None if metrics is None else pa.failures_from_metrics(metrics, LAYOUTS[layout].entry)
             for layout in layouts
         },
-        "ratios": ratios([r for r in runs.rows if "rules" not in r], load.slo_p99_ms),
+        # the layouts against each other over the first protocol; HTTP against gRPC, where both ran, beside
+        "ratios": ratios([r for r in first if "rules" not in r], load.slo_p99_ms),
+        "http_over_grpc": protocol_ratios(runs.rows),
     }
     if len(variants) > 1:
-        summary["rule_overhead"] = rule_overhead(runs.rows, load.slo_p99_ms)
+        summary["rule_overhead"] = rule_overhead(first, load.slo_p99_ms)
     return summary
 
 
