@@ -1,4 +1,4 @@
-"""``recserve repo``: writes a Triton model repository (fused, native, seed, session, native_session and echo
+"""``recserve repo``: writes a Triton model repository (fused, native, seed, session, native_session, echo and floor
 layouts) from an export.
 
 The repository serves the export that ``recserve export`` validated: the python models' version folders hold
