@@ -235,11 +235,13 @@ def ml100k_rows(args: argparse.Namespace, load: LoadSettings, settings: Reposito
     return [row | {"variant": f"ml100k-{row['layout']}", "model": "ml100k-trained"} for row in summary["results"]]
 
 
-def variant_ratios(rows: list[dict], table: dict[str, dict]) -> dict[str, dict]:
-    """Each fused or native variant against echo and seed (native: and the fused variant of its precision);
-    by session against by item IDs in the variant's own rows."""
+def variant_ratios(rows: list[dict], table: dict[str, dict], protocol: str) -> dict[str, dict]:
+    """Each fused or native variant against echo, seed and the floor (native: and the fused variant of its
+    precision); by session against by item IDs in the variant's own rows; all over ``protocol`` (the first a
+    sweep over both ran; each variant's summary has its HTTP against gRPC)."""
     per_variant = {}
-    plain = [r for r in rows if "rules" not in r]  # the layouts compared without rules; rules in rule_overhead
+    # the layouts compared without rules (rules in rule_overhead), over one protocol
+    plain = [r for r in rows if "rules" not in r and r.get("protocol", protocol) == protocol]
     candidates = {r["variant"]: r["layout"] for r in plain if r["layout"] in ("fused", "native")}
     for name, layout in candidates.items():
         chosen = [r for r in plain if r["variant"] == name and r["model"] == "random"]
@@ -298,7 +300,7 @@ def main() -> None:
         rows += ml100k_rows(args, load, table["echo"]["settings"])
     if by_session:
         embedded_store.stop(store)
-    per_variant = variant_ratios(rows, table)
+    per_variant = variant_ratios(rows, table, load.protocols()[0])
     result = {
         "gpu": gpu_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

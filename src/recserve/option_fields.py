@@ -62,7 +62,13 @@ def add_arguments(parser: Any, settings: type, defaults: dict | None = None) -> 
         default = (defaults or {}).get(item.name, item.default)
         flags = item.metadata.get("flags") or ("--" + item.name.replace("_", "-"),)
         if kind is bool:
-            parser.add_argument(*flags, dest=item.name, action=argparse.BooleanOptionalAction, default=default)
+            parser.add_argument(
+                *flags,
+                dest=item.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=item.metadata["help"],
+            )
         else:
             parser.add_argument(*flags, dest=item.name, type=kind, default=default, help=item.metadata["help"])
 

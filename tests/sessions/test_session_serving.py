@@ -26,6 +26,7 @@ from tests.sessions.conftest import store_client, write_session_repository
 
 # the layout by session -> its model; the native one beside the native layout (item IDs) of the same export
 BY_SESSION = {"session": SESSION_MODEL, "native_session": NATIVE_SESSION_MODEL}
+EVENTS_OF = {"session": "events", "native_session": "events_native"}  # each layout's events-only model
 
 
 class Session(RecommenderClient):
@@ -148,6 +149,8 @@ def test_a_store_that_is_down_answers_from_the_requests_items_or_refuses(session
             np.testing.assert_array_equal(fallback.item_ids, client.recommend([50, 172], k=10).item_ids)
             with pytest.raises(SessionStoreError, match="session store"):
                 client.recommend_session("shopper-1", k=10)
+            with pytest.raises(SessionStoreError, match="session store"):  # an event alone: refused, not lost
+                client.send_events("shopper-1", [7], ["down-1"], model=EVENTS_OF[layout])
     finally:
         embedded_store.start(store_dir)
     with Session(server.grpc_url, layout) as client:  # back: the store's events as before the outage
@@ -244,6 +247,35 @@ def test_recserves_backend_refuses_a_store_record_it_cannot_use(native_session_r
         pass
     assert message in str(err.value), str(err.value)[-2000:]
     assert "secret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"floor": "true"}, "parameter floor answers the recommender_native contract alone"),
+        ({"events_only": "true", "session_store": None}, "parameter events_only needs the parameter session_store"),
+    ],
+)
+def test_recserves_backend_refuses_a_floor_or_events_model_it_cannot_be(
+    native_session_repo, tmp_path, parameters, message
+):
+    """The floor and the events model are modes of recserve's backend a config names: a config that asks one
+    of a model it cannot be (the floor by session, events alone with no store) does not load, and says why."""
+    from recserve.serving.triton_repository.pbtxt import parse_pbtxt
+
+    repo = tmp_path / "repo"
+    shutil.copytree(native_session_repo / NATIVE_SESSION_MODEL, repo / NATIVE_SESSION_MODEL)
+    path = repo / NATIVE_SESSION_MODEL / "config.pbtxt"
+    config = parse_pbtxt(path.read_text())
+    for name, value in parameters.items():
+        if value is None:
+            del config.parameters[name]
+        else:
+            config.parameters[name].string_value = value
+    path.write_text(str(config))
+    with pytest.raises(ServingError) as err, TritonServer(repo, server_settings()):
+        pass
+    assert message in str(err.value), str(err.value)[-2000:]
 
 
 JUNK = [text for what, text, accepted in CASES if what == "integer" and not accepted]
