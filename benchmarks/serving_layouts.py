@@ -201,9 +201,18 @@ def pinned_load(args: argparse.Namespace) -> LoadSettings:
     return from_arguments(LoadSettings, args, client_cpus=client_cpus).with_client_threads()
 
 
-def run_variant(name: str, spec: dict, args: argparse.Namespace, load: LoadSettings, run: Path, store: Path) -> dict:
-    """One variant's repository written from ``run`` and swept; its step summaries and, where the server
-    stopped answering, its log's tail kept beside its report."""
+def run_variant(
+    name: str,
+    spec: dict,
+    args: argparse.Namespace,
+    load: LoadSettings,
+    levels: list[LoadLevel],
+    histories: list[np.ndarray],
+    run: Path,
+    store: Path,
+) -> dict:
+    """One variant's repository written from ``run`` and swept at ``levels`` with requests of ``histories``; its
+    step summaries and, where the server stopped answering, its log's tail kept beside its report."""
     repo, layouts, settings = args.work / f"repo-{name}", spec.get("layouts", (spec["layout"],)), spec["settings"]
     if "layouts" in spec or load.rules:
         settings = dataclasses.replace(settings, session_store=str(store))
@@ -215,7 +224,7 @@ def run_variant(name: str, spec: dict, args: argparse.Namespace, load: LoadSetti
     if spec.get("check"):  # the fused layout beside it (eager, same precision) for compare_with_fused
         repository_from_run(run, repo, ("fused",), spec["settings"], "eager", spec["precision"])
     load = dataclasses.replace(load, compare_with_fused=bool(spec.get("check")))
-    summary = sweep(list(layouts), args.levels, args.out / name, args.histories, repo=repo, load=load)
+    summary = sweep(list(layouts), levels, args.out / name, histories, repo=repo, load=load)
     text = Path(summary["server_log"]).read_text(errors="replace") if summary.get("server_log") else ""
     if settings.step_summary_s:
         summary["rule_steps"] = keep_step_summary(text, args.out / name, bool(load.rules))
@@ -262,9 +271,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     load = pinned_load(args)
-    args.levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
+    levels = [LoadLevel("concurrency", float(c)) for c in args.concurrency.split(",")]
     run = make_random_run(args.work / f"run-{args.items}", num_items=args.items)
-    args.histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
+    histories = synthetic_histories(args.items, count=2000, min_length=5, max_length=60)
     table = variants(args.instances, args.delay_us, args.device)
     if args.export_report:
         from recserve.export.parity_report import build_report
@@ -283,7 +292,7 @@ def main() -> None:
     for name in chosen_variants:
         started = time.time()
         try:
-            summary = run_variant(name, table[name], args, load, run, store)
+            summary = run_variant(name, table[name], args, load, levels, histories, run, store)
         except Exception as err:  # keep going: one variant's failure is a finding, not the end of the run
             log.exception("variant %s failed", name)
             notes[name] = f"failed: {err}"

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.conftest import BENCH_LAYOUTS, NATIVE_READY, needs_native_backends
+from tests.conftest import SERVED_LAYOUTS, needs_native_backends
 
 from recserve.bench.load_report import ratios
 from recserve.bench.load_settings import LoadSettings
@@ -23,7 +23,7 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     histories, string_ids = real_histories(ml100k_dir)
     result = sweep(
-        list(BENCH_LAYOUTS),
+        list(SERVED_LAYOUTS),
         [LoadLevel("concurrency", 4)],
         out,
         histories,
@@ -39,23 +39,20 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
     for name in ("summary.json", "report.md", "throughput_latency.png", "steps.png"):
         assert (out / name).stat().st_size > 0, name
     rows = json.loads((out / "summary.json").read_text())["results"]
-    assert [r["layout"] for r in rows] == list(BENCH_LAYOUTS)
+    assert [r["layout"] for r in rows] == list(SERVED_LAYOUTS)
     for row in rows:
         assert row["errors"] == 0, row
         assert row["concurrency"] == 4 and row["throughput_rps"] > 10
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"] < 5000
         cpu = row["cpu_us_per_request"]  # every process group did work for every request
         assert 0 < cpu["client"] < 1e5 and 0 < cpu["server"] < 1e5, cpu
-        if row["layout"] not in ("native", "floor"):
+        if row["layout"] != "native":
             assert 0 < cpu["models"] < 1e5, cpu
     fused_models = next(r for r in rows if r["layout"] == "fused")["cpu_us_per_request"]["models"]
     for row in rows:  # a native model runs inside the server: the model processes (other layouts') stay idle
         if row["layout"] == "native":  # (a Python model would spend about what fused's does)
             assert row["cpu_us_per_request"]["models"] < 0.5 * fused_models, row["cpu_us_per_request"]
-    assert result["server_failures"] == dict.fromkeys(BENCH_LAYOUTS, 0)
-    if NATIVE_READY:  # the floor answered every request, and the native model's cost reads against it
-        native_over_floor = result["ratios"]["native_over_floor"]["concurrency=4"]
-        assert native_over_floor["throughput"] > 0 and "native over floor" in (out / "report.md").read_text()
+    assert result["server_failures"] == dict.fromkeys(SERVED_LAYOUTS, 0)
     assert "successfully loaded" in Path(result["server_log"]).read_text()  # the log of the server it started
     assert "## CPU per request" in (out / "report.md").read_text()
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
@@ -125,6 +122,25 @@ def test_a_run_that_runs_past_its_bound_stops_the_sweep_with_what_it_measured(in
     assert result["stopped"] == f"fused concurrency 1: {row['error']}; the levels after it were not run"
     report = (tmp_path / "report.md").read_text()
     assert "failed: perf_analyzer ran past" in report and "The sweep stopped early: fused concurrency 1" in report
+
+
+@needs_native_backends
+def test_the_floor_answers_every_request_beside_native_and_the_models_cost_reads_against_it(
+    int_repo, ml100k_dir, tmp_path
+):
+    """The floor (recserve's backend without a graph) swept beside native, untraced (Triton's traces of one
+    request in 3, the summary's, fail a request now and then under load): every request answered, native
+    over floor in the ratios and the report."""
+    histories, string_ids = real_histories(ml100k_dir)
+    load = LoadSettings(measurement_ms=800, slo_p99_ms=1000, client_threads=2)
+    result = sweep(
+        ["native", "floor"], [LoadLevel("concurrency", 4)], tmp_path, histories, string_ids, int_repo, load=load
+    )
+    for row in result["results"]:
+        assert row["errors"] == 0 and row["throughput_rps"] > 10, row
+    assert result["server_failures"] == {"native": 0, "floor": 0}
+    native_over_floor = result["ratios"]["native_over_floor"]["concurrency=4"]
+    assert native_over_floor["throughput"] > 0 and "native over floor" in (tmp_path / "report.md").read_text()
 
 
 def test_a_sweep_over_both_protocols_runs_each_layout_over_each_and_compares_them(int_repo, ml100k_dir, tmp_path):

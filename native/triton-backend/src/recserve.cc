@@ -15,8 +15,8 @@
 // By session (parameter session_store: the store's record, JSON; history_length: the graph's width): the
 // `recommender_native_session` contract, session_id BYTES (B, 1), item_ids INT64 (B, -1) optional (items to
 // append to the row's session first; -1 is padding), event_ids BYTES (B, -1) optional (the client's ID of each
-// item, "" for none: an event sent again with its ID is stored once), k, exclude_seen in; item IDs, scores (k wide),
-// unknown_ids, history_source INT32 (0 the store, 1 the request's items alone), history_length INT32 out. One
+// item, "" for none: an event sent again with its ID is stored once), k, exclude_seen in; item IDs, scores
+// (k wide), unknown_ids, history_source INT32 (0 the store, 1 the request's items alone), history_length INT32 out. One
 // round trip to the store a batch (session_store.h) appends every row's items and reads every session's
 // newest items; the rows' histories are staged as the graph takes them and scored in the same execution.
 // A store that fails answers the requests that brought items from those alone, and refuses the others
@@ -1047,7 +1047,8 @@ ModelInstanceState::StageAppends(
     InputView event_ids;  // IDs of no items: refused, as the python models refuse them
     RETURN_IF_ERROR(ViewInput(request, model_->InputName(2), true, &event_ids));
     if (event_ids.input != nullptr) {
-      return Error("input '" + model_->InputName(2) + "': the IDs of the events in " + items_name + ", which is absent");
+      return Error(
+          "input '" + model_->InputName(2) + "': the IDs of the events in " + items_name + ", which is absent");
     }
   }
   return nullptr;
@@ -1509,7 +1510,7 @@ ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t req
   SessionRows batch;
   const int64_t rows = StageRequests(requests, request_count, &slots, &batch);
   SET_TIMESTAMP(times.compute_start);
-  std::vector<std::vector<int64_t>> nothing_read;
+  std::vector<std::vector<int64_t>> nothing_read;  // count 0: the append alone
   const std::string problem =
       rows > 0 ? store_->AppendAndRead(batch.sessions, batch.events, batch.event_ids, 0, &nothing_read) : "";
   if (!problem.empty()) {
@@ -1524,7 +1525,8 @@ ModelInstanceState::ExecuteEvents(TRITONBACKEND_Request** requests, uint32_t req
     TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
     int64_t memory_id = 0;
     if (err == nullptr) {
-      err = TRITONBACKEND_ResponseOutput(slot.response, &output, model_->OutputName(0).c_str(), TRITONSERVER_TYPE_INT32, shape, 2);
+      const std::string& name = model_->OutputName(0);
+      err = TRITONBACKEND_ResponseOutput(slot.response, &output, name.c_str(), TRITONSERVER_TYPE_INT32, shape, 2);
     }
     if (err == nullptr) {
       err = TRITONBACKEND_OutputBuffer(output, &buffer, slot.rows * sizeof(int32_t), &memory, &memory_id);

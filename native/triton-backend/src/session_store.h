@@ -67,7 +67,8 @@ class SessionStore {
   // `hidden_version`, where given: the hidden items' version read in the same round trip (unchanged where the
   // store did not answer it).
   // `event_ids[i][e]`: the client's ID of events[i][e] (the member "ID ITEM", which ZADD NX stores once
-  // however often it is sent), "" or absent for one of the batch's own.
+  // however often it is sent), "" or absent for one of the batch's own. `count` 0: the append alone, nothing
+  // read (the events-only model's).
   std::string AppendAndRead(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
       const std::vector<std::vector<std::string>>& event_ids, int64_t count,

@@ -27,22 +27,32 @@ def row_level(row: dict) -> tuple[str, float]:
     return ("concurrency", row["concurrency"]) if "concurrency" in row else ("request_rate", row["request_rate"])
 
 
+def succeeded(row: dict) -> bool:
+    """Whether a run measured its load: no error, a throughput."""
+    return not row.get("errors") and "throughput_rps" in row
+
+
+def versus(row: dict, other: dict) -> dict:
+    """One run against another at the same level: throughput and p99 as ratios, p50 as milliseconds more."""
+    return {
+        "throughput": row["throughput_rps"] / other["throughput_rps"],
+        "p99": row["p99_ms"] / other["p99_ms"],
+        "p50_ms_more": row["p50_ms"] - other["p50_ms"],
+    }
+
+
 def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
     """Each of PAIRS (fused over seed, native over fused, by session over by items, ...) at each shared load
     level (throughput and p99 as ratios, p50 as milliseconds more); the best throughput within the SLO per
     layout, and best over best."""
-    ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
+    ok = [r for r in rows if succeeded(r)]
     by = {(r["layout"], row_level(r)): r for r in ok}
     out: dict = {f"{a}_over_{b}": {} for a, b in PAIRS} | {"best_within_slo": {}}
     for (layout, level), row in by.items():
         key = f"{level[0]}={level[1]:g}"
         for a, other in PAIRS:
             if layout == a and (other, level) in by:
-                out[f"{a}_over_{other}"][key] = {
-                    "throughput": row["throughput_rps"] / by[(other, level)]["throughput_rps"],
-                    "p99": row["p99_ms"] / by[(other, level)]["p99_ms"],
-                    "p50_ms_more": row["p50_ms"] - by[(other, level)]["p50_ms"],
-                }
+                out[f"{a}_over_{other}"][key] = versus(row, by[(other, level)])
     for layout in {r["layout"] for r in ok}:
         within = [r for r in ok if r["layout"] == layout and r["p99_ms"] <= slo_p99_ms]
         best = max(within, key=lambda r: r["throughput_rps"], default=None)
@@ -66,17 +76,14 @@ def ratios(rows: list[dict], slo_p99_ms: float) -> dict:
 
 def protocol_ratios(rows: list[dict]) -> dict:
     """Where a sweep ran both protocols: each layout's HTTP run over its gRPC run at each level (rules aside),
-    throughput as a ratio and p50 as milliseconds more."""
-    ok = [r for r in rows if r.get("protocol") and "rules" not in r and not r.get("errors") and "throughput_rps" in r]
+    as ``versus`` gives it."""
+    ok = [r for r in rows if r.get("protocol") and "rules" not in r and succeeded(r)]
     by = {(r["layout"], row_level(r), r["protocol"]): r for r in ok}
     out: dict = {}
     for (layout, level, protocol), row in by.items():
         grpc = by.get((layout, level, "grpc"))
         if protocol == "http" and grpc is not None:
-            out.setdefault(layout, {})[f"{level[0]}={level[1]:g}"] = {
-                "throughput": row["throughput_rps"] / grpc["throughput_rps"],
-                "p50_ms_more": row["p50_ms"] - grpc["p50_ms"],
-            }
+            out.setdefault(layout, {})[f"{level[0]}={level[1]:g}"] = versus(row, grpc)
     return out
 
 

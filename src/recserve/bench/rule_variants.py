@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.bench.load_report import row_level
+from recserve.bench.load_report import row_level, succeeded
 from recserve.constants import INPUT_EXCLUDE_ITEMS, INPUT_INCLUDE_ITEMS, INPUT_RULE, MAX_RULE_ITEMS
 from recserve.errors import ServingError
 
@@ -128,14 +128,14 @@ def rule_overhead(rows: list[dict], slo_p99_ms: float) -> dict:
     run with no rule's of the same round, and gives the median over the rounds, with ``rounds``: on a host whose
     p50 moves by a tenth of a millisecond from one run to the next, one pair of runs cannot tell such a cost.
     """
-    ok = [r for r in rows if not r.get("errors") and "throughput_rps" in r]
+    ok = [r for r in rows if succeeded(r)]
     by: dict[tuple, dict[int, dict]] = {}  # (layout, rules, level): its runs that succeeded, by round
     for r in rows:  # a failed run keeps its round, so that the rounds after it pair as they ran
         runs = by.setdefault((r["layout"], r.get("rules", NONE), row_level(r)), {})
         runs[len(runs)] = r
     for runs in by.values():
         for round_, r in list(runs.items()):
-            if r.get("errors") or "throughput_rps" not in r:
+            if not succeeded(r):
                 del runs[round_]
 
     def best(layout: str, rules: str) -> float | None:

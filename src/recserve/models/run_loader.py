@@ -18,14 +18,18 @@ from recserve.models.sasrec import SASRec
 
 def model_name(run_dir: Path) -> str:
     """The model of a run folder (``bert4rec``, ``sasrec`` or ``multvae``)."""
-    name = read_model_config(run_dir)["model"]
-    if name not in MODELS:
-        raise DataError(f"{run_dir}: unknown model {name!r}; this recserve knows {', '.join(MODELS)}")
-    return name
+    return _known_model(read_model_config(run_dir), run_dir)
 
 
 def load_config(run_dir: Path) -> Bert4RecConfig | SASRecConfig | MultVAEConfig:
-    return model_entry(model_name(run_dir)).config.from_settings(read_model_config(run_dir))
+    settings = read_model_config(run_dir)  # read once: the model's name and its settings
+    return model_entry(_known_model(settings, run_dir)).config.from_settings(settings)
+
+
+def _known_model(settings: dict, run_dir: Path) -> str:
+    if settings["model"] not in MODELS:
+        raise DataError(f"{run_dir}: unknown model {settings['model']!r}; this recserve knows {', '.join(MODELS)}")
+    return settings["model"]
 
 
 def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
@@ -34,7 +38,7 @@ def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
     cfg = load_config(run_dir)
     if not (run_dir / WEIGHTS_FILE).is_file():
         raise DataError(f"{run_dir}: not a training run, missing {WEIGHTS_FILE}; run `recserve train` first")
-    model = model_entry(model_name(run_dir)).module_class()(cfg)
+    model = model_entry(cfg.MODEL).module_class()(cfg)
     try:
         model.load_state_dict(read_weights(run_dir / WEIGHTS_FILE))
     except RuntimeError as err:  # another shape or other names than the run's model_config.json says

@@ -82,8 +82,7 @@ def write_native_model(
     rules = ruled(manifest, settings)
     parameters = {
         **backend_parameters(backend[0] or backend[1], settings.device),
-        Parameter.PADDING_ID: str(NATIVE_PAD_ID),
-        Parameter.MAX_K: str(min(manifest.max_k, manifest.num_items)),
+        **shape_parameters(manifest),
         **({Parameter.RULES_FILE: RULE_BANK_FILE} if rules else {}),
         **(extra or {}),
     }
@@ -105,6 +104,28 @@ def write_native_model(
             shutil.copyfile(data, staging / data.name)
         if rules:
             write_rule_bank(staging / RULE_BANK_FILE, export_dir, manifest, settings)
+
+
+def shape_parameters(manifest: ExportManifest) -> dict[str, str]:
+    """The padding ID and the largest k a native model's config gives its clients (``served.NativeShape``)."""
+    return {Parameter.PADDING_ID: str(NATIVE_PAD_ID), Parameter.MAX_K: str(min(manifest.max_k, manifest.num_items))}
+
+
+def write_graphless_model(
+    repo: Path,
+    name: str,
+    contract: served.Contract,
+    settings: RepositorySettings,
+    parameters: dict[str, str],
+    version: int,
+    note: str,
+) -> None:
+    """A model of recserve's backend that runs no graph (the floor, events alone): its config, ``settings``'
+    native instances, and a version folder that holds only ``note`` (the backend loads nothing from it)."""
+    instances = dataclasses.replace(settings, instance_count=settings.native_instances)
+    write_config(repo / name, batched_config(name, contract, instances, parameters, (RECSERVE_BACKEND, "")))
+    with replaced_on_success(repo / name / str(version)) as staging:
+        (staging / "README").write_text(note + "\n")
 
 
 def check(export_dir: Path, manifest: ExportManifest, settings: RepositorySettings) -> None:

@@ -12,16 +12,13 @@ from recserve.artifacts import served
 from recserve.artifacts.export_manifest import ExportManifest
 from recserve.artifacts.served import Parameter
 from recserve.constants import NATIVE_EVENTS_MODEL, NATIVE_SESSION_MODEL
-from recserve.files import replaced_on_success
-from recserve.serving.triton_repository.layouts.common import (
-    Layout,
-    batched_config,
-    store_parameter,
-    store_record,
-    stored_rules,
-    write_config,
+from recserve.serving.triton_repository.layouts.common import Layout, store_parameter, store_record, stored_rules
+from recserve.serving.triton_repository.layouts.native import (
+    history_length,
+    ruled,
+    write_graphless_model,
+    write_native_model,
 )
-from recserve.serving.triton_repository.layouts.native import history_length, ruled, write_native_model
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND, check_native_session
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
@@ -40,11 +37,9 @@ def write(repo: Path, export_dir: Path, manifest: ExportManifest, settings: Repo
     contract = served.native_by_session(width, ruled=ruled(manifest, on_recserve))
     write_native_model(repo, NATIVE_SESSION_MODEL, export_dir, manifest, on_recserve, version, contract, parameters)
     events = store_parameter(settings) | {Parameter.EVENTS_ONLY: "true"}
-    on_cpus = dataclasses.replace(settings, device="cpu", instance_count=settings.native_instances)
-    config = batched_config(NATIVE_EVENTS_MODEL, served.events("INT64"), on_cpus, events, (RECSERVE_BACKEND, ""))
-    write_config(repo / NATIVE_EVENTS_MODEL, config)
-    with replaced_on_success(repo / NATIVE_EVENTS_MODEL / str(version)) as staging:  # no file: the store alone
-        (staging / "README").write_text("events alone on recserve's backend: no graph, the store in config.pbtxt\n")
+    on_cpus = dataclasses.replace(settings, device="cpu", native_instance_count=settings.native_instances)
+    note = "events alone on recserve's backend: no graph, the store in config.pbtxt"
+    write_graphless_model(repo, NATIVE_EVENTS_MODEL, served.events("INT64"), on_cpus, events, version, note)
 
 
 def describe(manifest: ExportManifest, settings: RepositorySettings) -> list[dict]:
