@@ -80,6 +80,7 @@ def test_dropout_follows_the_data_unless_given(ml100k_dir, string_data_dir):
         {"attention_span": 3},
         {"relative_positions": True, "attention_span": 4},
         {"ligr": True},
+        {"lru": True},
     ],
 )
 def test_relative_positions_and_local_attention_keep_the_fast_path_and_padding_exact(positional):
@@ -134,3 +135,33 @@ def test_ligr_gates_move_both_paths_and_they_agree_on_them():
                 gate.weight.zero_()
     assert not torch.allclose(model.encode(history)[:, -1], gated_full, atol=1e-3)
     assert not torch.allclose(model.encode_last(history), gated_last, atol=1e-3)
+
+
+def test_the_recurrent_mixer_is_the_lru_recurrence_and_moves_both_paths():
+    """``lru``: the mixer's matrix products give what the complex recurrence z_t = lambda z_(t-1) + gamma B x_t,
+    read out as C z_t, gives step by step; padding (left) adds nothing to any position; zeroing its readout
+    changes the full encoder and the serving fast path alike, and the two agree with it on."""
+    model = _model(layers=2, heads=2, lru=True)
+    mixer = model.blocks[0].mixer
+    x, real = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
+    log_radius, angle, gamma = mixer._decay()
+    lam = torch.exp(torch.complex(log_radius, angle))
+    a, b = mixer.into(x).chunk(2, -1)
+    inputs, state, steps = torch.complex(a, b) * gamma, torch.zeros(2, 16, dtype=torch.cfloat), []
+    for t in range(6):
+        state = lam * state + inputs[:, t]
+        steps.append(mixer.out(torch.cat([state.real, state.imag], -1)))
+    with torch.no_grad():
+        torch.testing.assert_close(mixer(x, real), torch.stack(steps, 1), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(mixer.forward_last(x, real)[:, 0], steps[-1], atol=1e-5, rtol=1e-4)
+        short, padded = model.encode(torch.tensor([[3, 4, 5]])), model.encode(torch.tensor([[0, 0, 3, 4, 5]]))
+        torch.testing.assert_close(short, padded[:, 2:], atol=1e-5, rtol=1e-5)
+    history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    mixed_full, mixed_last = model.encode(history)[:, -1], model.encode_last(history)
+    torch.testing.assert_close(mixed_last, mixed_full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mixer.out.weight.zero_()
+            block.mixer.out.bias.zero_()
+    assert not torch.allclose(model.encode(history)[:, -1], mixed_full, atol=1e-3)
+    assert not torch.allclose(model.encode_last(history), mixed_last, atol=1e-3)

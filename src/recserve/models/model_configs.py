@@ -133,6 +133,11 @@ class SASRecConfig(ModelConfig):
     ligr: bool = option(
         False, "LiGR blocks (eSASRec's): each residual branch gated by a sigmoid of its input, a SwiGLU feed-forward"
     )
+    lru: bool = option(
+        False,
+        "a linear recurrent unit beside attention in each block (LRURec's sequence mixing): each position a "
+        "learned, decaying sum of the items up to it",
+    )
     item_attributes: bool = option(ITEM_ATTRIBUTES, ITEM_ATTRIBUTES_HELP)
     id_dropout: float = option(ID_DROPOUT, ID_DROPOUT_HELP)
     attribute_columns: int = 0  # set from the item table by the trainer: the attributes learned

@@ -9,6 +9,7 @@ fast path is the same for both.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import cast
 
@@ -76,12 +77,73 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+class RecurrentMixer(nn.Module):
+    """A linear recurrent unit beside attention (SASRec's ``lru`` option): the LRU of Orvieto et al. (ICML
+    2023), as LRURec (Yue et al., 2024) put it in sequential recommendation, each token a decaying, rotating
+    sum of the tokens up to it. A diagonal complex recurrence ``z_t = lambda z_(t-1) + gamma B x_t``, read out
+    as ``Re(C z_t)``, is a causal convolution along the sequence with the kernel ``lambda^d`` at distance d; in
+    real numbers, per state channel, two (L, L) lower-triangular matrices (``lambda``'s powers' cosine and sine
+    parts, scaled), applied as batched matrix products: operations that every export backend runs, with no
+    scan and no complex type. Padding (left) is zeroed first, so it adds nothing, and a token's distances are
+    counted back from it, so a left-padded input gives what the unpadded one gives.
+    """
+
+    def __init__(self, hidden: int, r_min: float = 0.8, r_max: float = 0.99, max_phase: float = math.pi / 10):
+        super().__init__()
+        self.into = nn.Linear(hidden, 2 * hidden, bias=False)  # B: the state's real and imaginary parts
+        self.out = nn.Linear(2 * hidden, hidden)  # C's real and (negated) imaginary parts, side by side
+        radius = torch.sqrt(torch.rand(hidden) * (r_max**2 - r_min**2) + r_min**2)  # |lambda|, uniform on a ring
+        self.nu_log = nn.Parameter(torch.log(-torch.log(radius)))  # |lambda| = exp(-exp(nu_log))
+        self.theta_log = nn.Parameter(torch.log(max_phase * torch.rand(hidden).clamp(min=1e-3)))  # arg lambda
+
+    def _decay(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log |lambda|, arg lambda and gamma (the input's scale that keeps the state's variance), (N,) each,
+        in float32 whatever the model's type (powers up to the window in bf16 would drift)."""
+        log_radius = -torch.exp(self.nu_log.float())
+        return log_radius, torch.exp(self.theta_log.float()), torch.sqrt(1 - torch.exp(2 * log_radius))
+
+    def _kernels(self, distance: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """distance: (..., L) query position minus key position. Returns lambda^distance's real and imaginary
+        parts times gamma, (N, ..., L) each, zero where the key comes after the query."""
+        log_radius, angle, gamma = self._decay()
+        shape = (-1,) + (1,) * distance.dim()
+        d = distance.clamp(min=0).float()[None]
+        magnitude = torch.exp(d * log_radius.view(shape)) * gamma.view(shape) * (distance >= 0).float()[None]
+        return (magnitude * torch.cos(d * angle.view(shape))).to(dtype), (
+            magnitude * torch.sin(d * angle.view(shape))
+        ).to(dtype)
+
+    def _state_inputs(self, h: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: (B, L, H) the block's normalised input; real: (B, L) True at tokens. Returns B h's real and
+        imaginary parts (B, L, N) each, zero at padding."""
+        a, b = (self.into(h) * real[..., None].to(h.dtype)).chunk(2, -1)
+        return a, b
+
+    def forward(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """h: (B, L, H); real: (B, L). Returns (B, L, H): at each position, the readout of its state."""
+        a, b = (t.permute(2, 1, 0) for t in self._state_inputs(h, real))  # (N, L, B)
+        order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)  # (L,) 1..L on h's device
+        cos, sin = self._kernels(order[:, None] - order[None, :], h.dtype)  # (N, L, L)
+        state = torch.cat([cos @ a - sin @ b, cos @ b + sin @ a], 0)  # (2N, L, B): real, imaginary
+        return self.out(state.permute(2, 1, 0))
+
+    def forward_last(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """``forward`` at the last position only: (B, 1, H)."""
+        a, b = self._state_inputs(h, real)  # (B, L, N)
+        order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)
+        cos, sin = self._kernels(order[-1] - order, h.dtype)  # (N, L): the last position's row
+        real_part = (a * cos.T).sum(1) - (b * sin.T).sum(1)
+        imaginary = (b * cos.T).sum(1) + (a * sin.T).sum(1)
+        return self.out(torch.cat([real_part, imaginary], -1))[:, None]
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: self-attention over the unpadded tokens, then a GELU feed-forward.
 
     With ``ligr`` (SASRec's option; the LiGR layer of LinkedIn's ranking transformer, eSASRec's block): each
     residual branch is scaled by a sigmoid gate of the block's input at that point, ``x + sigmoid(W x + b)
-    * branch``, and the feed-forward is a SwiGLU.
+    * branch``, and the feed-forward is a SwiGLU. With ``lru`` (SASRec's): a ``RecurrentMixer`` of the same
+    normalised input beside attention, its output added to attention's in the first residual branch.
     """
 
     def __init__(self, cfg):
@@ -102,6 +164,7 @@ class Block(nn.Module):
             )
             self.gates = None
         self.drop = Dropout(cfg.dropout)
+        self.mixer = RecurrentMixer(cfg.hidden) if getattr(cfg, "lru", False) else None
         # SASRec's options: a learned bias per head and distance (Transformer-XL and T5 style), and a span
         # beyond which nothing is attended (local attention); 0: every position
         self.span = getattr(cfg, "attention_span", 0)
@@ -135,10 +198,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """x: (B, L, H); keep: (B, 1, 1 | L, L) True where a key may be attended. Returns (B, L, H)."""
-        q, k, v = (self._heads(t) for t in self.qkv(self.ln1(x)).chunk(3, -1))
+        h = self.ln1(x)
+        q, k, v = (self._heads(t) for t in self.qkv(h).chunk(3, -1))
         p = self.dropout if self.training else 0.0
         y = attention(q, k, v, self._positional(keep), p)  # (B, nh, L, hd)
-        x = self._residual(0, x, self.drop(self.proj(y.transpose(1, 2).flatten(2))))
+        branch = self.proj(y.transpose(1, 2).flatten(2))
+        if self.mixer is not None:
+            branch = branch + self.mixer(h, keep[:, 0, -1])  # the last query's keys: every token
+        x = self._residual(0, x, self.drop(branch))
         return self._residual(1, x, self.drop(self.ffn(self.ln2(x))))
 
     def forward_last(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -165,8 +232,12 @@ class Block(nn.Module):
         scores = query @ h.transpose(1, 2) + (0 if bias is None else bias.to(h.dtype))  # (B, nh, L)
         scores = scores.masked_fill(~attended, float("-inf"))
         mixed = scores.softmax(-1) @ h  # (B, nh, H): each head's weighted sum of the tokens
-        x = self._residual(0, x[:, -1:], F.linear(mixed.flatten(1), out_w, out_b)[:, None])
+        x = self._residual(0, x[:, -1:], self._with_mixer(F.linear(mixed.flatten(1), out_w, out_b)[:, None], h, keep))
         return self._residual(1, x, self.ffn(self.ln2(x)))
+
+    def _with_mixer(self, branch: torch.Tensor, h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The last position's attention branch (B, 1, H) plus the recurrent mixer's, where the block has one."""
+        return branch if self.mixer is None else branch + self.mixer.forward_last(h, keep[:, 0, -1])
 
     def _last_positional(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """keep: (B, 1, 1, L). Returns which keys the last query attends (B, 1, L), the span applied, and
@@ -205,7 +276,7 @@ class Block(nn.Module):
         attended, bias = self._last_positional(keep)
         mask = attended[:, :, None] if bias is None else torch.where(attended, bias, float("-inf"))[:, :, None]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if bias is not None else mask)
-        x = self._residual(0, x[:, -1:], self.proj(y.transpose(1, 2).flatten(2)))
+        x = self._residual(0, x[:, -1:], self._with_mixer(self.proj(y.transpose(1, 2).flatten(2)), h, keep))
         return self._residual(1, x, self.ffn(self.ln2(x)))
 
 
