@@ -54,6 +54,21 @@ def test_a_time_budget_stops_training_and_keeps_the_best_validated_weights(strin
     assert not unbounded["budget_ended"]
 
 
+def test_patience_and_a_budget_in_steps_whatever_an_epochs_size(string_data_dir, tmp_path):
+    """--max-steps ends training at that step (mid-epoch too) with the run whole; --patience-steps is whole
+    epochs of the run's size, never fewer than --patience."""
+    cfg = TrainConfig(epochs=50, patience=50, samples_per_user=4, batch_size=64, device="cpu", resume=False)
+    one = train(string_data_dir, tmp_path / "one", SMALL, dataclasses.replace(cfg, epochs=1), model="sasrec")
+    per_epoch = one["steps"]["per_epoch"]
+    assert one["steps"]["trained"] == per_epoch > 1 and not one["budget_ended"]
+    summary = train(string_data_dir, tmp_path / "run", SMALL, dataclasses.replace(cfg, max_steps=2 * per_epoch + 1))
+    assert summary["budget_ended"] and summary["steps"]["trained"] == 2 * per_epoch + 1
+    assert summary["best_epoch"] <= 2 and (tmp_path / "run" / WEIGHTS_FILE).exists()
+    steps = dataclasses.replace(cfg, patience=2, patience_steps=5 * per_epoch - 1)
+    assert steps.patience_epochs(per_epoch) == 5 and steps.patience_epochs(10 * per_epoch) == 2
+    assert dataclasses.replace(steps, patience_steps=0).patience_epochs(per_epoch) == 2
+
+
 def test_a_model_that_diverges_stops_training_naming_the_epoch_and_keeps_no_nan_checkpoint(string_data_dir, tmp_path):
     import lightning as L
 
@@ -107,6 +122,8 @@ def test_tiny_run_writes_metrics_with_both_protocols(tiny_run, ml100k_dir):
         ({}, {"label_smoothing": 1.5}, ConfigError, "label_smoothing=1.5"),
         ({}, {"max_minutes": -1.0}, ConfigError, "max_minutes=-1.0"),
         ({}, {"max_minutes": float("nan")}, ConfigError, "max_minutes=nan"),
+        ({}, {"patience_steps": -1}, ConfigError, "patience_steps=-1"),
+        ({}, {"max_steps": -5}, ConfigError, "max_steps=-5"),
     ],
 )
 def test_bad_settings_get_one_clear_error(ml100k_dir, tmp_path, model, cfg, error, message):

@@ -105,6 +105,15 @@ class TrainConfig:
     last_item_rate: float = 0.15  # BERT4Rec: share of samples that mask only the last item
     heldout_share: float = option(0.1, "Mult-VAE: share of users held out for validation, and for test.")
     patience: int = option(8, "Epochs without a better validation metric before stopping.")
+    patience_steps: int = option(
+        0,
+        "Optimizer steps without a better validation metric before stopping, whatever an epoch's size (the data's "
+        "users times --samples-per-user over --batch-size); validation runs each epoch, so whole epochs, at least "
+        "--patience; 0: --patience alone.",
+    )
+    max_steps: int = option(
+        0, "Most optimizer steps (a budget counted in steps, not epochs of a size that varies); 0: --epochs alone."
+    )
     max_minutes: float = option(
         0.0,
         "Most minutes of training (a budget: at the limit training stops, and the best validated weights are "
@@ -141,6 +150,9 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "samples_per_user", "devices"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: must be at least 1")
+        for name in ("patience_steps", "max_steps"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)}: must be 0 (off) or more")
         if not self.max_minutes >= 0:  # NaN too
             problems.append(f"max_minutes={self.max_minutes}: must be 0 (no limit) or more")
         if self.refit and self.devices > 1:
@@ -167,6 +179,13 @@ class TrainConfig:
         if problems:
             raise ConfigError("bad training settings: " + "; ".join(problems))
 
+    def patience_epochs(self, steps_per_epoch: int) -> int:
+        """The validations without a better metric that end training: --patience, or the epochs that hold
+        --patience-steps at ``steps_per_epoch`` when that is more."""
+        if not self.patience_steps:
+            return self.patience
+        return max(self.patience, -(-self.patience_steps // max(steps_per_epoch, 1)))
+
     def check_model(self, model: str) -> None:
         """Refuses an option given that ``model`` does not take.
 
@@ -183,6 +202,7 @@ class TrainConfig:
             "label_smoothing": (entry.sequential, "BERT4Rec's and SASRec's softmax over items"),
             "ema_epochs": (entry.sequential, "BERT4Rec and SASRec average their weights"),
             "warm_start": (entry.sequential, "BERT4Rec's and SASRec's item rows are carried by ID"),
+            "patience_steps": (entry.sequential, "BERT4Rec's and SASRec's epochs are windows drawn per user"),
         }
         for name, (taken, what) in takes.items():
             if getattr(self, name) and not taken:

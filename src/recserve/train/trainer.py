@@ -68,8 +68,11 @@ def train(
     best = ModelCheckpoint(
         dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max", save_last=True
     )
+    steps_per_epoch = _steps_per_epoch(task, cfg)
+    patience = cfg.patience_epochs(steps_per_epoch)
     trainer = L.Trainer(
         max_epochs=cfg.epochs,
+        max_steps=cfg.max_steps or -1,
         max_time={"seconds": cfg.max_minutes * 60} if cfg.max_minutes > 0 else None,
         accelerator=cfg.accelerator,
         devices=cfg.devices,
@@ -78,8 +81,8 @@ def train(
         callbacks=[
             best,
             _epochs_from_one(),
-            EarlyStopping(task.monitor, mode="max", patience=cfg.patience),
-            *_averaging(cfg, model, _steps_per_epoch(task, cfg)),
+            EarlyStopping(task.monitor, mode="max", patience=patience),
+            *_averaging(cfg, model, steps_per_epoch),
             *(callbacks or []),
         ],
         logger=CSVLogger(out_dir, name="logs", version=0),
@@ -105,7 +108,9 @@ def train(
         "model": model,
         "data": str(data_dir),
         "best_epoch": best_epoch,
-        "budget_ended": bool(cfg.max_minutes) and time.perf_counter() - started >= cfg.max_minutes * 60,
+        "budget_ended": (bool(cfg.max_minutes) and time.perf_counter() - started >= cfg.max_minutes * 60)
+        or (bool(cfg.max_steps) and trainer.global_step >= cfg.max_steps),
+        "steps": {"per_epoch": steps_per_epoch, "trained": int(trainer.global_step), "patience_epochs": patience},
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score or 0.0)} | task.protocol,
         "train": asdict(cfg)
         | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
