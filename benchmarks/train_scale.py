@@ -31,17 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from recserve.bench.synthetic import (
     ZIPF_EXPONENT,
@@ -51,75 +46,11 @@ from recserve.bench.synthetic import (
     write_zipf_log,
 )
 from recserve.data.datasets import load_prepared, prepare
+from recserve.train.epoch_meter import EpochMeter, host
 from recserve.train.heldout import evaluate_heldout_run
 from recserve.train.leave_one_out import evaluate_run
 from recserve.train.train_config import MODEL_DEFAULTS, TrainConfig
 from recserve.train.trainer import train
-
-
-class BusySampler:
-    """The GPU's utilisation (the share of time a kernel runs), sampled every ``period_s`` in a thread."""
-
-    def __init__(self, period_s: float = 0.1):
-        self.period_s, self.samples, self._stop = period_s, [], threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.samples, self._stop = [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> float | None:
-        """Stops sampling; the mean busy percentage, or None where no GPU could be read."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        return float(np.mean(self.samples)) if self.samples else None
-
-    def _run(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            read = lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu  # noqa: E731
-        except Exception:  # no NVML binding: ask nvidia-smi, where there is one
-            if not shutil.which("nvidia-smi"):
-                return
-            query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"]
-            read = lambda: float(subprocess.run(query, capture_output=True, text=True).stdout.split()[0])  # noqa: E731
-        while not self._stop.wait(self.period_s):
-            self.samples.append(read())
-
-
-class EpochMeter(Callback):
-    """Times each epoch's training (validation excluded) and samples the GPU while it runs."""
-
-    def __init__(self):
-        self.epochs: list[dict] = []
-        self.sampler = BusySampler()
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        self.sampler.start()
-        self.started, self.steps = time.perf_counter(), 0
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.steps += 1
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - self.started
-        busy = self.sampler.stop()
-        peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-        self.epochs.append({"train_s": seconds, "steps": self.steps, "gpu_busy_pct": busy, "peak_gpu_mem_gb": peak})
-        self.val_started = time.perf_counter()
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        self.epochs[-1]["val_s"] = time.perf_counter() - self.val_started
 
 
 def run_setting(
@@ -319,7 +250,13 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(
             json.dumps(
-                {"device": device_name, "command": " ".join(sys.argv), "torch": torch.__version__, "results": results},
+                {
+                    "device": device_name,
+                    "host": host(),
+                    "command": " ".join(sys.argv),
+                    "torch": torch.__version__,
+                    "results": results,
+                },
                 indent=2,
             )
             + "\n"

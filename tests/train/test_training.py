@@ -56,7 +56,7 @@ def test_a_time_budget_stops_training_and_keeps_the_best_validated_weights(strin
 
 def test_patience_and_a_budget_in_steps_whatever_an_epochs_size(string_data_dir, tmp_path):
     """--max-steps ends training at that step (mid-epoch too) with the run whole; --patience-steps is whole
-    epochs of the run's size, never fewer than --patience."""
+    epochs of the run's size, never fewer than --patience; the last epoch's speed and the host are recorded."""
     cfg = TrainConfig(epochs=50, patience=50, samples_per_user=4, batch_size=64, device="cpu", resume=False)
     one = train(string_data_dir, tmp_path / "one", SMALL, dataclasses.replace(cfg, epochs=1), model="sasrec")
     per_epoch = one["steps"]["per_epoch"]
@@ -64,6 +64,9 @@ def test_patience_and_a_budget_in_steps_whatever_an_epochs_size(string_data_dir,
     summary = train(string_data_dir, tmp_path / "run", SMALL, dataclasses.replace(cfg, max_steps=2 * per_epoch + 1))
     assert summary["budget_ended"] and summary["steps"]["trained"] == 2 * per_epoch + 1
     assert summary["best_epoch"] <= 2 and (tmp_path / "run" / WEIGHTS_FILE).exists()
+    speed = one["speed"]  # what the run's speed depends on, recorded beside it
+    assert speed["epoch_s"] > 0 and speed["steps_per_s"] > 0 and speed["gpu_busy_pct"] is None
+    assert speed["host"]["cpu"] and speed["host"]["cores"] >= 1 and speed["host"]["gpu"] is None
     steps = dataclasses.replace(cfg, patience=2, patience_steps=5 * per_epoch - 1)
     assert steps.patience_epochs(per_epoch) == 5 and steps.patience_epochs(10 * per_epoch) == 2
     assert dataclasses.replace(steps, patience_steps=0).patience_epochs(per_epoch) == 2

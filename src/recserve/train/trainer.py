@@ -46,6 +46,7 @@ def train(
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from recserve.train.epoch_meter import EpochMeter
     from recserve.train.lightning_modules import build_task
 
     cfg = cfg or TrainConfig()
@@ -68,6 +69,9 @@ def train(
     best = ModelCheckpoint(
         dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max", save_last=True
     )
+    # the caller's meter where it passes one (benchmarks/train_scale.py reads every epoch's), else one of its own
+    given = next((c for c in callbacks or [] if isinstance(c, EpochMeter)), None)
+    meter = given or EpochMeter()
     steps_per_epoch = _steps_per_epoch(task, cfg)
     patience = cfg.patience_epochs(steps_per_epoch)
     trainer = L.Trainer(
@@ -84,6 +88,7 @@ def train(
             EarlyStopping(task.monitor, mode="max", patience=patience),
             *_averaging(cfg, model, steps_per_epoch),
             *(callbacks or []),
+            *([] if given else [meter]),
         ],
         logger=CSVLogger(out_dir, name="logs", version=0),
         deterministic=False,
@@ -111,6 +116,7 @@ def train(
         "budget_ended": (bool(cfg.max_minutes) and time.perf_counter() - started >= cfg.max_minutes * 60)
         or (bool(cfg.max_steps) and trainer.global_step >= cfg.max_steps),
         "steps": {"per_epoch": steps_per_epoch, "trained": int(trainer.global_step), "patience_epochs": patience},
+        "speed": meter.summary(),
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score or 0.0)} | task.protocol,
         "train": asdict(cfg)
         | {"precision_used": cfg.lightning_precision, "seconds": round(time.perf_counter() - started, 1)},
