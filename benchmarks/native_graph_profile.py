@@ -66,6 +66,7 @@ def main() -> None:
         "--no-relative-positions", action="store_true", help="SASRec without its learned attention bias per distance"
     )
     parser.add_argument("--ligr", action="store_true", help="SASRec with LiGR blocks (gated residuals, SwiGLU)")
+    parser.add_argument("--lru", action="store_true", help="SASRec with a linear recurrent unit beside attention")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--window", type=int, default=40)
     parser.add_argument("--batches", default="1,16,64,256")
@@ -82,8 +83,10 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    options = ({"relative_positions": False} if args.no_relative_positions else {}) | (
-        {"ligr": True} if args.ligr else {}
+    options = (
+        ({"relative_positions": False} if args.no_relative_positions else {})
+        | ({"ligr": True} if args.ligr else {})
+        | ({"lru": True} if args.lru else {})
     )
     name = f"run-{args.model}-{args.items}-{args.hidden}-{args.window}" + "".join(f"-{k}" for k in sorted(options))
     run = make_random_run(
@@ -99,6 +102,7 @@ def main() -> None:
         "model": args.model,
         "relative_positions": args.model == "sasrec" and not args.no_relative_positions,
         "ligr": args.ligr,
+        "lru": args.lru,
         "hidden": args.hidden,
         "window": args.window,
         "precision": args.precision,

@@ -281,8 +281,8 @@ cmd_lean() {
 # One call: the training side's speed targets. The GPU tests of the ranking and the sampled loss (their compiled
 # functions against the plain ones), the ranking of 200,000 users x 1M items with its compiled count beside
 # the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it (and,
-# with SASREC_EAGER=1, without it beside; BERT4REC_EAGER=0 leaves out BERT4Rec's). PARTS picks some of: tests
-# rank bert4rec sasrec graph (default all).
+# with SASREC_EAGER=1, without it beside; BERT4REC_EAGER=0 leaves out BERT4Rec's), the served graph's batch-1
+# replay with each block option (LiGR, lru). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
   local parts=" ${PARTS:-tests rank bert4rec sasrec graph} "
@@ -310,7 +310,7 @@ cmd_speed() {
     done
   fi
   if [[ $parts == *" graph "* ]]; then
-    for variant in "" --ligr; do  # the served graph's replay, SASRec of 100,000 items, bf16
+    for variant in "" --ligr --lru; do  # the served graph's replay, SASRec of 100,000 items, bf16
       python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \
         --batches 1,16 --chunks 4096 $variant --out "$out/graph-sasrec$variant.json" 2>&1 | grep "batch "
     done

@@ -95,6 +95,8 @@ class RecurrentMixer(nn.Module):
         radius = torch.sqrt(torch.rand(hidden) * (r_max**2 - r_min**2) + r_min**2)  # |lambda|, uniform on a ring
         self.nu_log = nn.Parameter(torch.log(-torch.log(radius)))  # |lambda| = exp(-exp(nu_log))
         self.theta_log = nn.Parameter(torch.log(max_phase * torch.rand(hidden).clamp(min=1e-3)))  # arg lambda
+        self.frozen: torch.Tensor | None
+        self.register_buffer("frozen", None, persistent=False)  # ``freeze``'s matrices (serving), else none
 
     def _decay(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """log |lambda|, arg lambda and gamma (the input's scale that keeps the state's variance), (N,) each,
@@ -102,16 +104,14 @@ class RecurrentMixer(nn.Module):
         log_radius = -torch.exp(self.nu_log.float())
         return log_radius, torch.exp(self.theta_log.float()), torch.sqrt(1 - torch.exp(2 * log_radius))
 
-    def _kernels(self, distance: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """distance: (..., L) query position minus key position. Returns lambda^distance's real and imaginary
-        parts times gamma, (N, ..., L) each, zero where the key comes after the query."""
+    def _kernel(self, real: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """real: (B, L), for its length. Returns lambda^d times gamma, real and imaginary parts, at each distance
+        d = 0..L-1: (N, L) each. The (L, L) matrices index into these, so the powers are taken N x L times a
+        call, not N x L x L (a batch-1 forward at window 100 spent most of its time there)."""
         log_radius, angle, gamma = self._decay()
-        shape = (-1,) + (1,) * distance.dim()
-        d = distance.clamp(min=0).float()[None]
-        magnitude = torch.exp(d * log_radius.view(shape)) * gamma.view(shape) * (distance >= 0).float()[None]
-        return (magnitude * torch.cos(d * angle.view(shape))).to(dtype), (
-            magnitude * torch.sin(d * angle.view(shape))
-        ).to(dtype)
+        d = torch.ones_like(real[0], dtype=torch.float32).cumsum(0)[None] - 1  # (1, L) 0..L-1 on real's device
+        magnitude, phase = torch.exp(d * log_radius[:, None]) * gamma[:, None], d * angle[:, None]
+        return (magnitude * torch.cos(phase)).to(dtype), (magnitude * torch.sin(phase)).to(dtype)
 
     def _state_inputs(self, h: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h: (B, L, H) the block's normalised input; real: (B, L) True at tokens. Returns B h's real and
@@ -119,19 +119,45 @@ class RecurrentMixer(nn.Module):
         a, b = (self.into(h) * real[..., None].to(h.dtype)).chunk(2, -1)
         return a, b
 
+    def _matrices(self, real: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """real: (B, L). Returns the convolution's matrices, lambda^(t - s) times gamma at query t and key s <= t,
+        real and imaginary parts: (N, L, L) each. Frozen ones (``freeze``) are sliced, never made again."""
+        if self.frozen is not None:  # Toeplitz (each entry a function of t - s): L x L of the window's are L's
+            length = real.shape[1]
+            cos, sin = self.frozen[:, :, :length, :length].unbind(1)
+            return cos.to(dtype), sin.to(dtype)
+        return self._made(real, dtype)
+
+    def _made(self, real: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_matrices`` made from the weights."""
+        order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)  # (L,) 1..L on real's device
+        distance = order[:, None] - order[None, :]  # (L, L): query position minus key position
+        causal = (distance >= 0).to(dtype)
+        cos, sin = (k[:, distance.clamp(min=0)] * causal for k in self._kernel(real, dtype))
+        return cos, sin
+
+    def freeze(self, window: int) -> None:
+        """Makes the matrices of a ``window``-long input once, for a model whose weights no longer change
+        (serving): a forward then slices them."""
+        with torch.no_grad():
+            real = torch.ones(1, window, dtype=torch.bool, device=self.nu_log.device)
+            self.frozen = torch.stack(self._made(real, torch.float32), 1)  # (N, 2, window, window)
+
     def forward(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """h: (B, L, H); real: (B, L). Returns (B, L, H): at each position, the readout of its state."""
-        a, b = (t.permute(2, 1, 0) for t in self._state_inputs(h, real))  # (N, L, B)
-        order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)  # (L,) 1..L on h's device
-        cos, sin = self._kernels(order[:, None] - order[None, :], h.dtype)  # (N, L, L)
-        state = torch.cat([cos @ a - sin @ b, cos @ b + sin @ a], 0)  # (2N, L, B): real, imaginary
-        return self.out(state.permute(2, 1, 0))
+        a, b = self._state_inputs(h, real)  # (B, L, N) each
+        batch = a.shape[0]
+        inputs = torch.cat([a, b], 0).permute(2, 1, 0)  # (N, L, 2B): the real parts' columns, then the imaginary
+        cos, sin = (m @ inputs for m in self._matrices(real, h.dtype))  # (N, L, 2B) each
+        real_part = cos[..., :batch] - sin[..., batch:]
+        imaginary = cos[..., batch:] + sin[..., :batch]
+        return self.out(torch.cat([real_part, imaginary], 0).permute(2, 1, 0))  # (B, L, 2N) read out
 
     def forward_last(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """``forward`` at the last position only: (B, 1, H)."""
         a, b = self._state_inputs(h, real)  # (B, L, N)
         order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)
-        cos, sin = self._kernels(order[-1] - order, h.dtype)  # (N, L): the last position's row
+        cos, sin = (k[:, order[-1] - order] for k in self._kernel(real, h.dtype))  # (N, L): the last row
         real_part = (a * cos.T).sum(1) - (b * sin.T).sum(1)
         imaginary = (b * cos.T).sum(1) + (a * sin.T).sum(1)
         return self.out(torch.cat([real_part, imaginary], -1))[:, None]
@@ -452,6 +478,9 @@ class ItemTransformer(nn.Module):
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
         self.fold_attributes()
+        for block in self.blocks[:-1]:  # the last one's mixer reads one row, made each call
+            if cast(Block, block).mixer is not None:
+                cast(RecurrentMixer, cast(Block, block).mixer).freeze(self.cfg.window)
         last = cast(Block, self.blocks[-1])
         if isinstance(last.qkv, nn.Linear):
             last.freeze_single_query()
