@@ -45,6 +45,8 @@ def test_the_run_names_its_data_folder_and_the_later_stages_find_it_there(two_ep
     shutil.copytree(two_epoch_run, run)
     train(moved, run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"), model="bert4rec")  # resumed
     assert data_folder_of(run) == moved.resolve()
+    # the copied folder's checkpoints were overwritten, not versioned beside (a next resume reads the newest)
+    assert trained_epochs(run) == 3 and not list((run / "checkpoints").glob("*-v*.ckpt"))
 
 
 def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, string_data_dir):
@@ -58,6 +60,24 @@ def test_other_model_settings_are_refused_naming_what_differs(two_epoch_run, str
             model="bert4rec",
         )
     assert (two_epoch_run / WEIGHTS_FILE).read_bytes() == before  # nothing was touched
+
+
+def test_a_run_recorded_before_a_setting_existed_resumes_with_it_off(two_epoch_run, string_data_dir, tmp_path):
+    """run.json of an older recserve lacks the settings added since: with each off (false, 0) the run is the one
+    recorded and resumes; on, it is another run, refused naming the setting."""
+    import shutil
+
+    run = tmp_path / "older"
+    shutil.copytree(two_epoch_run, run)
+    recorded = json.loads((run / RUN_FILE).read_text())
+    del recorded["train"]["label_smoothing"]  # a setting with an off value, as a newer option would be
+    (run / RUN_FILE).write_text(json.dumps(recorded))
+    train(string_data_dir, run, SMALL, TrainConfig(epochs=3, samples_per_user=1, device="cpu"), model="bert4rec")
+    assert trained_epochs(run) == 3
+    (run / RUN_FILE).write_text(json.dumps(recorded))
+    smoothed = TrainConfig(epochs=4, samples_per_user=1, device="cpu", label_smoothing=0.1)
+    with pytest.raises(ConfigError, match=r"train.label_smoothing: None in the run, 0.1 now"):
+        train(string_data_dir, run, SMALL, smoothed, model="bert4rec")
 
 
 def test_other_data_is_refused(two_epoch_run, ml100k_dir):

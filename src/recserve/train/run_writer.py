@@ -20,7 +20,19 @@ from recserve.data.datasets import PreparedData
 from recserve.errors import ConfigError, DataError
 
 # Training settings a rerun may change: it continues the same run.
-RESUMABLE = ("epochs", "patience", "max_minutes", "device", "devices", "ddp_compress", "precision", "compile", "resume")
+RESUMABLE = (
+    "epochs",
+    "patience",
+    "patience_steps",
+    "max_steps",
+    "max_minutes",
+    "device",
+    "devices",
+    "ddp_compress",
+    "precision",
+    "compile",
+    "resume",
+)
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"
 
@@ -141,10 +153,13 @@ def trained_epochs(out_dir: Path) -> int:
 
 
 def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
-    """``name: recorded -> now`` for every leaf that differs."""
+    """``name: recorded -> now`` for every leaf that differs; a setting newer than the recorded run, off (false
+    or 0), is the run as it was (an older run resumes after an upgrade)."""
     out = []
     for key in sorted(set(recorded) | set(now)):
         old, new = recorded.get(key), now.get(key)
+        if key not in recorded and new in (False, 0) and not isinstance(new, dict):
+            continue
         if isinstance(old, dict) and isinstance(new, dict):
             out += _differences(old, new, f"{prefix}{key}.")
         elif old != new:

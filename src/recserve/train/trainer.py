@@ -66,8 +66,15 @@ def train(
     prepare_run_folder(out_dir, identity, cfg.epochs, cfg.resume, overwrite)
     task.model_cfg.save(out_dir / MODEL_CONFIG_FILE)
     save_catalog(out_dir, data)
+    # the folder is this run's (its record checked above): its checkpoints are overwritten, never versioned
+    # (Lightning writes last-v1.ckpt beside a last.ckpt it did not write itself: a run folder moved or copied)
     best = ModelCheckpoint(
-        dirpath=out_dir / "checkpoints", filename="best", monitor=task.monitor, mode="max", save_last=True
+        dirpath=out_dir / "checkpoints",
+        filename="best",
+        monitor=task.monitor,
+        mode="max",
+        save_last=True,
+        enable_version_counter=False,
     )
     # the caller's meter where it passes one (benchmarks/train_scale.py reads every epoch's), else one of its own
     given = next((c for c in callbacks or [] if isinstance(c, EpochMeter)), None)
