@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,6 +54,7 @@ from recserve.constants import (
     NATIVE_SESSION_MODEL,
 )
 from recserve.export.exporter import export_run
+from recserve.host import describe as describe_host
 from recserve.processes import free_ports
 from recserve.serving.triton_repository.layouts import write_repository
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
@@ -255,16 +254,6 @@ def compiled_clients_ratio(loads: list[dict], figures: dict[str, float]) -> dict
     return {"native_compiled_p50_ratio": round(row["p50_ms"] / figures["store_append_c_p50_ms"], 2)}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=400, help="events sent each way at concurrency 1")
@@ -311,11 +300,12 @@ def main() -> None:
     finally:
         embedded_store.stop(store_dir)
     if args.out is not None:
-        host = {"machine": platform.machine(), "cpu": cpu_model(), "cores": len(os.sched_getaffinity(0))}
+        gpu = None
         if args.device == "gpu":
             import torch
 
-            host["gpu"] = torch.cuda.get_device_name(0)
+            gpu = torch.cuda.get_device_name(0)
+        host = describe_host(gpu)
         report = {"host": host, "calls": args.calls, "items": args.items, "device": args.device} | figures
         args.out.write_text(json.dumps(report | {"throughput": loads}, indent=2) + "\n")
 

@@ -56,6 +56,8 @@ def test_report_files_exist_and_hold_sane_numbers(summary):
     assert "successfully loaded" in Path(result["server_log"]).read_text()  # the log of the server it started
     assert "## CPU per request" in (out / "report.md").read_text()
     assert result["settings"]["client_threads"] == 2 and "2 client threads" in (out / "report.md").read_text()
+    host = result["host"]  # the figures carry the host they were measured on
+    assert host["cpu"] and host["cores"] >= 1 and f"Host: {host['cpu']}" in (out / "report.md").read_text()
 
 
 @needs_native_backends

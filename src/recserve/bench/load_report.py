@@ -94,6 +94,12 @@ def write_report(summary: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _host(summary: dict) -> list[str]:
+    """The host's line (the server's path follows its CPU), where the summary records it."""
+    host = summary.get("host")
+    return [f"Host: {host['cpu']}, {host['cores']} cores."] if host else []
+
+
 def _results(summary: dict) -> list[str]:
     s = summary["settings"]
     lines = [
@@ -103,6 +109,7 @@ def _results(summary: dict) -> list[str]:
         + (f"{s['client_threads']} client threads, " if s.get("client_threads") else "")
         + f"requests from {s['requests_from']}; p99 SLO {s['slo_p99_ms']} ms."
         + (f" By session, one request in {s['events_every']} carries an event." if s.get("events_every") else ""),
+        *_host(summary),
         "",
         "| layout | load | throughput (req/s) | p50 ms | p90 ms | p99 ms | errors | server steps (ms per request) |",
         "|---|---|---:|---:|---:|---:|---:|---|",

@@ -24,6 +24,7 @@ from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.rule_variants import RuleVariant, parse_variants, rule_overhead
 from recserve.bench.triton_trace import TraceFiles
 from recserve.errors import ServingError
+from recserve.host import describe as describe_host
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def _summary(
     summary = {
         "results": runs.rows,
         "server_log": str(server_log) if server_log else None,  # the server the sweep started: its log
+        "host": describe_host(),  # the server's path follows the host's CPU: the figures carry it
         **({"stopped": runs.stopped} if runs.stopped else {}),
         "settings": {
             "protocol": load.protocol,

@@ -5,36 +5,20 @@ kernels follows the host's CPU, so a figure without its host cannot be compared.
 
 from __future__ import annotations
 
-import os
-import platform
 import shutil
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 
-
-def cpu_model() -> str:
-    """The host CPU's model name (Linux's /proc/cpuinfo), else what the platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from recserve.host import describe as host_of
 
 
 def host() -> dict:
     """The host a run trained on: its CPU, the cores this process may use, and its GPU where it has one."""
-    return {
-        "cpu": cpu_model(),
-        "cores": len(os.sched_getaffinity(0)),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
+    return host_of(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
 
 class BusySampler:
