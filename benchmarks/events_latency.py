@@ -30,6 +30,7 @@ throughput and latency.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import tempfile
 import time
@@ -167,7 +168,8 @@ def compiled_direct_append(folder: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
     import backend_sources
 
-    with tarfile.open(backend_sources.hiredis_archive()) as archive:
+    offline = os.environ.get(backend_sources.OFFLINE_ENV)  # the offline sources, where a build machine has them
+    with tarfile.open(backend_sources.hiredis_archive(Path(offline) if offline else None)) as archive:
         archive.extractall(folder / "hiredis", filter="data")
     sources = next((folder / "hiredis").glob("*/vendor/hiredis"))
     binary = folder / "direct_append"

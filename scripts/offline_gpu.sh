@@ -8,6 +8,8 @@
 #                                    events under a mixed load with a store kill
 #   scripts/offline_gpu.sh rules [serving_layouts.py options]   there: recserve's backend under business rules
 #                                    (its GPU tests, each rule variant beside none, a hide's delay under load)
+#   scripts/offline_gpu.sh events [events_latency.py options]   there: an event's cost through recserve's backend
+#                                    against a direct append, and events' throughput beside the recommend path
 #   scripts/offline_gpu.sh test [pytest args]   there: the GPU tests (default tests/gpu)
 #   scripts/offline_gpu.sh ddp       there (two GPUs): training on one GPU against two
 #   scripts/offline_gpu.sh quality [video|ml100k]   there: both models' defaults over seeds (BEFORE_SRC: and
@@ -145,6 +147,14 @@ cmd_rules() {
       --store "/tmp/gpu-rules-$first/store" --model recommender_native --probes "${PROBES:-200}" \
       --out "$out/hide-latency-$first.json" || true
   fi
+}
+
+# Events through the events model on recserve's backend against a direct append (C, hiredis) at concurrency 1,
+# then perf_analyzer's throughput of events beside the recommend path by session (the model on the GPU, bf16)
+# and the floor, at LEVELS (benchmarks/events_latency.py; ITEMS, default 100,000).
+cmd_events() {
+  TRITON_NATIVE_SRC=.gpu/native python3 benchmarks/events_latency.py --device gpu --items "${ITEMS:-100000}" \
+    --levels "${LEVELS:-1,8,32,128}" --calls "${CALLS:-300}" --out "$out/events-gpu.json" "$@"
 }
 
 # By session beside by item IDs on one GPU: recserve's backend reading the store (native_session against
@@ -344,7 +354,7 @@ cmd_sasrec() {
 # here (this machine). A mode there writes to $OUT (default runs/gpu-MODE), the GPUs it has printed first.
 declare -A SETUP=(
   [pack]=here
-  [bench]=server [sessions]=server [rules]=server [test]=server
+  [bench]=server [sessions]=server [rules]=server [test]=server [events]=server
   [ddp]=site [quality]=site [candidates]=site [lean]=site [speed]=site [sasrec]=site
 )
 mode=${1:-}
