@@ -30,8 +30,8 @@ throughput and latency.
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
