@@ -156,8 +156,12 @@ class RecurrentMixer(nn.Module):
     def forward_last(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """``forward`` at the last position only: (B, 1, H)."""
         a, b = self._state_inputs(h, real)  # (B, L, N)
-        order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)
-        cos, sin = (k[:, order[-1] - order] for k in self._kernel(real, h.dtype))  # (N, L): the last row
+        if self.frozen is not None:  # the last row of the L x L matrices: distances L - 1 down to 0
+            length = real.shape[1]
+            cos, sin = (m.to(h.dtype) for m in self.frozen[:, :, length - 1, :length].unbind(1))
+        else:
+            order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)
+            cos, sin = (k[:, order[-1] - order] for k in self._kernel(real, h.dtype))  # (N, L): the last row
         real_part = (a * cos.T).sum(1) - (b * sin.T).sum(1)
         imaginary = (b * cos.T).sum(1) + (a * sin.T).sum(1)
         return self.out(torch.cat([real_part, imaginary], -1))[:, None]
@@ -478,7 +482,7 @@ class ItemTransformer(nn.Module):
     def prepare_inference(self) -> None:
         """Precomputes what serving reuses on every call; the weights must not change afterwards."""
         self.fold_attributes()
-        for block in self.blocks[:-1]:  # the last one's mixer reads one row, made each call
+        for block in self.blocks:  # the last one's mixer reads one row of them
             if cast(Block, block).mixer is not None:
                 cast(RecurrentMixer, cast(Block, block).mixer).freeze(self.cfg.window)
         last = cast(Block, self.blocks[-1])
