@@ -3,7 +3,9 @@
  * window, EXPIRE, EXEC), pipelined in one round trip with hiredis, as a Java or Go service writing to its own
  * store would. benchmarks/events_latency.py compiles and runs it beside the events models.
  *
- *   direct_append HOST PORT USERNAME PASSWORD PREFIX CALLS WINDOW TTL_S   (USERNAME "": the default user)
+ *   RECSERVE_STORE_PASSWORD=... direct_append HOST PORT USERNAME PREFIX CALLS WINDOW TTL_S
+ *   (USERNAME "": the default user; the password from the environment, never the command line, which any user
+ *   of the machine can read)
  *
  * Prints each append's microseconds, a line each; exits 1 with the store's words where an append fails. */
 #include <stdio.h>
@@ -21,12 +23,13 @@ static double now_s(void)
 
 int main(int argc, char** argv)
 {
-  if (argc != 9) {
-    fprintf(stderr, "usage: %s HOST PORT USERNAME PASSWORD PREFIX CALLS WINDOW TTL_S\n", argv[0]);
+  if (argc != 8) {
+    fprintf(stderr, "usage: RECSERVE_STORE_PASSWORD=... %s HOST PORT USERNAME PREFIX CALLS WINDOW TTL_S\n", argv[0]);
     return 2;
   }
-  const char *host = argv[1], *username = argv[3], *password = argv[4], *prefix = argv[5];
-  const int port = atoi(argv[2]), calls = atoi(argv[6]), window = atoi(argv[7]), ttl = atoi(argv[8]);
+  const char *host = argv[1], *username = argv[3], *prefix = argv[4];
+  const char* password = getenv("RECSERVE_STORE_PASSWORD") ? getenv("RECSERVE_STORE_PASSWORD") : "";
+  const int port = atoi(argv[2]), calls = atoi(argv[5]), window = atoi(argv[6]), ttl = atoi(argv[7]);
   redisContext* c = redisConnect(host, port);
   if (c == NULL || c->err) {
     fprintf(stderr, "cannot reach the store: %s\n", c ? c->errstr : "out of memory");

@@ -184,10 +184,13 @@ def direct_append_c(binary: Path, settings: StoreSettings, calls: int) -> dict[s
     from urllib.parse import urlsplit
 
     where = urlsplit(settings.url)
-    who = [settings.username or "", settings.secret() or ""]
-    words = [where.hostname, str(where.port), *who, settings.prefix, str(calls + 20)]
+    words = [where.hostname, str(where.port), settings.username or "", settings.prefix, str(calls + 20)]
+    secret = {"RECSERVE_STORE_PASSWORD": settings.secret() or ""}  # the environment: argv is any user's to read
     done = subprocess.run(
-        [str(binary), *words, str(settings.window), str(settings.ttl_s)], capture_output=True, text=True
+        [str(binary), *words, str(settings.window), str(settings.ttl_s)],
+        capture_output=True,
+        text=True,
+        env=os.environ | secret,
     )
     if done.returncode != 0:
         raise RuntimeError(f"direct_append: {done.stderr.strip()}")
