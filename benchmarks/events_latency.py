@@ -32,13 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 import numpy as np
+import torch
+from tritonclient.utils import serialize_byte_tensor
 
 from recserve.artifacts.served import NativeShape
 from recserve.bench import perf_analyzer as pa
@@ -84,10 +90,10 @@ class RawGrpc:
     def call(self, model: str, tensors: list[tuple[str, str, np.ndarray | list[str]]]) -> None:
         request = self.pb.ModelInferRequest(model_name=model)
         for name, datatype, value in tensors:
-            if datatype == "BYTES":  # Triton's raw BYTES: each element's length (4 bytes) then its bytes
-                words = [str(v).encode() for v in value]
+            if datatype == "BYTES":  # Triton's raw BYTES, as tritonclient writes them
+                words = np.array([str(v).encode() for v in value], dtype=np.object_)
                 request.inputs.add(name=name, datatype=datatype, shape=[1, len(words)])
-                request.raw_input_contents.append(b"".join(len(w).to_bytes(4, "little") + w for w in words))
+                request.raw_input_contents.append(serialize_byte_tensor(words).item())
             else:
                 array = np.asarray(value).reshape(1, -1)
                 request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
@@ -161,10 +167,6 @@ def measure_latency(paths: dict[str, Callable], calls: int) -> dict[str, float]:
 
 def compiled_direct_append(folder: Path) -> Path:
     """``direct_append.c`` built against hiredis's C sources (the archive recserve's backend is built from)."""
-    import subprocess
-    import sys
-    import tarfile
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
     import backend_sources
 
@@ -180,9 +182,6 @@ def compiled_direct_append(folder: Path) -> Path:
 
 def direct_append_c(binary: Path, settings: StoreSettings, calls: int) -> dict[str, float]:
     """``calls`` appends from C (20 first, discarded): p50 and p99 ms."""
-    import subprocess
-    from urllib.parse import urlsplit
-
     where = urlsplit(settings.url)
     words = [where.hostname, str(where.port), settings.username or "", settings.prefix, str(calls + 20)]
     secret = {"RECSERVE_STORE_PASSWORD": settings.secret() or ""}  # the environment: argv is any user's to read
@@ -305,12 +304,7 @@ def main() -> None:
     finally:
         embedded_store.stop(store_dir)
     if args.out is not None:
-        gpu = None
-        if args.device == "gpu":
-            import torch
-
-            gpu = torch.cuda.get_device_name(0)
-        host = describe_host(gpu)
+        host = describe_host(torch.cuda.get_device_name(0) if args.device == "gpu" else None)
         report = {"host": host, "calls": args.calls, "items": args.items, "device": args.device} | figures
         args.out.write_text(json.dumps(report | {"throughput": loads}, indent=2) + "\n")
 

@@ -69,6 +69,7 @@ class EpochMeter(Callback):
         self.epochs: list[dict] = []
         self.sampler = BusySampler()
         self.gpu = False
+        self.started: float | None = None  # the epoch's start, while one trains
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.gpu = pl_module.device.type == "cuda"
@@ -82,7 +83,7 @@ class EpochMeter(Callback):
         self.steps += 1
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not hasattr(self, "started"):
+        if trainer.sanity_checking or self.started is None:
             return
         if self.gpu:
             torch.cuda.synchronize()
@@ -97,7 +98,7 @@ class EpochMeter(Callback):
             self.epochs[-1]["val_s"] = time.perf_counter() - self.val_started
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.gpu and self.sampler._thread is not None:  # a budget's end mid-epoch: the thread stops too
+        if self.gpu:  # a budget's end mid-epoch: the sampling stops too (stopping twice is harmless)
             self.sampler.stop()
 
     def summary(self) -> dict:

@@ -158,7 +158,7 @@ def _differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(recorded) | set(now)):
         old, new = recorded.get(key), now.get(key)
-        if key not in recorded and new in (False, 0) and not isinstance(new, dict):
+        if key not in recorded and new in (False, 0):
             continue
         if isinstance(old, dict) and isinstance(new, dict):
             out += _differences(old, new, f"{prefix}{key}.")
