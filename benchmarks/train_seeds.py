@@ -68,7 +68,29 @@ def run_one(job: dict) -> dict:
         "popularity": {k: metrics["popularity"][k] for k in KEYS if k in metrics.get("popularity", {})},
         "repeated_targets": metrics.get("repeated_targets"),
     }
+    if "test_validated" in metrics:  # --refit: the same test ranked with the weights validation chose
+        row["test_validated"] = {k: metrics["test_validated"][k] for k in KEYS if k in metrics["test_validated"]}
     return row
+
+
+def with_validated(rows: list[dict]) -> list[dict]:
+    """``rows`` and, for each refit run among them, a row ``VARIANT/validated``: its test ranked with the
+    weights validation chose before the refit (same seed, same run: a comparison with no training noise)."""
+    return rows + [
+        {"variant": f"{r['variant']}/validated", "seed": r["seed"], "test": r["test_validated"]}
+        for r in rows
+        if "test_validated" in r
+    ]
+
+
+def refit_gains(rows: list[dict]) -> str:
+    """Each refit variant against its own validated weights, seed by seed ("" where no run refitted)."""
+    validated = [r for r in rows if r["variant"].endswith("/validated")]
+    tables = [
+        paired([r for r in rows if r["variant"] == name], [v for v in validated if v["variant"] == f"{name}/validated"])
+        for name in dict.fromkeys(v["variant"].removesuffix("/validated") for v in validated)
+    ]
+    return "\n".join(["refit against the weights validation chose (the same runs):", *tables]) if tables else ""
 
 
 def summarize(rows: list[dict]) -> str:
@@ -138,7 +160,7 @@ def paired(rows: list[dict], baseline: list[dict]) -> str:
 def read_rows(spec: str) -> list[dict]:
     """FILE or FILE:VARIANT: the rows of a JSONL file written by this script (those of one variant)."""
     path, _, variant = spec.partition(":")
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = with_validated([json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()])
     return [r for r in rows if not variant or r["variant"] == variant]
 
 
@@ -162,6 +184,8 @@ def main() -> None:
     if args.tabulate:
         rows = [row for path in args.tabulate for row in read_rows(path)]
         print(summarize(rows))
+        if refit_gains(rows):
+            print(refit_gains(rows))
         if baseline is not None:
             print(paired(rows, baseline))
         return
@@ -194,7 +218,10 @@ def main() -> None:
                 f"({row['wall_s']} s){' ERROR ' + row['error'][-300:] if 'error' in row else ''}",
                 flush=True,
             )
+    rows = with_validated(rows)
     print(summarize(rows))
+    if refit_gains(rows):
+        print(refit_gains(rows))
     if baseline is not None:
         print(paired(rows, baseline))
 

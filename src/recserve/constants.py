@@ -11,6 +11,7 @@ DATA_FORMAT_VERSION = 1
 # Training run folder (recserve train)
 MODEL_CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
+VALIDATED_WEIGHTS_FILE = "model_validated.pt"  # with --refit: the weights validation chose, beside the refit
 ITEM_TABLE_FILE = "item_ids.npy"  # sorted item IDs (index i + 1 is ids[i]); also in every export
 POPULARITY_FILE = "popularity.npy"  # interaction counts by index, padding and mask included
 RULE_BANK_FILE = "rules.pt"  # a ruled native model's version folder: the rules recserve's backend reads

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.constants import ITEM_TABLE_FILE, METRICS_FILE, MODEL_CONFIG_FILE, VALIDATED_WEIGHTS_FILE, WEIGHTS_FILE
 from recserve.errors import ConfigError, DataError, EvaluationError
 from recserve.models.run_loader import load_run
 from recserve.train.curves import curves
 from recserve.train.leave_one_out import evaluate_run
+from recserve.train.run_evaluation import evaluate_test
 from recserve.train.trainer import TrainConfig, train
 
 SMALL = {"window": 8, "hidden": 32, "layers": 1, "heads": 2, "dropout": 0.1}
@@ -231,6 +232,14 @@ def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_
     kept = torch.load(tmp_path / "run" / WEIGHTS_FILE, weights_only=True)
     assert set(kept) == {k.removeprefix("model.") for k in selected}
     assert not torch.equal(kept["item_emb.weight"], selected["model.item_emb.weight"])  # a new model was kept
+    # the weights validation chose stay beside it, and the test ranks with both: what the refit bought
+    validated = torch.load(tmp_path / "run" / VALIDATED_WEIGHTS_FILE, weights_only=True)
+    assert all(torch.equal(validated[name], selected[f"model.{name}"]) for name in kept)
+    result = evaluate_test(tmp_path / "run", string_data_dir)
+    assert result["test_validated"].keys() == result["test"].keys()
+    assert result["test_validated"]["full"] != result["test"]["full"]
+    alone = evaluate_run(tmp_path / "run", string_data_dir, weights=VALIDATED_WEIGHTS_FILE)
+    assert result["test_validated"]["full"] == alone["test"]["full"]
 
 
 @pytest.mark.parametrize(

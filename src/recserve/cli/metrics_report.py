@@ -35,6 +35,13 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
             table.add_row(name, protocol, *(f"{metrics[k]:.4f}" for k in keys))
     console.print(table)
     console.print(split.protocols)
+    validated = result.get("test_validated")
+    if validated:
+        refitted, chosen = result["test"]["full"]["ndcg@10"], validated["full"]["ndcg@10"]
+        console.print(
+            f"refit: full ndcg@10 {refitted:.4f}, against {chosen:.4f} with the weights validation chose "
+            f"(x{refitted / chosen if chosen else float('nan'):.3f}; metrics.json: test_validated)"
+        )
     cold = result.get("cold_targets")
     if cold and cold["users"]:
         apart = result["test_apart"]["model"]

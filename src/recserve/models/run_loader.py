@@ -32,18 +32,19 @@ def _known_model(settings: dict, run_dir: Path) -> str:
     return settings["model"]
 
 
-def load_run(run_dir: Path) -> Bert4Rec | SASRec | MultVAE:
-    """The trained model of a run folder (``model_config.json`` and ``model.pt``), in eval mode on the CPU."""
+def load_run(run_dir: Path, weights: str = WEIGHTS_FILE) -> Bert4Rec | SASRec | MultVAE:
+    """The trained model of a run folder (``model_config.json`` and ``model.pt``, or the run's other weights
+    file ``weights``: a refit's validated ones), in eval mode on the CPU."""
     run_dir = Path(run_dir)
     cfg = load_config(run_dir)
-    if not (run_dir / WEIGHTS_FILE).is_file():
-        raise DataError(f"{run_dir}: not a training run, missing {WEIGHTS_FILE}; run `recserve train` first")
+    if not (run_dir / weights).is_file():
+        raise DataError(f"{run_dir}: not a training run, missing {weights}; run `recserve train` first")
     model = model_entry(cfg.MODEL).module_class()(cfg)
     try:
-        model.load_state_dict(read_weights(run_dir / WEIGHTS_FILE))
+        model.load_state_dict(read_weights(run_dir / weights))
     except RuntimeError as err:  # another shape or other names than the run's model_config.json says
         raise DataError(
-            f"{run_dir / WEIGHTS_FILE}: not the weights of the model {MODEL_CONFIG_FILE} describes "
+            f"{run_dir / weights}: not the weights of the model {MODEL_CONFIG_FILE} describes "
             f"({str(err).splitlines()[0][:200]}); train the run again"
         ) from None
     return model.eval()

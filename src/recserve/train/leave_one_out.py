@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recserve.constants import PAD_INDEX
+from recserve.constants import PAD_INDEX, WEIGHTS_FILE
 from recserve.data.sequences import Sequences
 from recserve.errors import DataError, EvaluationError
 from recserve.models.transformer import ItemTransformer
@@ -335,12 +335,13 @@ def evaluate_protocols(
     return {name: ranking_metrics(r) for name, r in ranker.ranks(score_fn, protocols).items()}
 
 
-def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
+def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu", weights: str = WEIGHTS_FILE) -> dict:
     """Test metrics of a run and of the popularity baseline under every protocol, on the data folder's test
     split (leave-one-out or by time); beside them the same metrics for the targets that no event before the
     test targets holds (cold items, which an ID-trained model has never seen) and for the others apart.
 
-    Each test user's input is their history before the target; popularity counts those inputs.
+    Each test user's input is their history before the target; popularity counts those inputs. ``weights``:
+    the run's weights file to rank with (a refit run keeps the validated ones beside its own).
     """
     import time
 
@@ -351,7 +352,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu") -> dict:
     from recserve.train.run_writer import data_check, trained_on
 
     data = load_prepared(data_dir)
-    model = load_run(run_dir).to(device)
+    model = load_run(run_dir, weights).to(device)
     if model.cfg.num_items != data.vocab.num_items:
         raise DataError(
             f"{data_dir}: {data.vocab.num_items} items, but the run {run_dir} was trained on {model.cfg.num_items}; "

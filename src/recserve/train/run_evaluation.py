@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from recserve.constants import VALIDATED_WEIGHTS_FILE
 from recserve.models.registry import HELD_OUT_USERS as HELD_OUT_USERS_PROTOCOL
 from recserve.models.registry import model_entry
 from recserve.models.run_loader import model_name
@@ -41,11 +42,17 @@ def split_of(run_dir: Path) -> EvaluationSplit:
 
 
 def evaluate_test(run_dir: Path, data_dir: Path, seed: int = 0, device: str = "cpu") -> dict:
-    """The run's test metrics under its model's protocol (``split_of``): what metrics.json records."""
+    """The run's test metrics under its model's protocol (``split_of``): what metrics.json records. A refit
+    run's (``--refit``, leave-one-out only) add ``test_validated``: the same protocols ranked with the weights
+    validation chose, kept beside the refit, so that the run itself says what refitting bought."""
     if split_of(run_dir) is HELD_OUT_USERS:
         from recserve.train.heldout import evaluate_heldout_run
 
         return evaluate_heldout_run(run_dir, data_dir, device=device)
     from recserve.train.leave_one_out import evaluate_run
 
-    return evaluate_run(run_dir, data_dir, seed=seed, device=device)
+    result = evaluate_run(run_dir, data_dir, seed=seed, device=device)
+    if (Path(run_dir) / VALIDATED_WEIGHTS_FILE).is_file():
+        validated = evaluate_run(run_dir, data_dir, seed=seed, device=device, weights=VALIDATED_WEIGHTS_FILE)
+        result["test_validated"] = validated["test"]
+    return result

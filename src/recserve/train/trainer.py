@@ -11,7 +11,7 @@ from typing import cast
 
 import torch
 
-from recserve.constants import MODEL_CONFIG_FILE, WEIGHTS_FILE
+from recserve.constants import MODEL_CONFIG_FILE, VALIDATED_WEIGHTS_FILE, WEIGHTS_FILE
 from recserve.data.datasets import PreparedData, load_prepared
 from recserve.errors import ConfigError
 from recserve.models.registry import DEFAULT_MODEL, model_entry
@@ -132,10 +132,15 @@ def train(
         summary["loss"] = task.module.loss_settings.describe()  # type: ignore[operator, union-attr]
     if carried is not None:
         summary["warm_start"] = carried
-    if cfg.refit:
+    if cfg.refit:  # the validated weights stay beside the refit, so that the test can say what the refit bought
+        torch.save(weights, out_dir / VALIDATED_WEIGHTS_FILE)
         epochs = (best_epoch or 0) + 1
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
-        summary["refit"] = {"epochs": epochs, "trained_on": "items[:-1] (the validation item included)"}
+        summary["refit"] = {
+            "epochs": epochs,
+            "trained_on": "items[:-1] (the validation item included)",
+            "validated_weights": VALIDATED_WEIGHTS_FILE,
+        }
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
