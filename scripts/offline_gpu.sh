@@ -253,12 +253,14 @@ cmd_quality() {
 # One GPU-machine call: candidates against the defaults on video.txt, seeds 0-2, several runs sharing the GPU
 # (their times are not solo times). Each argument is NAME=OPTIONS, for example "ligr=--ligr"; BASE (options
 # every run takes, the default's too: "--model bert4rec --max-minutes 7") picks the model and a budget; RUNS
-# (default /tmp/qc-video) the runs' folder, so that two of these can share a call (one a model).
+# (default /tmp/qc-video) the runs' folder, so that two of these can share a call (one a model); DEFAULT=0
+# leaves the default's runs out.
 # Carries .gpu-carry/wheels and .gpu-carry/video (`recserve data video.txt --min-user-interactions 3`).
 cmd_candidates() {
   local variants=("$@")
   [ ${#variants[@]} -gt 0 ] || { echo "candidates: name at least one NAME=OPTIONS" >&2; return 2; }
-  local args=(--variant "default=--device cuda ${BASE:-}")
+  local args=()  # DEFAULT=0 leaves the default out (a refit run compares with its own validated weights)
+  [ "${DEFAULT:-1}" = 0 ] || args+=(--variant "default=--device cuda ${BASE:-}")
   for v in "${variants[@]}"; do args+=(--variant "${v%%=*}=--device cuda ${BASE:-} ${v#*=}"); done
   seeds_in_background --data .gpu-carry/video --seeds 0,1,2 --parallel "${PARALLEL:-9}" "${args[@]}" \
     --out "$out/video.jsonl" --runs "${RUNS:-/tmp/qc-video}" > "$out/video.log" 2>&1
