@@ -159,10 +159,13 @@ def test_the_recurrent_mixer_is_the_lru_recurrence_and_moves_both_paths():
     history = torch.tensor([[0, 0, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
     mixed_full, mixed_last = model.encode(history)[:, -1], model.encode_last(history)
     torch.testing.assert_close(mixed_last, mixed_full, atol=1e-5, rtol=1e-5)
-    made = model.encode(history)
-    model.prepare_inference()  # serving's matrices made once for the whole window, then sliced to 6 positions
+    whole = torch.randint(1, N, (2, 12))  # the window's length: what the serving graph is fed
+    made = [model.encode(history), model.encode_last(history), model.encode(whole), model.encode_last(whole)]
+    model.prepare_inference()  # serving's matrices made once for the whole window (sliced for 6 positions)
     assert model.blocks[0].mixer.frozen is not None
-    torch.testing.assert_close(model.encode(history), made, atol=1e-5, rtol=1e-5)
+    frozen = [model.encode(history), model.encode_last(history), model.encode(whole), model.encode_last(whole)]
+    for served, fresh in zip(frozen, made, strict=True):
+        torch.testing.assert_close(served, fresh, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
         for block in model.blocks:
             block.mixer.frozen = None  # made again from the weights below

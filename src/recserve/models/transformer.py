@@ -113,23 +113,9 @@ class RecurrentMixer(nn.Module):
         magnitude, phase = torch.exp(d * log_radius[:, None]) * gamma[:, None], d * angle[:, None]
         return (magnitude * torch.cos(phase)).to(dtype), (magnitude * torch.sin(phase)).to(dtype)
 
-    def _state_inputs(self, h: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h: (B, L, H) the block's normalised input; real: (B, L) True at tokens. Returns B h's real and
-        imaginary parts (B, L, N) each, zero at padding."""
-        a, b = (self.into(h) * real[..., None].to(h.dtype)).chunk(2, -1)
-        return a, b
-
     def _matrices(self, real: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """real: (B, L). Returns the convolution's matrices, lambda^(t - s) times gamma at query t and key s <= t,
-        real and imaginary parts: (N, L, L) each. Frozen ones (``freeze``) are sliced, never made again."""
-        if self.frozen is not None:  # Toeplitz (each entry a function of t - s): L x L of the window's are L's
-            length = real.shape[1]
-            cos, sin = self.frozen[:, :, :length, :length].unbind(1)
-            return cos.to(dtype), sin.to(dtype)
-        return self._made(real, dtype)
-
-    def _made(self, real: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_matrices`` made from the weights."""
+        real and imaginary parts: (N, L, L) each."""
         order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)  # (L,) 1..L on real's device
         distance = order[:, None] - order[None, :]  # (L, L): query position minus key position
         causal = (distance >= 0).to(dtype)
@@ -138,33 +124,50 @@ class RecurrentMixer(nn.Module):
 
     def freeze(self, window: int) -> None:
         """Makes the matrices of a ``window``-long input once, for a model whose weights no longer change
-        (serving): a forward then slices them."""
+        (serving), as one real (2W, 2W) matrix per state channel, ``[[cos, -sin], [sin, cos]]``: a forward
+        is then one batched product that gives the state's real and imaginary parts together (two products,
+        their halves and sums were a dozen small kernels a call at batch 1)."""
         with torch.no_grad():
             real = torch.ones(1, window, dtype=torch.bool, device=self.nu_log.device)
-            self.frozen = torch.stack(self._made(real, torch.float32), 1)  # (N, 2, window, window)
+            cos, sin = self._matrices(real, torch.float32)  # (N, W, W) each
+            self.frozen = torch.cat([torch.cat([cos, -sin], 2), torch.cat([sin, cos], 2)], 1)  # (N, 2W, 2W)
+
+    def _frozen_blocks(self, length: int) -> torch.Tensor:
+        """The frozen matrix of a ``length``-long input as its four blocks, (N, 2, L, 2, L): each block's
+        top-left corner (the matrices are Toeplitz); a view where the input is the window's length."""
+        assert self.frozen is not None
+        window = self.frozen.shape[1] // 2
+        return self.frozen.unflatten(1, (2, window)).unflatten(3, (2, window))[:, :, :length, :, :length]
+
+    def _state_inputs(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """h: (B, L, H) the block's normalised input; real: (B, L) True at tokens. Returns B h, zero at
+        padding, as (N, 2L, B): per state channel the real parts' rows over the positions, then the imaginary."""
+        x = self.into(h) * real[..., None].to(h.dtype)  # (B, L, 2N)
+        return x.unflatten(-1, (2, -1)).permute(3, 2, 1, 0).flatten(1, 2)
 
     def forward(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """h: (B, L, H); real: (B, L). Returns (B, L, H): at each position, the readout of its state."""
-        a, b = self._state_inputs(h, real)  # (B, L, N) each
-        batch = a.shape[0]
-        inputs = torch.cat([a, b], 0).permute(2, 1, 0)  # (N, L, 2B): the real parts' columns, then the imaginary
-        cos, sin = (m @ inputs for m in self._matrices(real, h.dtype))  # (N, L, 2B) each
-        real_part = cos[..., :batch] - sin[..., batch:]
-        imaginary = cos[..., batch:] + sin[..., :batch]
-        return self.out(torch.cat([real_part, imaginary], 0).permute(2, 1, 0))  # (B, L, 2N) read out
+        inputs = self._state_inputs(h, real)  # (N, 2L, B)
+        length = h.shape[1]
+        if self.frozen is not None:
+            states = self._frozen_blocks(length).flatten(3, 4).flatten(1, 2).to(h.dtype) @ inputs  # (N, 2L, B)
+        else:
+            cos, sin = self._matrices(real, h.dtype)  # (N, L, L) each
+            a, b = inputs[:, :length], inputs[:, length:]
+            states = torch.cat([cos @ a - sin @ b, sin @ a + cos @ b], 1)
+        return self.out(states.unflatten(1, (2, length)).permute(3, 2, 1, 0).flatten(2, 3))  # (B, L, 2N) read out
 
     def forward_last(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
         """``forward`` at the last position only: (B, 1, H)."""
-        a, b = self._state_inputs(h, real)  # (B, L, N)
-        if self.frozen is not None:  # the last row of the L x L matrices: distances L - 1 down to 0
-            length = real.shape[1]
-            cos, sin = (m.to(h.dtype) for m in self.frozen[:, :, length - 1, :length].unbind(1))
+        inputs = self._state_inputs(h, real)  # (N, 2L, B)
+        length = h.shape[1]
+        if self.frozen is not None:  # the last position's rows, its real and its imaginary part: (N, 2, 2L)
+            rows = self._frozen_blocks(length)[:, :, -1].flatten(2, 3).to(h.dtype)
         else:
             order = torch.ones_like(real[0], dtype=torch.long).cumsum(0)
             cos, sin = (k[:, order[-1] - order] for k in self._kernel(real, h.dtype))  # (N, L): the last row
-        real_part = (a * cos.T).sum(1) - (b * sin.T).sum(1)
-        imaginary = (b * cos.T).sum(1) + (a * sin.T).sum(1)
-        return self.out(torch.cat([real_part, imaginary], -1))[:, None]
+            rows = torch.stack([torch.cat([cos, -sin], 1), torch.cat([sin, cos], 1)], 1)
+        return self.out((rows @ inputs).permute(2, 1, 0).flatten(1, 2))[:, None]  # (B, 2N) read out
 
 
 class Block(nn.Module):
