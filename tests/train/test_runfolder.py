@@ -1,5 +1,6 @@
 """A run folder remembers its settings and data: reruns that disagree get one clear error, nothing lost."""
 
+import dataclasses
 import json
 
 import pytest
@@ -216,3 +217,25 @@ def test_a_tampered_weights_file_gets_one_line_naming_it_never_a_traceback(tiny_
     said = " ".join(result.output.split())
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
     assert f"{weights}:" in said and "train the run again" in said, said
+
+
+def test_a_rerun_may_switch_the_refit_and_model_pt_follows(string_data_dir, tmp_path):
+    """The refit is a step after training (SASRec's default, resumable): a run rerun with it refits, and a
+    refit run rerun without it keeps the validated weights as model.pt, the file beside them gone (a stale
+    one would be ranked as the validated side of a refit that is no longer there)."""
+    import torch
+
+    from recserve.constants import VALIDATED_WEIGHTS_FILE
+
+    run = tmp_path / "run"
+    plain = TrainConfig(epochs=2, samples_per_user=1, device="cpu")
+    cfg = dataclasses.replace(plain, refit=True)
+    assert train(string_data_dir, run, SMALL, cfg, model="bert4rec")["refit"]["epochs"] >= 1
+    assert (run / VALIDATED_WEIGHTS_FILE).is_file()
+    rerun = train(string_data_dir, run, SMALL, plain, model="bert4rec")
+    assert "refit" not in rerun and not (run / VALIDATED_WEIGHTS_FILE).exists()
+    best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
+    kept = torch.load(run / WEIGHTS_FILE, weights_only=True)
+    assert all(torch.equal(kept[name], best[f"model.{name}"]) for name in kept)
+    assert "refit" in train(string_data_dir, run, SMALL, cfg, model="bert4rec")  # and on again
+    assert (run / VALIDATED_WEIGHTS_FILE).is_file()

@@ -32,6 +32,7 @@ RESUMABLE = (
     "precision",
     "compile",
     "resume",
+    "refit",  # a step after training: a finished run rerun with it refits, without it keeps the validated weights
 )
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"

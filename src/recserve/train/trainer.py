@@ -55,12 +55,7 @@ def train(
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, model_overrides or {}, cfg)
-    carried = None
-    if cfg.warm_start:  # before the run folder is written: a run that cannot be carried changes nothing
-        from recserve.train.warm_start import carry_by_id
-
-        module = cast(torch.nn.Module, task.module.model)
-        carried = carry_by_id(module, task.model_cfg, model, data.vocab.ids, Path(cfg.warm_start))
+    carried = _warm_started(task, model, data, cfg)  # before the run folder is written: a refusal changes nothing
     out_dir = Path(out_dir)
     identity = run_identity(model, task.model_cfg, cfg, data, data_dir)
     prepare_run_folder(out_dir, identity, cfg.epochs, cfg.resume, overwrite)
@@ -141,6 +136,8 @@ def train(
             "trained_on": "items[:-1] (the validation item included)",
             "validated_weights": VALIDATED_WEIGHTS_FILE,
         }
+    else:  # a refit run rerun without it: model.pt becomes the validated weights, the file beside it goes
+        (out_dir / VALIDATED_WEIGHTS_FILE).unlink(missing_ok=True)
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
@@ -224,14 +221,27 @@ def _seeded_lightning(seed: int):
     return L
 
 
+def _warm_started(task, model: str, data: PreparedData, cfg: TrainConfig) -> dict | None:
+    """``task``'s model given the weights of ``--warm-start``'s run by item ID (what was carried), or None
+    without one."""
+    if not cfg.warm_start:
+        return None
+    from recserve.train.warm_start import carry_by_id
+
+    module = cast(torch.nn.Module, task.module.model)
+    return carry_by_id(module, task.model_cfg, model, data.vocab.ids, Path(cfg.warm_start))
+
+
 def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
-    """Trains a fresh model on every item but the test one, for the epoch count that validation chose, with
-    the weights' average where the run had one (the epoch count was chosen on averaged weights): the average
-    is what training ends with and what is kept."""
+    """Trains a model again on every item but the test one, for the epoch count that validation chose, from
+    where the run started (fresh, or ``--warm-start``'s weights), with the weights' average where the run had
+    one (the epoch count was chosen on averaged weights): the average is what training ends with and what is
+    kept."""
     from recserve.train.lightning_modules import build_task
 
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, overrides, cfg, refit=True)
+    _warm_started(task, model, data, cfg)
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator=cfg.accelerator,
