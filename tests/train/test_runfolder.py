@@ -1,6 +1,5 @@
 """A run folder remembers its settings and data: reruns that disagree get one clear error, nothing lost."""
 
-import dataclasses
 import json
 
 import pytest
@@ -219,23 +218,32 @@ def test_a_tampered_weights_file_gets_one_line_naming_it_never_a_traceback(tiny_
     assert f"{weights}:" in said and "train the run again" in said, said
 
 
-def test_a_rerun_may_switch_the_refit_and_model_pt_follows(string_data_dir, tmp_path):
+def test_a_rerun_may_switch_the_refit_and_the_run_follows(string_data_dir, tmp_path):
     """The refit is a step after training (SASRec's default, resumable): a run rerun with it refits, and a
-    refit run rerun without it keeps the validated weights as model.pt, the file beside them gone (a stale
-    one would be ranked as the validated side of a refit that is no longer there)."""
+    refit run rerun without it keeps the validated weights as model.pt, the file beside them and the refit's
+    records in metrics.json gone (a stale file would be ranked as the validated side of a refit no longer
+    there)."""
     import torch
 
-    from recserve.constants import VALIDATED_WEIGHTS_FILE
+    from recserve.constants import METRICS_FILE, VALIDATED_WEIGHTS_FILE
 
     run = tmp_path / "run"
-    plain = TrainConfig(epochs=2, samples_per_user=1, device="cpu")
-    cfg = dataclasses.replace(plain, refit=True)
-    assert train(string_data_dir, run, SMALL, cfg, model="bert4rec")["refit"]["epochs"] >= 1
+    args = ["train", "--data", str(string_data_dir), "--out", str(run), "--model", "bert4rec", "--epochs", "2"]
+    args += ["--samples-per-user", "1", "--device", "cpu"] + [f"--{k}={v}" for k, v in SMALL.items()]
+
+    def trained(*switch: str) -> dict:
+        result = runner.invoke(app, args + list(switch))
+        assert result.exit_code == 0, result.output
+        return json.loads((run / METRICS_FILE).read_text())
+
+    metrics = trained("--refit")
+    assert metrics["refit"]["epochs"] >= 1 and "test_validated" in metrics
     assert (run / VALIDATED_WEIGHTS_FILE).is_file()
-    rerun = train(string_data_dir, run, SMALL, plain, model="bert4rec")
-    assert "refit" not in rerun and not (run / VALIDATED_WEIGHTS_FILE).exists()
+    metrics = trained("--no-refit")
+    assert "refit" not in metrics and "test_validated" not in metrics
+    assert not (run / VALIDATED_WEIGHTS_FILE).exists()
     best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
     kept = torch.load(run / WEIGHTS_FILE, weights_only=True)
     assert all(torch.equal(kept[name], best[f"model.{name}"]) for name in kept)
-    assert "refit" in train(string_data_dir, run, SMALL, cfg, model="bert4rec")  # and on again
-    assert (run / VALIDATED_WEIGHTS_FILE).is_file()
+    metrics = trained("--refit")  # and on again
+    assert "refit" in metrics and "test_validated" in metrics and (run / VALIDATED_WEIGHTS_FILE).is_file()
