@@ -247,3 +247,8 @@ def test_a_rerun_may_switch_the_refit_and_the_run_follows(string_data_dir, tmp_p
     assert all(torch.equal(kept[name], best[f"model.{name}"]) for name in kept)
     metrics = trained("--refit")  # and on again
     assert "refit" in metrics and "test_validated" in metrics and (run / VALIDATED_WEIGHTS_FILE).is_file()
+    recorded = json.loads((run / RUN_FILE).read_text())
+    assert "refit" not in recorded["train"]
+    recorded["train"]["refit"] = False  # as a recserve recorded it before the refit was resumable
+    (run / RUN_FILE).write_text(json.dumps(recorded))
+    assert "refit" in trained("--refit")  # the run resumes, refitted
