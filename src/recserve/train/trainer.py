@@ -143,25 +143,26 @@ def train(
     return summary
 
 
-def _epochs_from_one():
+def _epochs_from_one(label: str = "Epoch"):
     """Lightning's rich progress bar, its epochs counted from 1 as --epochs, curves.png and metrics.json count
-    them ("Epoch 2/2", where Lightning says "Epoch 1/1"); where the output is no terminal (a CI log, `make demo
-    | tee`), where a bar draws nothing, a line an epoch instead."""
+    them ("Epoch 2/2", where Lightning says "Epoch 1/1"; the refit's "Refit epoch 2/7"); where the output is no
+    terminal (a CI log, `make demo | tee`), where a bar draws nothing, a line an epoch instead."""
     from lightning.pytorch.callbacks import RichProgressBar
 
     if not sys.stderr.isatty():
-        return _epoch_lines()
+        return _epoch_lines(label)
 
     class EpochsFromOne(RichProgressBar):
         def _get_train_description(self, current_epoch: int) -> str:
             total = f"/{self.trainer.max_epochs}" if self.trainer.max_epochs is not None else ""
-            return f"{f'Epoch {current_epoch + 1}{total}':{len(self.validation_description)}}"
+            return f"{f'{label} {current_epoch + 1}{total}':{len(self.validation_description)}}"
 
     return EpochsFromOne()
 
 
-def _epoch_lines():
-    """A progress display of a line an epoch (``_epochs_from_one``'s where the output is no terminal)."""
+def _epoch_lines(label: str):
+    """A progress display of a line an epoch (``_epochs_from_one``'s where the output is no terminal): after
+    its validation, or after its training where it has none (the refit)."""
     from lightning.pytorch.callbacks import ProgressBar
 
     class EpochLines(ProgressBar):
@@ -179,10 +180,16 @@ def _epoch_lines():
             if not self.enabled or trainer.sanity_checking or not trainer.is_global_zero:
                 return  # one line an epoch, from the first process where several train
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
-            shown = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in metrics.items())
+            self.line(trainer, ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in metrics.items()))
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            if self.enabled and not trainer.limit_val_batches and trainer.is_global_zero:
+                self.line(trainer, "trained")
+
+        def line(self, trainer, shown: str) -> None:
             total = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
             elapsed = time.perf_counter() - self.started
-            sys.stderr.write(f"Epoch {trainer.current_epoch + 1}{total}: {shown or 'validated'} ({elapsed:.0f} s)\n")
+            sys.stderr.write(f"{label} {trainer.current_epoch + 1}{total}: {shown or 'validated'} ({elapsed:.0f} s)\n")
             sys.stderr.flush()
 
     return EpochLines()
@@ -248,7 +255,7 @@ def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, ep
         devices=1,
         logger=False,
         precision=cfg.lightning_precision,
-        callbacks=_averaging(cfg, model, _steps_per_epoch(task, cfg)),
+        callbacks=[_epochs_from_one("Refit epoch"), *_averaging(cfg, model, _steps_per_epoch(task, cfg))],
         enable_checkpointing=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
