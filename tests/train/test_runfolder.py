@@ -216,3 +216,39 @@ def test_a_tampered_weights_file_gets_one_line_naming_it_never_a_traceback(tiny_
     said = " ".join(result.output.split())
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
     assert f"{weights}:" in said and "train the run again" in said, said
+
+
+def test_a_rerun_may_switch_the_refit_and_the_run_follows(string_data_dir, tmp_path):
+    """The refit is a step after training (SASRec's default, resumable): a run rerun with it refits, and a
+    refit run rerun without it keeps the validated weights as model.pt, the file beside them and the refit's
+    records in metrics.json gone (a stale file would be ranked as the validated side of a refit no longer
+    there)."""
+    import torch
+
+    from recserve.constants import METRICS_FILE, VALIDATED_WEIGHTS_FILE
+
+    run = tmp_path / "run"
+    args = ["train", "--data", str(string_data_dir), "--out", str(run), "--model", "bert4rec", "--epochs", "2"]
+    args += ["--samples-per-user", "1", "--device", "cpu"] + [f"--{k}={v}" for k, v in SMALL.items()]
+
+    def trained(*switch: str) -> dict:
+        result = runner.invoke(app, args + list(switch))
+        assert result.exit_code == 0, result.output
+        return json.loads((run / METRICS_FILE).read_text())
+
+    metrics = trained("--refit")
+    assert metrics["refit"]["epochs"] >= 1 and "test_validated" in metrics
+    assert (run / VALIDATED_WEIGHTS_FILE).is_file()
+    metrics = trained("--no-refit")
+    assert "refit" not in metrics and "test_validated" not in metrics
+    assert not (run / VALIDATED_WEIGHTS_FILE).exists()
+    best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
+    kept = torch.load(run / WEIGHTS_FILE, weights_only=True)
+    assert all(torch.equal(kept[name], best[f"model.{name}"]) for name in kept)
+    metrics = trained("--refit")  # and on again
+    assert "refit" in metrics and "test_validated" in metrics and (run / VALIDATED_WEIGHTS_FILE).is_file()
+    recorded = json.loads((run / RUN_FILE).read_text())
+    assert "refit" not in recorded["train"]
+    recorded["train"]["refit"] = False  # as a recserve recorded it before the refit was resumable
+    (run / RUN_FILE).write_text(json.dumps(recorded))
+    assert "refit" in trained("--refit")  # the run resumes, refitted

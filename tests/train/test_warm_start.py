@@ -91,3 +91,19 @@ def test_a_run_of_another_model_or_settings_is_refused_in_one_line_before_anythi
     with pytest.raises(ConfigError, match="--warm-start: not a setting of multvae"):
         TrainConfig(warm_start=str(old_run)).check_model("multvae")
     np.testing.assert_array_equal(load_prepared(folders["new"]).vocab.ids[:3], [101, 102, 103])
+
+
+def test_a_warm_started_runs_refit_starts_from_the_same_carried_weights(catalogues):
+    """The refit (SASRec's default) trains a model again for the chosen epochs: from the warm start's weights
+    where the run had them, as the run did (a next day's few epochs from random weights would lose the days
+    before)."""
+    from recserve.train.trainer import _refit
+
+    folders, old_run = catalogues
+    new = load_prepared(folders["new"])
+    cfg = TrainConfig(epochs=1, samples_per_user=1, device="cpu", resume=False, warm_start=str(old_run), refit=True)
+    start = _refit("sasrec", new, SMALL, cfg, epochs=0)  # no epoch: the weights the refit starts from
+    model = load_run(old_run).__class__(SASRecConfig(num_items=new.vocab.num_items, **SMALL))
+    carry_by_id(model, model.cfg, "sasrec", new.vocab.ids, old_run)
+    assert start.keys() == model.state_dict().keys()
+    assert all(torch.equal(start[name], value) for name, value in model.state_dict().items())

@@ -18,7 +18,7 @@ def show_and_save(run: Path, data: Path, seed: int, device: str) -> dict:
     model, split = model_name(run), split_of(run)
     with console.status("ranking the test split"):
         result = evaluate_test(run, data, seed=seed, device=device)
-    merge_metrics(run, result)
+    merge_metrics(run, result, replaces=("test_validated",))
     cut = result.get("split")
     described = split.description
     if isinstance(cut, dict) and cut.get("kind") == "time":

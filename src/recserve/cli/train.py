@@ -85,12 +85,14 @@ def train(
     model = model or DEFAULT_MODEL
     if model not in MODEL_DEFAULTS:
         raise typer.BadParameter(f"{model!r}: expected one of {', '.join(MODEL_DEFAULTS)}", param_hint="--model")
-    cfg = TrainConfig(**(MODEL_DEFAULTS[model] | (training or {})))
+    cfg, notes = TrainConfig.for_model(model, training or {})
+    for note in notes:
+        console.print(f"note: {note}")
     overrides = model_settings(model, model_options or {})
     summary = run_training(data, out, overrides, cfg, model=model, overwrite=overwrite)
     if not summary:
         return  # a DDP worker other than rank 0
-    merge_metrics(out, summary)
+    merge_metrics(out, summary, replaces=("refit",))
     metric, value = next(iter(summary["valid"].items()))
     console.print(f"best validation {metric.upper()} {value:.4f} (epoch {summary['best_epoch']}); run folder {out}")
     if evaluate:

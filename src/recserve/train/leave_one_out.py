@@ -335,13 +335,16 @@ def evaluate_protocols(
     return {name: ranking_metrics(r) for name, r in ranker.ranks(score_fn, protocols).items()}
 
 
-def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu", weights: str = WEIGHTS_FILE) -> dict:
+def evaluate_run(
+    run_dir, data_dir, seed: int = 0, device: str = "cpu", weights: str = WEIGHTS_FILE, beside: str | None = None
+) -> dict:
     """Test metrics of a run and of the popularity baseline under every protocol, on the data folder's test
     split (leave-one-out or by time); beside them the same metrics for the targets that no event before the
     test targets holds (cold items, which an ID-trained model has never seen) and for the others apart.
 
     Each test user's input is their history before the target; popularity counts those inputs. ``weights``:
-    the run's weights file to rank with (a refit run keeps the validated ones beside its own).
+    the run's weights file to rank with; ``beside``: another of its weights files (a refit run keeps the
+    validated ones beside its own) ranked by the same ranker, its negatives the same, as ``test_beside``.
     """
     import time
 
@@ -374,7 +377,7 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu", weights:
     codes = attribute_codes(data.attributes())
     window, mask_index = model.cfg.window, model.cfg.mask_index
     new = new_item_metrics(model, inputs, targets, trained_counts, codes, window, mask_index, device, seed)
-    return {
+    result = {
         "test": {name: ranking_metrics(r) for name, r in ranks.items()},
         "popularity": {name: ranking_metrics(r) for name, r in popular.items()},
         "test_users": int(inputs.num_users),
@@ -388,6 +391,11 @@ def evaluate_run(run_dir, data_dir, seed: int = 0, device: str = "cpu", weights:
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
         "data_check": checked,
     }
+    if beside:
+        other = load_run(run_dir, beside).to(device)
+        other.prepare_inference()
+        result["test_beside"] = {name: ranking_metrics(r) for name, r in ranker.ranks(other).items()}
+    return result
 
 
 def metrics_apart(ranks: dict[str, np.ndarray], cold: np.ndarray) -> dict[str, dict[str, dict[str, float]]]:

@@ -51,8 +51,8 @@ def evaluate_test(run_dir: Path, data_dir: Path, seed: int = 0, device: str = "c
         return evaluate_heldout_run(run_dir, data_dir, device=device)
     from recserve.train.leave_one_out import evaluate_run
 
-    result = evaluate_run(run_dir, data_dir, seed=seed, device=device)
-    if (Path(run_dir) / VALIDATED_WEIGHTS_FILE).is_file():
-        validated = evaluate_run(run_dir, data_dir, seed=seed, device=device, weights=VALIDATED_WEIGHTS_FILE)
-        result["test_validated"] = validated["test"]
+    validated = VALIDATED_WEIGHTS_FILE if (Path(run_dir) / VALIDATED_WEIGHTS_FILE).is_file() else None
+    result = evaluate_run(run_dir, data_dir, seed=seed, device=device, beside=validated)
+    if validated:
+        result["test_validated"] = result.pop("test_beside")
     return result

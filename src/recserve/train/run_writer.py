@@ -32,6 +32,7 @@ RESUMABLE = (
     "precision",
     "compile",
     "resume",
+    "refit",  # a step after training: a finished run rerun with it refits, without it keeps the validated weights
 )
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 AFRESH = "start afresh with --overwrite, or choose another --out"
@@ -129,6 +130,8 @@ def _check_same_run(out_dir: Path, identity: dict, epochs: int, resume: bool) ->
     recorded, now = json.loads(path.read_text()), json.loads(json.dumps(identity))
     for record in (recorded, now):
         record.get("data", {}).pop(DATA_FOLDER, None)  # the same data, moved, is the same run
+    for name in RESUMABLE:  # recorded by a recserve before it was resumable (the refit until 2026-12)
+        recorded.get("train", {}).pop(name, None)
     differences = _differences(recorded, now)
     if differences:
         raise ConfigError(

@@ -89,7 +89,7 @@ class TrainConfig:
     refit: bool = option(
         False,
         "BERT4Rec, SASRec: then train again on every item but the test one, for the epoch count validation "
-        "chose, and keep that model.",
+        "chose, and keep that model (the validated one stays beside it, and the test ranks both); on one device.",
     )
     warm_start: str | None = option(
         None,
@@ -178,6 +178,20 @@ class TrainConfig:
             problems.append(f"devices={self.devices}: only {_cuda_count()} GPUs are visible")
         if problems:
             raise ConfigError("bad training settings: " + "; ".join(problems))
+
+    @classmethod
+    def for_model(cls, model: str, given: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
+        """The settings of a run of ``model``: its defaults (``MODEL_DEFAULTS``) under the ``given`` ones, and a
+        note for each default left out because a given setting rules it out (the refit, SASRec's default, runs
+        on one device: with --devices N it is left out unless --refit is given, which is then refused)."""
+        defaults, notes = dict(MODEL_DEFAULTS[model]), []
+        if defaults.get("refit") and "refit" not in given and given.get("devices", 1) > 1:
+            del defaults["refit"]
+            notes.append(
+                f"--devices {given['devices']}: no refit ({model}'s default trains again on one device after "
+                "validation); pass --devices 1 for it"
+            )
+        return cls(**(defaults | given)), notes
 
     def patience_epochs(self, steps_per_epoch: int) -> int:
         """The validations without a better metric that end training: --patience, or the epochs that hold

@@ -55,12 +55,7 @@ def train(
     data = load_prepared(data_dir)
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, model_overrides or {}, cfg)
-    carried = None
-    if cfg.warm_start:  # before the run folder is written: a run that cannot be carried changes nothing
-        from recserve.train.warm_start import carry_by_id
-
-        module = cast(torch.nn.Module, task.module.model)
-        carried = carry_by_id(module, task.model_cfg, model, data.vocab.ids, Path(cfg.warm_start))
+    carried = _warm_started(task, model, data, cfg)  # before the run folder is written: a refusal changes nothing
     out_dir = Path(out_dir)
     identity = run_identity(model, task.model_cfg, cfg, data, data_dir)
     prepare_run_folder(out_dir, identity, cfg.epochs, cfg.resume, overwrite)
@@ -141,30 +136,33 @@ def train(
             "trained_on": "items[:-1] (the validation item included)",
             "validated_weights": VALIDATED_WEIGHTS_FILE,
         }
+    else:  # a refit run rerun without it: model.pt becomes the validated weights, the file beside it goes
+        (out_dir / VALIDATED_WEIGHTS_FILE).unlink(missing_ok=True)
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
 
 
-def _epochs_from_one():
+def _epochs_from_one(label: str = "Epoch"):
     """Lightning's rich progress bar, its epochs counted from 1 as --epochs, curves.png and metrics.json count
-    them ("Epoch 2/2", where Lightning says "Epoch 1/1"); where the output is no terminal (a CI log, `make demo
-    | tee`), where a bar draws nothing, a line an epoch instead."""
+    them ("Epoch 2/2", where Lightning says "Epoch 1/1"; the refit's "Refit epoch 2/7"); where the output is no
+    terminal (a CI log, `make demo | tee`), where a bar draws nothing, a line an epoch instead."""
     from lightning.pytorch.callbacks import RichProgressBar
 
     if not sys.stderr.isatty():
-        return _epoch_lines()
+        return _epoch_lines(label)
 
     class EpochsFromOne(RichProgressBar):
         def _get_train_description(self, current_epoch: int) -> str:
             total = f"/{self.trainer.max_epochs}" if self.trainer.max_epochs is not None else ""
-            return f"{f'Epoch {current_epoch + 1}{total}':{len(self.validation_description)}}"
+            return f"{f'{label} {current_epoch + 1}{total}':{len(self.validation_description)}}"
 
     return EpochsFromOne()
 
 
-def _epoch_lines():
-    """A progress display of a line an epoch (``_epochs_from_one``'s where the output is no terminal)."""
+def _epoch_lines(label: str):
+    """A progress display of a line an epoch (``_epochs_from_one``'s where the output is no terminal): after
+    its validation, or after its training where it has none (the refit)."""
     from lightning.pytorch.callbacks import ProgressBar
 
     class EpochLines(ProgressBar):
@@ -182,10 +180,16 @@ def _epoch_lines():
             if not self.enabled or trainer.sanity_checking or not trainer.is_global_zero:
                 return  # one line an epoch, from the first process where several train
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
-            shown = ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in metrics.items())
+            self.line(trainer, ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in metrics.items()))
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            if self.enabled and not trainer.limit_val_batches and trainer.is_global_zero:
+                self.line(trainer, "trained")
+
+        def line(self, trainer, shown: str) -> None:
             total = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
             elapsed = time.perf_counter() - self.started
-            sys.stderr.write(f"Epoch {trainer.current_epoch + 1}{total}: {shown or 'validated'} ({elapsed:.0f} s)\n")
+            sys.stderr.write(f"{label} {trainer.current_epoch + 1}{total}: {shown or 'validated'} ({elapsed:.0f} s)\n")
             sys.stderr.flush()
 
     return EpochLines()
@@ -224,21 +228,34 @@ def _seeded_lightning(seed: int):
     return L
 
 
+def _warm_started(task, model: str, data: PreparedData, cfg: TrainConfig) -> dict | None:
+    """``task``'s model given the weights of ``--warm-start``'s run by item ID (what was carried), or None
+    without one."""
+    if not cfg.warm_start:
+        return None
+    from recserve.train.warm_start import carry_by_id
+
+    module = cast(torch.nn.Module, task.module.model)
+    return carry_by_id(module, task.model_cfg, model, data.vocab.ids, Path(cfg.warm_start))
+
+
 def _refit(model: str, data: PreparedData, overrides: dict, cfg: TrainConfig, epochs: int) -> dict:
-    """Trains a fresh model on every item but the test one, for the epoch count that validation chose, with
-    the weights' average where the run had one (the epoch count was chosen on averaged weights): the average
-    is what training ends with and what is kept."""
+    """Trains a model again on every item but the test one, for the epoch count that validation chose, from
+    where the run started (fresh, or ``--warm-start``'s weights), with the weights' average where the run had
+    one (the epoch count was chosen on averaged weights): the average is what training ends with and what is
+    kept."""
     from recserve.train.lightning_modules import build_task
 
     L = _seeded_lightning(cfg.seed)
     task = build_task(model, data, overrides, cfg, refit=True)
+    _warm_started(task, model, data, cfg)
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator=cfg.accelerator,
         devices=1,
         logger=False,
         precision=cfg.lightning_precision,
-        callbacks=_averaging(cfg, model, _steps_per_epoch(task, cfg)),
+        callbacks=[_epochs_from_one("Refit epoch"), *_averaging(cfg, model, _steps_per_epoch(task, cfg))],
         enable_checkpointing=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
