@@ -207,7 +207,8 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps({"results": results}, indent=2) + "\n")
                 print(f"{name}: prepared in {data_dir}", flush=True)
                 continue
-        # the model's own defaults (`recserve train`'s), but for what this benchmark sets
+        # the model's own defaults (`recserve train`'s), but for what this benchmark sets: training's speed, so no
+        # refit (SASRec's default: the chosen epochs again after validation, timed by `recserve train`)
         cfg = TrainConfig(
             **MODEL_DEFAULTS[args.model]
             | dict(
@@ -222,6 +223,7 @@ def main() -> None:
                 loss=loss,
                 compile=args.compile,
                 resume=False,
+                refit=False,
             )
             | ({} if args.ema_epochs is None else {"ema_epochs": args.ema_epochs})
         )

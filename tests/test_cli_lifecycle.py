@@ -105,6 +105,8 @@ def configured_run(ml100k_dir, tmp_path_factory):
     assert re.search(r"^Epoch 1/1: ndcg@10 [0-9.]+, hr@10 [0-9.]+ \([0-9]+ s\)$", result.output, flags=re.M), (
         result.output
     )
+    # SASRec refits by default: its epochs counted alike, a line each though it validates none
+    assert re.search(r"^Refit epoch 1/1: trained \([0-9]+ s\)$", result.output, flags=re.M), result.output
     return out
 
 

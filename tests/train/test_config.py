@@ -29,6 +29,22 @@ def test_per_model_defaults_name_only_what_differs_from_train_config():
             assert getattr(TrainConfig, name) != value, f"{model}: {name}={value} is TrainConfig's own default"
 
 
+def test_sasrec_refits_by_default_on_one_device_and_a_given_setting_wins():
+    """SASRec's default refit (docs/quality.md) is left out, with a note, where --devices rules it out; given
+    with --devices N it is refused in one line; the other models do not refit unless told."""
+    cfg, notes = TrainConfig.for_model("sasrec", {})
+    assert cfg.refit and not notes
+    assert not TrainConfig.for_model("sasrec", {"refit": False})[0].refit
+    assert not any(TrainConfig.for_model(model, {})[0].refit for model in ("bert4rec", "multvae"))
+    cfg, notes = TrainConfig.for_model("sasrec", {"devices": 2})
+    assert not cfg.refit and notes == [
+        "--devices 2: no refit (sasrec's default trains again on one device after validation); pass --devices 1 for it"
+    ]
+    cfg, notes = TrainConfig.for_model("sasrec", {"devices": 2, "refit": True})
+    with pytest.raises(ConfigError, match="refit: runs on one device; drop --devices or --refit"):
+        cfg.validate()
+
+
 def test_the_settings_and_the_model_configs_import_without_torch():
     """`recserve train --help` shows these defaults; reading them must not load torch."""
     code = "import sys, recserve.train.train_config, recserve.models.model_configs; print('torch' in sys.modules)"
