@@ -29,13 +29,14 @@ def test_per_model_defaults_name_only_what_differs_from_train_config():
             assert getattr(TrainConfig, name) != value, f"{model}: {name}={value} is TrainConfig's own default"
 
 
-def test_sasrec_refits_by_default_on_one_device_and_a_given_setting_wins():
-    """SASRec's default refit (docs/quality.md) is left out, with a note, where --devices rules it out; given
-    with --devices N it is refused in one line; the other models do not refit unless told."""
-    cfg, notes = TrainConfig.for_model("sasrec", {})
-    assert cfg.refit and not notes
-    assert not TrainConfig.for_model("sasrec", {"refit": False})[0].refit
-    assert not any(TrainConfig.for_model(model, {})[0].refit for model in ("bert4rec", "multvae"))
+def test_the_sequence_models_refit_by_default_on_one_device_and_a_given_setting_wins():
+    """BERT4Rec's and SASRec's default refit (docs/quality.md) is left out, with a note, where --devices rules
+    it out; given with --devices N it is refused in one line; Mult-VAE, which cannot refit, does not."""
+    for model in ("bert4rec", "sasrec"):
+        cfg, notes = TrainConfig.for_model(model, {})
+        assert cfg.refit and not notes
+        assert not TrainConfig.for_model(model, {"refit": False})[0].refit
+    assert not TrainConfig.for_model("multvae", {})[0].refit
     cfg, notes = TrainConfig.for_model("sasrec", {"devices": 2})
     assert not cfg.refit and notes == [
         "--devices 2: no refit (sasrec's default trains again on one device after validation); pass --devices 1 for it"

@@ -227,7 +227,7 @@ def test_refit_trains_again_on_the_validation_item_for_the_chosen_epochs(string_
         assert first.items[first.offsets[user] : first.offsets[user + 1]].tolist() == items[:-2].tolist()
     cfg = TrainConfig(epochs=3, samples_per_user=2, patience=3, device="cpu", resume=False, refit=True)
     summary = train(string_data_dir, tmp_path / "run", SMALL, cfg, model="bert4rec")
-    assert summary["refit"]["epochs"] == summary["best_epoch"] + 1
+    assert summary["refit"]["epochs"] == summary["best_epoch"] + 1 and summary["refit"]["seconds"] >= 0
     selected = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]
     kept = torch.load(tmp_path / "run" / WEIGHTS_FILE, weights_only=True)
     assert set(kept) == {k.removeprefix("model.") for k in selected}

@@ -129,10 +129,11 @@ def train(
         summary["warm_start"] = carried
     if cfg.refit:  # the validated weights stay beside the refit, so that the test can say what the refit bought
         torch.save(weights, out_dir / VALIDATED_WEIGHTS_FILE)
-        epochs = (best_epoch or 0) + 1
+        epochs, refit_started = (best_epoch or 0) + 1, time.perf_counter()
         weights = _refit(model, data, model_overrides or {}, cfg, epochs)
         summary["refit"] = {
             "epochs": epochs,
+            "seconds": round(time.perf_counter() - refit_started, 1),  # beside train.seconds, which it follows
             "trained_on": "items[:-1] (the validation item included)",
             "validated_weights": VALIDATED_WEIGHTS_FILE,
         }
