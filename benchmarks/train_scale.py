@@ -208,7 +208,7 @@ def main() -> None:
                 print(f"{name}: prepared in {data_dir}", flush=True)
                 continue
         # the model's own defaults (`recserve train`'s), but for what this benchmark sets: training's speed, so no
-        # refit (SASRec's default: the chosen epochs again after validation, timed by `recserve train`)
+        # refit (the sequence models' default: the chosen epochs again after validation, timed by `recserve train`)
         cfg = TrainConfig(
             **MODEL_DEFAULTS[args.model]
             | dict(

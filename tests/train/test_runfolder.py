@@ -219,7 +219,7 @@ def test_a_tampered_weights_file_gets_one_line_naming_it_never_a_traceback(tiny_
 
 
 def test_a_rerun_may_switch_the_refit_and_the_run_follows(string_data_dir, tmp_path):
-    """The refit is a step after training (SASRec's default, resumable): a run rerun with it refits, and a
+    """The refit is a step after training (the sequence models' default, resumable): a run rerun with it refits, and a
     refit run rerun without it keeps the validated weights as model.pt, the file beside them and the refit's
     records in metrics.json gone (a stale file would be ranked as the validated side of a refit no longer
     there)."""

@@ -182,8 +182,9 @@ class TrainConfig:
     @classmethod
     def for_model(cls, model: str, given: dict[str, Any]) -> tuple[TrainConfig, list[str]]:
         """The settings of a run of ``model``: its defaults (``MODEL_DEFAULTS``) under the ``given`` ones, and a
-        note for each default left out because a given setting rules it out (the refit, SASRec's default, runs
-        on one device: with --devices N it is left out unless --refit is given, which is then refused)."""
+        note for each default left out because a given setting rules it out (the refit, the sequence models'
+        default, runs on one device: with --devices N it is left out unless --refit is given, which is then
+        refused)."""
         defaults, notes = dict(MODEL_DEFAULTS[model]), []
         if defaults.get("refit") and "refit" not in given and given.get("devices", 1) > 1:
             del defaults["refit"]
