@@ -336,15 +336,15 @@ def evaluate_protocols(
 
 
 def evaluate_run(
-    run_dir, data_dir, seed: int = 0, device: str = "cpu", weights: str = WEIGHTS_FILE, beside: str | None = None
+    run_dir, data_dir, seed: int = 0, device: str = "cpu", weights: str = WEIGHTS_FILE, validated: str | None = None
 ) -> dict:
     """Test metrics of a run and of the popularity baseline under every protocol, on the data folder's test
     split (leave-one-out or by time); beside them the same metrics for the targets that no event before the
     test targets holds (cold items, which an ID-trained model has never seen) and for the others apart.
 
     Each test user's input is their history before the target; popularity counts those inputs. ``weights``:
-    the run's weights file to rank with; ``beside``: another of its weights files (a refit run keeps the
-    validated ones beside its own) ranked by the same ranker, its negatives the same, as ``test_beside``.
+    the run's weights file to rank with; ``validated``: the weights validation chose, which a refit run keeps
+    beside its own, ranked by the same ranker (the same negatives) as ``test_validated``.
     """
     import time
 
@@ -391,10 +391,10 @@ def evaluate_run(
         "eval": {"device": str(device), "seconds": round(elapsed_s, 3), "protocols": list(PROTOCOLS)},
         "data_check": checked,
     }
-    if beside:
-        other = load_run(run_dir, beside).to(device)
-        other.prepare_inference()
-        result["test_beside"] = {name: ranking_metrics(r) for name, r in ranker.ranks(other).items()}
+    if validated:
+        chosen = load_run(run_dir, validated).to(device)
+        chosen.prepare_inference()
+        result["test_validated"] = {name: ranking_metrics(r) for name, r in ranker.ranks(chosen).items()}
     return result
 
 

@@ -52,7 +52,4 @@ def evaluate_test(run_dir: Path, data_dir: Path, seed: int = 0, device: str = "c
     from recserve.train.leave_one_out import evaluate_run
 
     validated = VALIDATED_WEIGHTS_FILE if (Path(run_dir) / VALIDATED_WEIGHTS_FILE).is_file() else None
-    result = evaluate_run(run_dir, data_dir, seed=seed, device=device, beside=validated)
-    if validated:
-        result["test_validated"] = result.pop("test_beside")
-    return result
+    return evaluate_run(run_dir, data_dir, seed=seed, device=device, validated=validated)
