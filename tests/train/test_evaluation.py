@@ -16,11 +16,14 @@ def _evaluate(run, data) -> str:
     return " ".join(result.output.split())
 
 
-def test_a_sequence_model_is_tested_leave_one_out_under_every_protocol(tiny_run, ml100k_dir):
-    assert split_of(tiny_run) is LEAVE_ONE_OUT
-    output = _evaluate(tiny_run, ml100k_dir)
+def test_a_sequence_model_is_tested_leave_one_out_under_every_protocol(tiny_run, ml100k_dir, tmp_path):
+    import shutil
+
+    run = shutil.copytree(tiny_run, tmp_path / "run")  # the shared run stays untested (`recserve runs`'s test)
+    assert split_of(run) is LEAVE_ONE_OUT
+    output = _evaluate(run, ml100k_dir)
     assert "test split (leave-one-out)" in output and "sampled_uniform" in output
-    metrics = json.loads((tiny_run / METRICS_FILE).read_text())
+    metrics = json.loads((run / METRICS_FILE).read_text())
     assert set(metrics["test"]) == {"full", "served", "full_no_exclusion", "sampled", "sampled_uniform"}
 
 
