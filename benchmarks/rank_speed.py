@@ -1,10 +1,11 @@
 """The leave-one-out ranking's speed at catalogue scale: a SASRec with random weights (its speed is a trained
-one's) ranks a generated log's test targets under every protocol and under `full` alone, at several
-batch budgets (``SCORES_PER_BATCH``: users x catalogue scores a batch), then, under the largest budget,
-where the time of every protocol goes (the operations by GPU time, a profile of --profile-users users).
-Printed and written as JSON.
+one's) ranks a generated log's test targets under every protocol and under `full` alone, each of --ways
+(the kernels' tiled count; dense scores at several batch budgets, ``SCORES_PER_BATCH``: users x catalogue
+scores a batch, compiled or plain), and how many users' ranks each way gave alike; then where the time of
+every protocol goes (the operations by GPU time, a profile of --profile-users users). Printed and written
+as JSON.
 
-    python benchmarks/rank_speed.py --items 1000000 --users 200000 --out runs/rank-speed.json
+    python benchmarks/rank_speed.py --items 1000000 --users 200000 --ways tiled,compiled --out runs/rank-speed.json
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from recserve.bench.synthetic import zipf_sequences
 from recserve.models import SASRec, SASRecConfig
 from recserve.train.fused import GpuFused
 from recserve.train.leave_one_out import PROTOCOLS, Ranker
+from recserve.train.rank_kernels import TileScores
 
 
 def profile_ranking(ranker: Ranker, model, users: int, sync) -> dict:
@@ -50,6 +52,20 @@ def profile_ranking(ranker: Ranker, model, users: int, sync) -> dict:
     return {"users": users, "wall_s": round(wall_s, 3), "device_ms": round(device_ms, 1), "ops": ops}
 
 
+WAYS = {"tiled": (True, True), "compiled": (True, False), "plain": (False, False)}  # (GpuFused, TileScores)
+
+
+def agreement(answers: dict) -> dict:
+    """Per protocol, the least share of users whose rank a run gave as the first run of its protocols did."""
+    shares: dict[str, float] = {}
+    for runs in answers.values():
+        for ranks in runs[1:]:
+            for name, values in ranks.items():
+                alike = float(np.mean(values == runs[0][name])) if len(values) else 1.0
+                shares[name] = min(shares.get(name, 1.0), round(alike, 6))
+    return shares
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=1_000_000)
@@ -58,9 +74,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profile-users", type=int, default=20_000, help="0: no profile")
     parser.add_argument(
-        "--compare-plain",
-        action="store_true",
-        help="then again with the GPU's compiled count and draws off (the plain operations), and check the ranks agree",
+        "--ways",
+        default="tiled",
+        help="some of: tiled (the kernels count, no scores in memory), compiled (dense scores, the count and "
+        "draws compiled), plain (dense scores, plain operations); the dense ways at each of --budgets",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -75,11 +92,14 @@ def main() -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     rows, answers = [], {}
     with torch.no_grad():
-        for fused in (True, False) if args.compare_plain else (True,):
-            GpuFused.enabled = fused
+        for way in args.ways.split(","):
+            GpuFused.enabled, TileScores.enabled = WAYS[way]
+            tiled = leave_one_out.counts_tiled(model, torch.device(args.device))
             ranker.ranks(model, PROTOCOLS, (0, 2_000))  # warm-up (and on a GPU, compiling)
-            for budget in (int(b) for b in args.budgets.split(",")):
-                leave_one_out.SCORES_PER_BATCH[torch.device(args.device).type] = 2**budget
+            for budget in [None] if tiled else [int(b) for b in args.budgets.split(",")]:
+                if budget is not None:
+                    leave_one_out.SCORES_PER_BATCH[torch.device(args.device).type] = 2**budget
+                batch = leave_one_out.tiled_batch_size(model) if tiled else None
                 for protocols in (PROTOCOLS, ("full",)):
                     sync()
                     started = time.perf_counter()
@@ -87,25 +107,25 @@ def main() -> None:
                     sync()
                     rows.append(
                         {
-                            "scores_per_batch": 2**budget,
-                            "users_per_batch": leave_one_out.eval_batch_size(args.items + 2, args.device),
+                            "way": way if tiled or way != "tiled" else "compiled (no kernels here)",
+                            "scores_per_batch": 2**budget if budget is not None else None,
+                            "users_per_batch": batch or leave_one_out.eval_batch_size(args.items + 2, args.device),
                             "protocols": list(protocols),
-                            "fused": fused,
                             "seconds": round(time.perf_counter() - started, 3),
                             "users": len(ranks["full"]),
                         }
                     )
                     print(json.dumps(rows[-1]), flush=True)
                     answers.setdefault(protocols, []).append(ranks)
-        GpuFused.enabled = True
-        same = all(all(np.array_equal(r[n], runs[0][n]) for n in runs[0]) for runs in answers.values() for r in runs)
-        print(f"every run gave the same ranks: {same}")
+        GpuFused.enabled, TileScores.enabled = True, True
+        same = agreement(answers)
+        print(f"ranks against the first run's, the share of users alike: {json.dumps(same)}")
         profile = profile_ranking(ranker, model, args.profile_users, sync) if args.profile_users else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     settings = {"items": args.items, "users": args.users, "device": device, "model": "SASRec, random weights"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        json.dumps({"settings": settings, "same_ranks": same, "results": rows, "profile": profile}, indent=2) + "\n"
+        json.dumps({"settings": settings, "ranks_alike": same, "results": rows, "profile": profile}, indent=2) + "\n"
     )
 
 

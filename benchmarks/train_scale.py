@@ -104,6 +104,7 @@ def run_setting(
         "samples_per_user": cfg.samples_per_user,
         "precision": cfg.lightning_precision,
         "compile": cfg.compile,
+        "cuda_graph": summary["steps"].get("cuda_graph"),  # the steps replayed as a CUDA graph, and the eager ones
         "windows": windows,
         "windows_per_s": round(windows / last["train_s"]),
         "epoch_s": round(last["train_s"], 2),
@@ -156,6 +157,7 @@ def main() -> None:
         help="the sampled loss's blocks and the test ranking's count uncompiled (for comparison)",
     )
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager steps, not a captured step's replays")
     parser.add_argument("--ema-epochs", type=float, help="the weights' moving average (default: the model's own)")
     parser.add_argument(
         "--no-relative-positions", action="store_true", help="SASRec without its learned attention bias per distance"
@@ -222,6 +224,7 @@ def main() -> None:
                 ddp_compress=not args.no_ddp_compress,
                 loss=loss,
                 compile=args.compile,
+                cuda_graphs=not args.no_cuda_graphs,
                 resume=False,
                 refit=False,
             )

@@ -18,7 +18,7 @@
 #                                    video.txt, seeds 0-2 (BASE: options of every run, the model's too)
 #   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
 #                                    speed, the served graph's batch-1 replay with relative positions
-#   scripts/offline_gpu.sh speed     there: the ranking fused against plain, BERT4Rec and SASRec compiled, the
+#   scripts/offline_gpu.sh speed     there: the ranking by the kernels against dense scores, BERT4Rec and SASRec with and without the graphed step, the
 #                                    served graph's replay with LiGR blocks
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
 # ddp, quality, candidates, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
@@ -290,37 +290,36 @@ cmd_lean() {
   python3 benchmarks/rank_speed.py --budgets 29 --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
 }
 
-# One call: the training side's speed targets. The GPU tests of the ranking and the sampled loss (their compiled
-# functions against the plain ones), the ranking of 200,000 users x 1M items with its compiled count beside
-# the plain operations, BERT4Rec at 100,000 items with and without --compile, SASRec at 1M items with it (and,
-# with SASREC_EAGER=1, without it beside; BERT4REC_EAGER=0 leaves out BERT4Rec's), the served graph's batch-1
-# replay with each block option (LiGR, lru). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
+# One call: the training side's speed targets. The GPU tests of the ranking, the sampled loss and the graphed
+# step, the ranking of 200,000 users x 1M items by the kernels beside the dense ways (RANK_WAYS), BERT4Rec at
+# 100,000 items and SASRec at 1M, each with the options of each of BERT4REC and SASREC (';'-separated: the
+# step replayed as a CUDA graph, and without, compiled), the served graph's batch-1 replay with each block
+# option (LiGR, lru). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
   local parts=" ${PARTS:-tests rank bert4rec sasrec graph} "
   if [[ $parts == *" tests "* ]]; then
     python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
-      tests/gpu/test_sampled_loss_gpu.py 2>&1 | tail -n 3
+      tests/gpu/test_sampled_loss_gpu.py tests/gpu/test_graph_step_gpu.py > "$out/tests.txt" 2>&1
+    tail -n 5 "$out/tests.txt"
   fi
   if [[ $parts == *" rank "* ]]; then
-    python3 benchmarks/rank_speed.py --budgets 29 --compare-plain --out "$out/rank-speed.json" 2>&1 | grep -v "^ *0.00"
+    python3 benchmarks/rank_speed.py --budgets 29 --ways "${RANK_WAYS:-tiled,compiled}" --out "$out/rank-speed.json" \
+      2>&1 | grep -v "^ *0.00"
   fi
-  if [[ $parts == *" bert4rec "* ]]; then
-    local variants=("" --compile)
-    [ "${BERT4REC_EAGER:-1}" = 1 ] || variants=(--compile)
-    for compile in "${variants[@]}"; do
-      python3 benchmarks/train_scale.py --model bert4rec --sizes 100000:200000 --work /tmp/speed --no-test $compile \
-        --out "$out/bert4rec-100k$compile.json" 2>&1 | grep "windows/s"
+  speed_runs() {  # model, setting, the options of each run (';'-separated): one log, prepared once
+    local model=$1 setting=$2 data=/tmp/speed/data-${2/:/-}
+    [ -d "$data" ] || python3 benchmarks/train_scale.py --sizes "$setting" --work /tmp/speed --prepare-only \
+      --out /tmp/speed/prepared.json > /dev/null
+    IFS=';' read -ra variants <<< "$3"
+    for options in "${variants[@]}"; do
+      local name; name=$(echo "$options" | tr -d ' ')
+      python3 benchmarks/train_scale.py --model "$model" --data "$data" --work /tmp/speed --no-test $options \
+        --out "$out/$model-${setting%%:*}$name.json" 2>&1 | grep "windows/s\|Error\|uncaptured"
     done
-  fi
-  if [[ $parts == *" sasrec "* ]]; then
-    local variants=(--compile)
-    [ "${SASREC_EAGER:-0}" = 1 ] && variants=("" --compile)
-    for compile in "${variants[@]}"; do
-      python3 benchmarks/train_scale.py --model sasrec --sizes 1000000:200000 --work /tmp/speed --no-test $compile \
-        --out "$out/sasrec-1m$compile.json" 2>&1 | grep "windows/s"
-    done
-  fi
+  }
+  [[ $parts == *" bert4rec "* ]] && speed_runs bert4rec 100000:200000 "${BERT4REC:---compile;--compile --no-cuda-graphs}"
+  [[ $parts == *" sasrec "* ]] && speed_runs sasrec 1000000:200000 "${SASREC:---compile;--compile --no-cuda-graphs}"
   if [[ $parts == *" graph "* ]]; then
     for variant in "" --ligr --lru; do  # the served graph's replay, SASRec of 100,000 items, bf16
       python3 benchmarks/native_graph_profile.py --model sasrec --hidden 64 --window 100 --items 100000 \

@@ -12,6 +12,8 @@ the protocol and the user), so neither a batch size nor a device moves a figure.
 
 Each batch makes one pass over its (users x catalogue) scores for the count of items at or above each
 target; the excluded items are subtracted by looking up their own scores, so no (users x catalogue) mask.
+A transformer's scores on a GPU are never written at all: Triton kernels count them tile by tile
+(``rank_kernels``), and the batches are as wide as the model's forward allows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ from recserve.errors import DataError, EvaluationError
 from recserve.models.transformer import ItemTransformer
 from recserve.train.fused import GpuFused
 from recserve.train.metrics import ranking_metrics
+from recserve.train.rank_kernels import TileScores, available
 from recserve.train.tensors import SequenceTensors, first_of_runs, row_contains, widest
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ PROTOCOLS = ("full", "served", "full_no_exclusion", "sampled", "sampled_uniform"
 # users x catalogue scores at a time: 128 MB, 2 GB (float32). On a GPU a batch's work is mostly kernel launches
 # below that: 200,000 users x 1M items under every protocol took 14.7 s at 2^27, 6.5 s at 2^29 (one H200)
 SCORES_PER_BATCH = {"cpu": 2**25, "cuda": 2**29}
+# users a batch where the kernels count (no scores in memory): the model's forward bounds it, about this many
+# (users x window x hidden) activations
+TILED_ACTIVATIONS = 2**27
 UNRANKABLE = 2**62  # the rank of a target that the protocol cannot show (served: it is in the window)
 SAMPLED = ("sampled", "sampled_uniform")
 STREAMS = {"sampled": 1, "sampled_uniform": 2}  # each protocol's own random stream
@@ -50,6 +57,16 @@ def eval_batch_size(vocab_size: int, device: str | torch.device = "cpu") -> int:
     """Users a batch, so that a batch holds about ``SCORES_PER_BATCH`` scores (1 to 4,096)."""
     budget = SCORES_PER_BATCH.get(torch.device(device).type, SCORES_PER_BATCH["cpu"])
     return int(np.clip(budget // vocab_size, 1, 4096))
+
+
+def tiled_batch_size(model: ItemTransformer) -> int:
+    """Users a batch where the kernels count: about ``TILED_ACTIVATIONS`` of the forward's (1 to 8,192)."""
+    return int(np.clip(TILED_ACTIVATIONS // (model.cfg.window * model.cfg.hidden), 1, 8192))
+
+
+def counts_tiled(score_fn: ScoreFn, device: torch.device) -> bool:
+    """Whether ``score_fn``'s batches are counted by the kernels (a transformer on a GPU with Triton)."""
+    return isinstance(score_fn, ItemTransformer) and GpuFused.enabled and available(device)
 
 
 class Ranker:
@@ -109,10 +126,12 @@ class Ranker:
         out: dict[str, list[torch.Tensor]] = {name: [] for name in protocols}
         drawn: dict[str, list[torch.Tensor]] = {name: [] for name in protocols if name in SAMPLED}
         bad = torch.zeros((), dtype=torch.int64, device=self.device)
-        step = eval_batch_size(len(self.cdfs["sampled"]), self.device)
+        tiled = counts_tiled(score_fn, self.device)
+        vocab_size = len(self.cdfs["sampled"])
+        step = tiled_batch_size(cast(ItemTransformer, score_fn)) if tiled else eval_batch_size(vocab_size, self.device)
         for start in range(first, users_total, step):
             stop = min(start + step, users_total)
-            ranks, counts, bad_rows = self._rank_batch(score_fn, start, stop, protocols)
+            ranks, counts, bad_rows = self._rank_batch(score_fn, start, stop, protocols, tiled)
             bad += bad_rows
             for name, value in ranks.items():
                 out[name].append(value)
@@ -127,43 +146,60 @@ class Ranker:
         return {name: _host(parts) for name, parts in out.items()}
 
     @torch.no_grad()
-    def _rank_batch(self, score_fn, start: int, stop: int, protocols):
+    def _rank_batch(self, score_fn, start: int, stop: int, protocols, tiled: bool):
         users = torch.arange(start, stop, device=self.device)
         lengths = self.history.lengths[users]
         window = self.history.windows(users, lengths, self.window - 1)  # what the serving graph is fed
         mask = torch.full((len(users), 1), self.mask_index, device=self.device)
-        raw, bias = bias_apart(score_fn, torch.cat([window, mask], 1))  # (B, V), (V,)
+        scores = batch_scores(score_fn, torch.cat([window, mask], 1), tiled)
         target = self.targets[users]
         # the one pass over the catalogue: every rankable item but the target itself that scores at least as high
-        target_score, above, bad = _tally(raw, bias, target, self.mask_index)
+        target_score, above, bad = scores.tally(target, self.mask_index)
         bad_rows = bad.sum()
         out, drawn = {}, {}
         if "full_no_exclusion" in protocols:
             out["full_no_exclusion"] = above
         whole = self.history.windows(users, lengths, widest(self.lengths, start, stop)).sort(1).values
         if "full" in protocols:  # a repeated target stays rankable
-            out["full"] = above - _distinct_at_least(raw, bias, whole, target, target_score)
+            out["full"] = above - _distinct_at_least(scores, whole, target, target_score)
         if "served" in protocols:  # serving never shows an item of the window, the target included
-            served = above - _distinct_at_least(raw, bias, window.sort(1).values, target, target_score)
+            served = above - _distinct_at_least(scores, window.sort(1).values, target, target_score)
             out["served"] = torch.where((window == target[:, None]).any(1), UNRANKABLE, served)
         for name in SAMPLED:
             if name in protocols:
                 negatives, valid = draw_negatives(
                     self.cdfs[name], self.weights[name], whole, target, users, self.seed, STREAMS[name]
                 )
-                out[name] = ((_scores_at(raw, bias, negatives) >= target_score) & valid).sum(1)
+                out[name] = ((scores.at(negatives) >= target_score) & valid).sum(1)
                 drawn[name] = valid.sum(1)
         return out, drawn, bad_rows
 
 
-def bias_apart(score_fn: ScoreFn, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch's scores as (B, V) before the output layer's bias and the (V,) float32 bias: a transformer's
-    product of its query with the item table, with no pass to add the bias; another function's scores and
-    a zero bias."""
+class DenseScores:
+    """A batch's scores ``raw + bias`` from a (B, V) matrix before the output layer's bias and the (V,) float32
+    bias: counted in one pass (``_tally``), or read at named items (``_scores_at``)."""
+
+    def __init__(self, raw: torch.Tensor, bias: torch.Tensor):
+        self.raw, self.bias = raw, bias
+
+    def tally(self, target: torch.Tensor, mask_index: int):
+        return _tally(self.raw, self.bias, target, mask_index)
+
+    def at(self, columns: torch.Tensor) -> torch.Tensor:
+        return _scores_at(self.raw, self.bias, columns)
+
+
+def batch_scores(score_fn: ScoreFn, tokens: torch.Tensor, tiled: bool = False) -> DenseScores | TileScores:
+    """A batch's scores: a transformer's query against its item table, counted by the kernels where ``tiled``
+    (nothing of (B, V) in memory), else its product as a (B, V) matrix with no pass to add the bias; another
+    function's scores and a zero bias."""
     if isinstance(score_fn, ItemTransformer):
-        return score_fn.tied_output(score_fn.query(tokens), with_bias=False), score_fn.item_bias().float()
+        query = score_fn.query(tokens)
+        if tiled:
+            return TileScores(query, score_fn.item_vectors(), score_fn.item_bias())
+        return DenseScores(score_fn.tied_output(query, with_bias=False), score_fn.item_bias().float())
     scores = score_fn(tokens)
-    return scores, torch.zeros(scores.shape[1], dtype=torch.float32, device=scores.device)
+    return DenseScores(scores, torch.zeros(scores.shape[1], dtype=torch.float32, device=scores.device))
 
 
 def _tally_plain(raw: torch.Tensor, bias: torch.Tensor, target: torch.Tensor, mask_index: int):
@@ -187,11 +223,11 @@ def _scores_at(raw: torch.Tensor, bias: torch.Tensor, columns: torch.Tensor) -> 
     return raw.gather(1, columns).float() + bias[columns]
 
 
-def _distinct_at_least(raw, bias, ordered, target, target_score) -> torch.Tensor:
+def _distinct_at_least(scores, ordered, target, target_score) -> torch.Tensor:
     """(B,) how many distinct items of each row of ``ordered`` (B, W), sorted, other than padding and the
     target, score at least the target's: the excluded items that the catalogue count included."""
     counted = first_of_runs(ordered) & (ordered != PAD_INDEX) & (ordered != target[:, None])
-    return ((_scores_at(raw, bias, ordered) >= target_score) & counted).sum(1)
+    return ((scores.at(ordered) >= target_score) & counted).sum(1)
 
 
 def draw_negatives(
@@ -228,9 +264,10 @@ def draw_negatives(
     slots = torch.argsort((~taken).to(torch.uint8), dim=1, stable=True)[:, :count]  # the taken, in draw order
     negatives, valid = candidates.gather(1, slots), taken.gather(1, slots)
     short = (valid.sum(1) < count).nonzero()[:, 0]
-    if short.numel():
-        exact = _gumbel_draw(weights, seen[short], target[short], users[short], seed, stream, count)
-        negatives[short], valid[short] = exact
+    rows = eval_batch_size(weights.numel(), weights.device)  # each exact draw holds (rows x catalogue) keys
+    for part in short.split(rows):
+        exact = _gumbel_draw(weights, seen[part], target[part], users[part], seed, stream, count)
+        negatives[part], valid[part] = exact
     return negatives, valid
 
 

@@ -1,7 +1,8 @@
 """What each model brings to the shared trainer: its config, its LightningModule and its validation metric.
 
 Batches are built on the module's device (``train.batches``, ``train.heldout.BagEpochs``), validation ranks
-every user there, and nothing in a training step waits for the host. Only the trainer imports this module,
+every user there, and nothing in a training step waits for the host; on one GPU a sequence model's step is a
+CUDA graph's replay (``train.graph_step``). Only the trainer imports this module,
 so that importing recserve needs no Lightning.
 """
 
@@ -21,7 +22,8 @@ from recserve.models.model_configs import Bert4RecConfig, MultVAEConfig, SASRecC
 from recserve.models.multvae import MultVAE
 from recserve.models.registry import model_entry
 from recserve.models.sasrec import dropout_for
-from recserve.train.batches import ClozeSettings, NextItemSettings, WindowEpochs
+from recserve.train.batches import ClozeSettings, NextItemSettings, PositionBatch, WindowEpochs
+from recserve.train.graph_step import GraphStep, ReplayedAdamW
 from recserve.train.heldout import FED_SHARE, BagEpochs, HeldOutSplit, evaluate_fold, split_heldout
 from recserve.train.leave_one_out import Ranker, history_counts
 from recserve.train.losses import CatalogueLoss
@@ -170,6 +172,9 @@ class SequenceModule(_DeviceBatchesModule):
         self.loss_settings = cfg.loss_settings.resolve(model_cfg.num_items)
         objective = cloze_loss if entry.task == "cloze" else next_item_loss
         self.step_loss = torch.compile(objective) if cfg.compile else objective
+        # one GPU: the whole step a CUDA graph (under DDP the gradients' all-reduce sits between its parts)
+        self.graphed = cfg.cuda_graphs and cfg.accelerator == "gpu" and cfg.devices == 1
+        self.graph_step: GraphStep | None = None
 
     def setup(self, stage: str) -> None:
         # with attributes, an item no training event holds is left out of every softmax: its ID row is never
@@ -212,8 +217,27 @@ class SequenceModule(_DeviceBatchesModule):
         return torch.utils.data.DataLoader([0], batch_size=None)  # one step that ranks every user
 
     def training_step(self, batch, _):
+        if self.graphed:  # the step's backward and update are the graph's: Lightning's closure runs it alone
+            if self.graph_step is None:
+                optimizer = cast(ReplayedAdamW, self.optimizers().optimizer)
+                self.graph_step = GraphStep(self._step_body, optimizer, (self.generator,))
+            self._add_loss(self.graph_step(batch))
+            return None
         negatives = self.catalogue_loss.draw(self.generator)  # outside the compiled step: it takes no generator
         return self._add_loss(self.step_loss(self.model, batch, self.catalogue_loss, negatives))
+
+    def _step_body(self, batch: PositionBatch) -> torch.Tensor:
+        """A graphed step's forward and backward: the autocast of Lightning's precision without its cache of
+        cast weights (a capture cannot keep them); returns the loss."""
+        cuda = self.device.type
+        autocast = torch.autocast(
+            cuda, torch.get_autocast_dtype(cuda), enabled=torch.is_autocast_enabled(cuda), cache_enabled=False
+        )
+        with autocast:
+            negatives = self.catalogue_loss.draw(self.generator)
+            loss = self.step_loss(self.model, batch, self.catalogue_loss, negatives)
+        loss.backward()
+        return loss.detach()
 
     def validation_step(self, _batch, _):
         """Each DDP rank ranks its share of the users; the metrics are the means over all of them."""
@@ -226,9 +250,14 @@ class SequenceModule(_DeviceBatchesModule):
         self._log_means(metrics, len(ranks), {"ndcg@10": True, "hr@10": True})
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(
-            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, **fused_on(self.device)
-        )
+        if self.graphed:
+            opt: torch.optim.Optimizer = ReplayedAdamW(
+                list(self.model.parameters()), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+            )
+        else:
+            opt = torch.optim.AdamW(
+                self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, **fused_on(self.device)
+            )
         return optimizer_with_schedule(opt, self.cfg, self.trainer.estimated_stepping_batches)
 
 

@@ -31,6 +31,7 @@ RESUMABLE = (
     "ddp_compress",
     "precision",
     "compile",
+    "cuda_graphs",
     "resume",
     "refit",  # a step after training: a finished run rerun with it refits, without it keeps the validated weights
 )

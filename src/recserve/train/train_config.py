@@ -138,6 +138,12 @@ class TrainConfig:
         "Lightning's per-step work dominates, 1.05x).",
         flags=("--compile",),
     )
+    cuda_graphs: bool = option(
+        True,
+        "On one GPU: BERT4Rec's and SASRec's training step (the negatives, forward, backward and AdamW's update) "
+        "captured as a CUDA graph and replayed, so that the GPU never waits for the host's launches; "
+        "--no-cuda-graphs steps eagerly.",
+    )
     ema_epochs: float = option(
         0.0,
         "BERT4Rec, SASRec: validate and keep a moving average of the weights over about this many epochs (an "

@@ -117,7 +117,12 @@ def train(
         "best_epoch": best_epoch,
         "budget_ended": (bool(cfg.max_minutes) and time.perf_counter() - started >= cfg.max_minutes * 60)
         or (bool(cfg.max_steps) and trainer.global_step >= cfg.max_steps),
-        "steps": {"per_epoch": steps_per_epoch, "trained": int(trainer.global_step), "patience_epochs": patience},
+        "steps": {
+            "per_epoch": steps_per_epoch,
+            "trained": int(trainer.global_step),
+            "patience_epochs": patience,
+            "cuda_graph": _graph_record(task.module),
+        },
         "speed": meter.summary(),
         "valid": {task.monitor.removeprefix("val_"): float(best.best_model_score or 0.0)} | task.protocol,
         "train": asdict(cfg)
@@ -142,6 +147,15 @@ def train(
     torch.save(weights, out_dir / WEIGHTS_FILE)
     plot_curves(out_dir / "logs" / "version_0" / "metrics.csv", out_dir / CURVES_FILE)
     return summary
+
+
+def _graph_record(module) -> dict | None:
+    """How a graphed module's steps ran (``train.graph_step``): replays of the captured step, eager steps (the
+    warm-up and each epoch's shorter last batch) and whether the capture failed; None where nothing is graphed."""
+    graph = getattr(module, "graph_step", None)
+    if graph is None:
+        return None
+    return {"replayed": graph.replays, "eager": graph.eager_steps, "capture_failed": graph.failed}
 
 
 def _epochs_from_one(label: str = "Epoch"):
@@ -276,6 +290,7 @@ def _quiet_lightning() -> None:
         ".*smaller than the logging interval.*",
         ".*does not have many workers.*",
         ".*sync_dist=True.*",  # every logged metric is reduced over the ranks before it is logged
+        ".*training_step. returned .None.*",  # a graphed step: its backward and update are the graph's
         ".*AccumulateGrad node's stream does not match.*",
     ):  # DDP keeps the graph's nodes alive
         warnings.filterwarnings("ignore", message=message)

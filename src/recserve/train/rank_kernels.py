@@ -1,0 +1,238 @@
+"""The ranking's count at catalogue scale as Triton kernels on a GPU: each batch's queries against the item
+table tile by tile, the bias added and every tile counted against each user's target score where it is made,
+so that no (users x catalogue) score is ever written to memory.
+
+The scores of named items (each target, the histories that are excluded, the sampled negatives) come from
+the same tile code (``_tile``) as the count's, with the same blocks and the same order of sums: a named item
+and the catalogue's copy of it have the same float32 bits, so a tie is decided alike wherever it is met (it
+counts against the target). The products run on tensor cores in three TF32 passes (``tf32x3``: float32 as a
+high and a low part, the low-by-low product dropped), about float32's accuracy at several times its speed.
+
+Used by ``leave_one_out.Ranker`` for a transformer's scores on a GPU where Triton imports; elsewhere (a CPU,
+a score function that is no transformer) the dense scores of ``leave_one_out`` are ranked instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+try:  # Triton ships with PyTorch's CUDA builds; a CPU install has none
+    import triton  # type: ignore[import-not-found, unused-ignore]
+    import triton.language as tl  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - the CPU test machines have no Triton
+    triton = None
+
+BLOCK = 128  # users and items a tile (both: a pair's score is the diagonal of a tile of the same shape)
+BLOCK_K = 32  # the hidden width a step of a tile's product
+PROGRAMS_PER_SM = 4  # the count's grid: about this many programs a multiprocessor, each a run of item tiles
+PRECISIONS = ("tf32x3", "ieee")  # the first that compiles is used (ieee: float32 products on CUDA cores)
+
+
+def available(device: torch.device) -> bool:
+    """True where the kernels run: a CUDA device, Triton importable and ``TileScores.enabled``."""
+    return TileScores.enabled and triton is not None and device.type == "cuda"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tile(
+        q_ptr,
+        e_ptr,
+        rows,
+        cols,
+        row_ok,
+        col_ok,
+        hidden,
+        q_stride,
+        e_stride,
+        BLOCK: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        """(BLOCK, BLOCK) float32 products of the query rows ``rows`` with the item rows ``cols``."""
+        acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < hidden
+            q = tl.load(q_ptr + rows[:, None] * q_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            e = tl.load(e_ptr + cols[:, None] * e_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(q, tl.trans(e), acc, input_precision=PRECISION)
+        return acc
+
+    @triton.jit
+    def _count_kernel(
+        q_ptr,
+        e_ptr,
+        bias_ptr,
+        target_ptr,
+        target_score_ptr,
+        above_ptr,
+        bad_ptr,
+        scores_ptr,
+        users,
+        items,
+        hidden,
+        q_stride,
+        e_stride,
+        mask_index,
+        items_per_program,
+        BLOCK: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+        WRITE_SCORES: tl.constexpr,
+    ):
+        """Program (m, n): users ``m * BLOCK`` on, items ``n * items_per_program`` on; adds to each user's
+        count the rankable items (not padding, the mask token or the target) scoring at least the target's
+        score, and flags a rankable item's NaN or infinite score. WRITE_SCORES (tests): every score too."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        row_ok = rows < users
+        target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+        target_score = tl.load(target_score_ptr + rows, mask=row_ok, other=float("inf"))
+        above = tl.zeros((BLOCK,), dtype=tl.int32)
+        bad = tl.zeros((BLOCK,), dtype=tl.int32)
+        first = tl.program_id(1) * items_per_program
+        for start in range(first, tl.minimum(first + items_per_program, items), BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            col_ok = cols < items
+            scores = _tile(
+                q_ptr, e_ptr, rows, cols, row_ok, col_ok, hidden, q_stride, e_stride, BLOCK, BLOCK_K, PRECISION
+            )
+            scores = scores + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
+            rankable = (col_ok & (cols != 0) & (cols != mask_index))[None, :] & row_ok[:, None]
+            counted = rankable & (cols[None, :] != target[:, None]) & (scores >= target_score[:, None])
+            above += tl.sum(counted.to(tl.int32), 1)
+            finite = (scores == scores) & (tl.abs(scores) != float("inf"))
+            bad = tl.maximum(bad, tl.max((rankable & ~finite).to(tl.int32), 1))
+            if WRITE_SCORES:
+                tl.store(
+                    scores_ptr + rows[:, None] * items + cols[None, :], scores, mask=row_ok[:, None] & col_ok[None, :]
+                )
+        tl.atomic_add(above_ptr + rows, above, mask=row_ok)
+        tl.atomic_max(bad_ptr + rows, bad, mask=row_ok)
+
+    @triton.jit
+    def _pair_kernel(
+        q_ptr,
+        e_ptr,
+        bias_ptr,
+        users_ptr,
+        items_ptr,
+        out_ptr,
+        pairs,
+        hidden,
+        q_stride,
+        e_stride,
+        BLOCK: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        """The score of ``BLOCK`` (user, item) pairs: the diagonal of their tile, as the count makes it."""
+        index = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = index < pairs
+        rows = tl.load(users_ptr + index, mask=ok, other=0)
+        cols = tl.load(items_ptr + index, mask=ok, other=0)
+        products = _tile(q_ptr, e_ptr, rows, cols, ok, ok, hidden, q_stride, e_stride, BLOCK, BLOCK_K, PRECISION)
+        diagonal = tl.arange(0, BLOCK)[:, None] == tl.arange(0, BLOCK)[None, :]
+        scores = tl.sum(tl.where(diagonal, products, 0.0), 1) + tl.load(bias_ptr + cols, mask=ok, other=0.0)
+        tl.store(out_ptr + index, scores, mask=ok)
+
+
+class TileScores:
+    """A batch's scores ``query @ table.T + bias`` that are never materialised: counted, or read at named items.
+
+    Args:
+        query: (B, H) the users' queries; table: (V, H) the item rows; bias: (V,) float32.
+    """
+
+    enabled = True  # False: the dense scores everywhere (for comparison)
+    precision: str | None = None  # the first of PRECISIONS that compiled here, once known
+
+    def __init__(self, query: torch.Tensor, table: torch.Tensor, bias: torch.Tensor):
+        self.query = query.float().contiguous()
+        self.table = table.float().contiguous()
+        self.bias = bias.float().contiguous()
+
+    def at(self, columns: torch.Tensor) -> torch.Tensor:
+        """(B, K) float32 scores of the items ``columns`` (B, K), each row's for its own user."""
+        users = torch.arange(columns.shape[0], device=columns.device)[:, None].expand_as(columns)
+        users, items = users.reshape(-1).contiguous(), columns.reshape(-1).contiguous()
+        out = torch.empty(items.shape, dtype=torch.float32, device=columns.device)
+        if items.numel():
+            self._launch(
+                lambda precision: _pair_kernel[(triton.cdiv(items.numel(), BLOCK),)](
+                    self.query,
+                    self.table,
+                    self.bias,
+                    users,
+                    items,
+                    out,
+                    items.numel(),
+                    self.query.shape[1],
+                    self.query.stride(0),
+                    self.table.stride(0),
+                    BLOCK=BLOCK,
+                    BLOCK_K=BLOCK_K,
+                    PRECISION=precision,
+                    num_warps=8,
+                )
+            )
+        return out.view(columns.shape)
+
+    def tally(self, target: torch.Tensor, mask_index: int, scores_out: torch.Tensor | None = None):
+        """``leave_one_out``'s tally: each target's score (B, 1), how many rankable items other than it score
+        at least as high (B,), and whether a rankable item scored NaN or +-inf (B,). ``scores_out`` (B, V)
+        float32, for tests: every score written there as the count met it."""
+        target_score = self.at(target[:, None])
+        users, items = self.query.shape[0], self.table.shape[0]
+        above = torch.zeros(users, dtype=torch.int32, device=target.device)
+        bad = torch.zeros(users, dtype=torch.int32, device=target.device)
+        user_blocks = triton.cdiv(users, BLOCK)
+        sms = torch.cuda.get_device_properties(target.device).multi_processor_count
+        splits = max(1, min(triton.cdiv(items, BLOCK), triton.cdiv(PROGRAMS_PER_SM * sms, user_blocks)))
+        per_program = triton.cdiv(triton.cdiv(items, splits), BLOCK) * BLOCK
+        self._launch(
+            lambda precision: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
+                self.query,
+                self.table,
+                self.bias,
+                target.contiguous(),
+                target_score.contiguous(),
+                above,
+                bad,
+                scores_out if scores_out is not None else above,
+                users,
+                items,
+                self.query.shape[1],
+                self.query.stride(0),
+                self.table.stride(0),
+                mask_index,
+                per_program,
+                BLOCK=BLOCK,
+                BLOCK_K=BLOCK_K,
+                PRECISION=precision,
+                WRITE_SCORES=scores_out is not None,
+                num_warps=8,
+            )
+        )
+        return target_score, above.long(), bad.bool()
+
+    def _launch(self, launch) -> None:
+        """Runs ``launch(precision)`` with the precision that compiles here (tf32x3, else float32's own)."""
+        if TileScores.precision is not None:
+            launch(TileScores.precision)
+            return
+        for precision in PRECISIONS:
+            try:
+                launch(precision)
+            except Exception as err:  # Triton's compile errors have no common base class
+                if precision == PRECISIONS[-1]:
+                    raise
+                log.warning("the ranking's products run without %s: %s", precision, err)
+                continue
+            TileScores.precision = precision
+            return
