@@ -47,9 +47,12 @@ class CatalogueLoss:
         counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
         counts[[PAD_INDEX, mask_index]] = 0
         self.left_out = None
+        # what no exact softmax holds, made here: a step captured as a CUDA graph copies nothing from the host
+        self.special = torch.tensor([PAD_INDEX, mask_index], device=device)
         if left_out is not None and left_out.any():
             self.left_out = torch.as_tensor(np.flatnonzero(left_out), device=device)
             counts[self.left_out] = 0
+            self.special = torch.cat([self.special, self.left_out])
         self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
         uniform = (counts > 0).float()
         self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
@@ -93,9 +96,7 @@ class CatalogueLoss:
         return self._full(query, table, bias, targets, exclude)
 
     def _full(self, query, table, bias, targets, exclude) -> torch.Tensor:
-        special = torch.tensor([PAD_INDEX, self.mask_index], device=query.device)
-        if self.left_out is not None:
-            special = torch.cat([special, self.left_out])
+        special = self.special
         if exclude is not None:  # (C, R): every listed item but the target (padding is out already)
             exclude = exclude.masked_fill(exclude == targets[:, None], PAD_INDEX)
         return _ExcludedCrossEntropy.apply(query, table, bias, targets, special, exclude, self.settings.smoothing)

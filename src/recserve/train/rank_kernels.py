@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - the CPU test machines have no Triton
 
 BLOCK = 128  # users and items a tile (both: a pair's score is the diagonal of a tile of the same shape)
 BLOCK_K = 32  # the hidden width a step of a tile's product
+NUM_WARPS, NUM_STAGES = 8, 3  # each program's warps and its loads' pipeline depth
 PROGRAMS_PER_SM = 4  # the count's grid: about this many programs a multiprocessor, each a run of item tiles
 PRECISIONS = ("tf32x3", "ieee")  # the first that compiles is used (ieee: float32 products on CUDA cores)
 
@@ -178,7 +179,8 @@ class TileScores:
                     BLOCK=BLOCK,
                     BLOCK_K=BLOCK_K,
                     PRECISION=precision,
-                    num_warps=8,
+                    num_warps=NUM_WARPS,
+                    num_stages=NUM_STAGES,
                 )
             )
         return out.view(columns.shape)
@@ -216,7 +218,8 @@ class TileScores:
                 BLOCK_K=BLOCK_K,
                 PRECISION=precision,
                 WRITE_SCORES=scores_out is not None,
-                num_warps=8,
+                num_warps=NUM_WARPS,
+                num_stages=NUM_STAGES,
             )
         )
         return target_score, above.long(), bad.bool()
