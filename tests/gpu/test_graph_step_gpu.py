@@ -22,9 +22,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ITEMS = 20_000
 
 
-def _training(captured: bool):
-    """A SASRec step as `recserve train` makes it on a GPU (sampled loss, bf16 autocast), in a GraphStep that
-    captures (``captured``) or steps eagerly throughout; its batches; the last negatives drawn."""
+def _training(captured: bool, compiled: bool = False):
+    """A SASRec step as `recserve train` makes it on a GPU (sampled loss, bf16 autocast, ``compiled`` as
+    --compile does), in a GraphStep that captures (``captured``) or steps eagerly throughout; its batches (each
+    input a view of one window tensor, as next_item_batch makes them); the last negatives drawn."""
+    objective = torch.compile(next_item_loss) if compiled else next_item_loss
     torch.manual_seed(0)
     seq = zipf_sequences(3_000, ITEMS, 30)
     cfg = SASRecConfig(num_items=ITEMS, window=50, dropout=0.0)
@@ -38,7 +40,7 @@ def _training(captured: bool):
     def body(batch):
         with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
             drawn["negatives"] = loss.draw(generator)
-            value = next_item_loss(model, batch, loss, drawn["negatives"])
+            value = objective(model, batch, loss, drawn["negatives"])
         value.backward()
         return value.detach()
 
@@ -47,13 +49,14 @@ def _training(captured: bool):
     return model, step, batches, drawn
 
 
-def test_replayed_steps_train_as_eager_steps_do():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_replayed_steps_train_as_eager_steps_do(compiled):
     """Seven full batches: three eager, then a capture and replays, against seven eager steps from the same
     start. The weights move alike (their difference a small share of how far each moved) and the losses
     agree; each replay draws new negatives (the generator registered with the graph)."""
     results = {}
     for captured in (True, False):
-        model, step, batches, drawn = _training(captured)
+        model, step, batches, drawn = _training(captured, compiled)
         start = [p.detach().clone() for p in model.parameters()]
         losses, negatives = [], []
         for batch, _ in zip(batches, range(7)):
@@ -89,6 +92,18 @@ def test_a_replayed_step_never_waits_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert step.replays == 5
+
+
+def test_a_step_that_cannot_be_captured_steps_eagerly(caplog):
+    """A step that reads the GPU from the host (here its loss, every step) cannot be captured: said once, and
+    training goes on eagerly, its generators drawing as before (a capture left unfinished had broken them)."""
+    model, step, batches, drawn = _training(True)
+    body = step.body
+    step.body = lambda batch: torch.as_tensor(float(body(batch)), device="cuda")
+    losses = [float(step(batch)) for batch, _ in zip(batches, range(WARM_UP_STEPS + 3))]
+    assert step.failed and step.replays == 0 and step.eager_steps == WARM_UP_STEPS + 3
+    assert "its CUDA graph capture failed" in caplog.text
+    assert losses[-1] < losses[0] and torch.rand(2, device="cuda").isfinite().all()
 
 
 @pytest.mark.parametrize("model", ["sasrec", "bert4rec"])

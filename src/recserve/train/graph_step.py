@@ -67,6 +67,9 @@ class GraphStep:
 
     def __call__(self, batch) -> torch.Tensor:
         """One step on ``batch``; returns its loss (a replay's is the graph's own tensor, valid until the next)."""
+        # every step's tensors contiguous (a batch's may be views): torch.compile then sees one layout, and a
+        # capture never meets a layout its warm-up did not compile for (a recompile in a capture ends it)
+        batch = replace(batch, **{f.name: getattr(batch, f.name).contiguous() for f in fields(batch)})
         if self.graph is not None and _shapes(batch) == _shapes(self.static):
             _copy_into(self.static, batch)
             self.graph.replay()
@@ -97,6 +100,10 @@ class GraphStep:
         for p in self.params():  # the backward in the graph then writes its gradients, never adds to them
             p.grad = None
         graph = torch.cuda.CUDAGraph()
+        # the generators a capture draws from (the default one for dropout): restored where the capture fails,
+        # as a capture left unfinished leaves them refusing every later draw
+        generators = (*self.generators, torch.cuda.default_generators[torch.cuda.current_device()])
+        states = [(g, g.clone_state()) for g in generators]
         try:
             for generator in self.generators:
                 graph.register_generator_state(generator)
@@ -107,6 +114,8 @@ class GraphStep:
         except Exception as err:  # a capture's errors have no common base class
             self.failed, self.static = True, None
             log.warning("the training step runs uncaptured (eager): its CUDA graph capture failed (%s)", err)
+            for generator, state in states:
+                generator.graphsafe_set_state(state)
             torch.cuda.synchronize()
             return None
         self.graph = graph
