@@ -95,7 +95,8 @@ def main() -> None:
         for way in args.ways.split(","):
             GpuFused.enabled, TileScores.enabled = WAYS[way]
             tiled = leave_one_out.counts_tiled(model, torch.device(args.device))
-            ranker.ranks(model, PROTOCOLS, (0, 2_000))  # warm-up (and on a GPU, compiling)
+            # warm-up: a whole ranking (on a GPU, compiling for each batch's shape: the full and the last)
+            ranker.ranks(model, PROTOCOLS)
             for budget in [None] if tiled else [int(b) for b in args.budgets.split(",")]:
                 if budget is not None:
                     leave_one_out.SCORES_PER_BATCH[torch.device(args.device).type] = 2**budget
