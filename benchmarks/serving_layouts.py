@@ -29,6 +29,7 @@ from recserve.bench.perf_analyzer import LoadLevel
 from recserve.bench.step_log import keep_step_summary
 from recserve.bench.sweep import sweep
 from recserve.bench.synthetic import make_random_run, synthetic_histories
+from recserve.host import describe
 from recserve.option_fields import add_arguments, from_arguments
 from recserve.pipeline import repository_from_run
 from recserve.serving.triton_repository.native_configs import RECSERVE_BACKEND
@@ -312,6 +313,7 @@ def main() -> None:
     per_variant = variant_ratios(rows, table, load.protocols()[0])
     result = {
         "gpu": gpu_name(),
+        "host": describe(gpu_name()),  # the server path's cost follows the host's CPU
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["benchmarks/serving_layouts.py", *sys.argv[1:]]),
         "model": f"BERT4Rec, {args.items:,} items, hidden 256, 2 layers, 4 heads, window 40, random weights",
