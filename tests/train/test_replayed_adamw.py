@@ -1,0 +1,86 @@
+"""The optimizer of a graphed step (``train.graph_step.ReplayedAdamW``), on the CPU: what Lightning calls does
+only what the graph leaves to it, the update is AdamW's own, and the schedule moves a learning rate the graph
+reads. The capture and replays themselves need a GPU (tests/gpu/test_graph_step_gpu.py)."""
+
+import io
+
+import torch
+
+from recserve.train.graph_step import ReplayedAdamW
+from recserve.train.schedule import cosine_with_warmup
+
+
+def _weights(seed: int = 0) -> list[torch.nn.Parameter]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(5, 3, generator=generator)), torch.nn.Parameter(torch.zeros(3))]
+
+
+def _gradients(weights, step: int) -> None:
+    for i, w in enumerate(weights):
+        w.grad = torch.full_like(w, 0.1 * (step + 1) * (i + 1))
+
+
+def test_lightnings_step_runs_the_closure_alone_and_the_update_is_adamws():
+    """``step(closure)`` (what Lightning calls) runs the closure and moves no weight, ``zero_grad`` keeps the
+    gradients (a replay writes over them); ``update`` moves the weights exactly as AdamW does."""
+    ours, theirs = _weights(), _weights()
+    replayed = ReplayedAdamW(ours, lr=0.01, weight_decay=0.1)
+    plain = torch.optim.AdamW(theirs, lr=0.01, weight_decay=0.1)
+    before = [w.detach().clone() for w in ours]
+    calls = []
+    _gradients(ours, 0)
+    assert replayed.step(lambda: calls.append("closure") or "loss") == "loss" and calls == ["closure"]
+    replayed.zero_grad()
+    assert all(torch.equal(w, b) for w, b in zip(ours, before)) and all(w.grad is not None for w in ours)
+    for step in range(3):
+        _gradients(ours, step)
+        _gradients(theirs, step)
+        replayed.update()
+        plain.step()
+    for w, v in zip(ours, theirs):
+        torch.testing.assert_close(w, v)
+
+
+def test_the_schedule_fills_the_learning_rate_the_graph_reads():
+    """The learning rate is one tensor for the run (a captured graph reads its memory); the cosine schedule
+    fills it in place with the warm-up's and the cosine's values, from a float base rate."""
+    weights = _weights()
+    optimizer = ReplayedAdamW(weights, lr=0.02)
+    rate = optimizer.param_groups[0]["lr"]
+    schedule = cosine_with_warmup(optimizer, total_steps=40)
+    assert isinstance(rate, torch.Tensor) and type(optimizer.param_groups[0]["initial_lr"]) is float
+    seen = [float(rate)]
+    for _ in range(39):
+        optimizer.step(optimizer.update)  # as Lightning steps it: its closure replays the graph, which updates
+        schedule.step()
+        assert optimizer.param_groups[0]["lr"] is rate
+        seen.append(float(rate))
+    warmup = 40 // 20
+    assert seen[0] == torch.tensor(0.02 * (1 / warmup)).item() and max(seen) <= 0.02 + 1e-9
+    assert seen[-1] < seen[20] < seen[warmup], "not a cosine down after the warm-up"
+
+
+def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():
+    """A checkpoint's state loaded into a fresh optimizer (a resumed run): the same next updates, the learning
+    rate still a tensor."""
+    first, second = _weights(), _weights()
+    running = ReplayedAdamW(first, lr=0.01)
+    for step in range(2):
+        _gradients(first, step)
+        running.update()
+    with torch.no_grad():
+        for w, v in zip(second, first):
+            w.copy_(v)
+    checkpoint = io.BytesIO()
+    torch.save(running.state_dict(), checkpoint)
+    checkpoint.seek(0)
+    resumed = ReplayedAdamW(second, lr=0.01)
+    resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
+    assert isinstance(resumed.param_groups[0]["lr"], torch.Tensor)
+    for step in range(2, 4):
+        _gradients(first, step)
+        _gradients(second, step)
+        running.update()
+        resumed.update()
+    for w, v in zip(first, second):
+        torch.testing.assert_close(w, v)
