@@ -58,6 +58,9 @@ def test_the_schedule_fills_the_learning_rate_the_graph_reads():
     warmup = 40 // 20
     assert seen[0] == torch.tensor(0.02 * (1 / warmup)).item() and max(seen) <= 0.02 + 1e-9
     assert seen[-1] < seen[20] < seen[warmup], "not a cosine down after the warm-up"
+    optimizer.param_groups[0]["lr"] = 0.005  # a schedule that sets a float (PyTorch before 2.6)
+    optimizer.step(optimizer.update)
+    assert optimizer.param_groups[0]["lr"] is rate and float(rate) == torch.tensor(0.005).item()
 
 
 def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():

@@ -35,9 +35,20 @@ class ReplayedAdamW(torch.optim.AdamW):
         super().__init__(params, lr=lr_tensor, fused=True, capturable=True, **kwargs)
         for group in self.param_groups:  # the schedule's base rate a float: its updates then never read the GPU
             group["initial_lr"] = float(lr)
+            group["lr_tensor"] = group["lr"]
 
     def step(self, closure: Callable | None = None):
+        for group in self.param_groups:
+            self._keep_rate_a_tensor(group)
         return closure() if closure is not None else None
+
+    def _keep_rate_a_tensor(self, group: dict) -> None:
+        """A schedule that sets a float learning rate (PyTorch before 2.6 assigns one): written into the group's
+        tensor, which the graph reads, and the tensor put back (a Python float: no read from the GPU)."""
+        rate = group["lr"]
+        if not isinstance(rate, torch.Tensor):
+            kept = group.setdefault("lr_tensor", torch.tensor(0.0, device=group["params"][0].device))
+            group["lr"] = kept.fill_(rate)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing: a replay writes the gradients over the last ones (``GraphStep`` zeroes them for an eager step)."""
@@ -103,8 +114,9 @@ class GraphStep:
         # the generators a capture draws from (the default one for dropout): restored where the capture fails,
         # as a capture left unfinished leaves them refusing every later draw
         generators = (*self.generators, torch.cuda.default_generators[torch.cuda.current_device()])
-        states = [(g, g.clone_state()) for g in generators]
+        states: list = []
         try:
+            states = [(g, g.clone_state()) for g in generators]
             for generator in self.generators:
                 graph.register_generator_state(generator)
             torch.cuda.synchronize()
