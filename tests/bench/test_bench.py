@@ -13,6 +13,8 @@ from recserve.bench.sweep import real_histories, sweep
 from recserve.bench.triton_trace import read_traces, trace_args
 from recserve.errors import ServingError
 
+TRACE_RATE = 20
+
 
 @pytest.fixture(scope="module")
 def summary(int_repo, ml100k_dir, tmp_path_factory):
@@ -29,7 +31,8 @@ def summary(int_repo, ml100k_dir, tmp_path_factory):
         histories,
         string_ids,
         repo=int_repo,
-        load=LoadSettings(measurement_ms=800, slo_p99_ms=1000, client_threads=2, trace_rate=3),
+        # one request in 20 traced, as docs/benchmarks.md advises: denser tracing fails a request now and then
+        load=LoadSettings(measurement_ms=800, slo_p99_ms=1000, client_threads=2, trace_rate=TRACE_RATE),
     )
     return out, result
 
@@ -100,8 +103,8 @@ def test_traced_requests_are_taken_apart_stage_by_stage(summary):
         if row["layout"] == "seed":  # an ensemble's request is traced model by model: not taken apart
             assert trace == {"traces": 0}, trace
             continue
-        # one request in 3 of those perf_analyzer sent in the window (its warm-up too)
-        assert 0.2 * row["throughput_rps"] * 0.8 / 3 < trace["traces"], (row["layout"], trace)
+        # one request in TRACE_RATE of those perf_analyzer sent in the window (its warm-up too)
+        assert 0.2 * row["throughput_rps"] * 0.8 / TRACE_RATE < trace["traces"], (row["layout"], trace)
         p50, tail = trace["p50_ms"], trace["slowest"]["mean_ms"]
         assert set(p50) == {"frontend", "queue", "input", "infer", "answer", "server"}
         assert all(v >= 0 for v in p50.values()) and 0 < p50["server"] <= trace["p99_ms"]["server"], trace
@@ -131,7 +134,7 @@ def test_the_floor_answers_every_request_beside_native_and_the_models_cost_reads
     int_repo, ml100k_dir, tmp_path
 ):
     """The floor (recserve's backend without a graph) swept beside native, untraced (Triton's traces of one
-    request in 3, the summary's, fail a request now and then under load): every request answered, native
+    request in 3 failed a request now and then under load): every request answered, native
     over floor in the ratios and the report."""
     histories, string_ids = real_histories(ml100k_dir)
     load = LoadSettings(measurement_ms=800, slo_p99_ms=1000, client_threads=2)
