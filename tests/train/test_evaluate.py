@@ -248,8 +248,8 @@ def test_a_user_short_of_negatives_ranks_among_the_ones_drawn_alone():
 
 def test_a_transformer_ranks_with_its_bias_kept_apart_exactly_as_with_its_scores():
     """A SASRec is ranked from its query's product with the item table and its bias, added only where read
-    (``bias_apart``): every protocol gives the ranks of its whole scores (``forward``), with a bias large
-    enough to move them, and ties planted by giving items the same vectors."""
+    (``batch_scores``' dense scores): every protocol gives the ranks of its whole scores (``forward``), with a
+    bias large enough to move them, and ties planted by giving items the same vectors."""
     from recserve.models import SASRec, SASRecConfig
 
     inputs, targets, popularity = _data()
