@@ -268,3 +268,19 @@ def test_a_transformer_ranks_with_its_bias_kept_apart_exactly_as_with_its_scores
     assert len(set(apart["full"].tolist())) > 20  # the ranks are spread, not all alike
     without_bias = ranker.ranks(lambda tokens: model(tokens) - model.out_bias)
     assert not np.array_equal(without_bias["full"], apart["full"])  # the bias does move them
+
+
+def test_the_ranking_kernels_take_only_a_table_their_offsets_reach(monkeypatch):
+    """Where the kernels could run (a GPU with Triton, stood in for here), a transformer whose item table holds
+    2^31 values or more is ranked from dense scores instead: the kernels' offsets are 32-bit."""
+    import dataclasses
+
+    import recserve.train.leave_one_out as leave_one_out
+    from recserve.models import SASRec, SASRecConfig
+
+    model = SASRec(SASRecConfig(num_items=100, window=5, hidden=64))
+    monkeypatch.setattr(leave_one_out, "available", lambda device: True)
+    assert leave_one_out.counts_tiled(model, torch.device("cuda"))
+    model.cfg = dataclasses.replace(model.cfg, num_items=2**31 // 64)
+    assert not leave_one_out.counts_tiled(model, torch.device("cuda"))
+    assert not leave_one_out.counts_tiled(lambda tokens: tokens, torch.device("cuda"))  # no transformer

@@ -65,8 +65,11 @@ def tiled_batch_size(model: ItemTransformer) -> int:
 
 
 def counts_tiled(score_fn: ScoreFn, device: torch.device) -> bool:
-    """Whether ``score_fn``'s batches are counted by the kernels (a transformer on a GPU with Triton)."""
-    return isinstance(score_fn, ItemTransformer) and GpuFused.enabled and available(device)
+    """Whether ``score_fn``'s batches are counted by the kernels: a transformer on a GPU with Triton, whose item
+    table the kernels' 32-bit offsets reach (fewer than 2^31 values: 8M items of 256)."""
+    if not (isinstance(score_fn, ItemTransformer) and GpuFused.enabled and available(device)):
+        return False
+    return score_fn.cfg.vocab_size * score_fn.cfg.hidden < 2**31
 
 
 class Ranker:
