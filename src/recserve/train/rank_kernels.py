@@ -6,7 +6,8 @@ The scores of named items (each target, the histories that are excluded, the sam
 the same tile code (``_tile``) as the count's, with the same blocks and the same order of sums: a named item
 and the catalogue's copy of it have the same float32 bits, so a tie is decided alike wherever it is met (it
 counts against the target). The products run on tensor cores in three TF32 passes (``tf32x3``: float32 as a
-high and a low part, the low-by-low product dropped), about float32's accuracy at several times its speed.
+high and a low part, the low-by-low product dropped), close to float32's accuracy at about twice the speed of
+float32 products on CUDA cores (benchmarks/rank_kernel_configs.py).
 
 Used by ``leave_one_out.Ranker`` for a transformer's scores on a GPU where Triton imports; elsewhere (a CPU,
 a score function that is no transformer) the dense scores of ``leave_one_out`` are ranked instead.
