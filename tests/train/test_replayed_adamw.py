@@ -20,6 +20,14 @@ def _gradients(weights, step: int) -> None:
         w.grad = torch.full_like(w, 0.1 * (step + 1) * (i + 1))
 
 
+def _train(steps: range, *runs) -> None:
+    """Each step's gradients given to each run (weights, update), then its update."""
+    for step in steps:
+        for weights, update in runs:
+            _gradients(weights, step)
+            update()
+
+
 def test_lightnings_step_runs_the_closure_alone_and_the_update_is_adamws():
     """``step(closure)`` (what Lightning calls) runs the closure and moves no weight, ``zero_grad`` keeps the
     gradients (a replay writes over them); ``update`` moves the weights exactly as AdamW does."""
@@ -32,11 +40,7 @@ def test_lightnings_step_runs_the_closure_alone_and_the_update_is_adamws():
     assert replayed.step(lambda: calls.append("closure") or "loss") == "loss" and calls == ["closure"]
     replayed.zero_grad()
     assert all(torch.equal(w, b) for w, b in zip(ours, before)) and all(w.grad is not None for w in ours)
-    for step in range(3):
-        _gradients(ours, step)
-        _gradients(theirs, step)
-        replayed.update()
-        plain.step()
+    _train(range(3), (ours, replayed.update), (theirs, plain.step))
     for w, v in zip(ours, theirs):
         torch.testing.assert_close(w, v)
 
@@ -68,9 +72,7 @@ def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():
     rate still a tensor."""
     first, second = _weights(), _weights()
     running = ReplayedAdamW(first, lr=0.01)
-    for step in range(2):
-        _gradients(first, step)
-        running.update()
+    _train(range(2), (first, running.update))
     with torch.no_grad():
         for w, v in zip(second, first):
             w.copy_(v)
@@ -80,10 +82,6 @@ def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():
     resumed = ReplayedAdamW(second, lr=0.01)
     resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
     assert isinstance(resumed.param_groups[0]["lr"], torch.Tensor)
-    for step in range(2, 4):
-        _gradients(first, step)
-        _gradients(second, step)
-        running.update()
-        resumed.update()
+    _train(range(2, 4), (first, running.update), (second, resumed.update))
     for w, v in zip(first, second):
         torch.testing.assert_close(w, v)

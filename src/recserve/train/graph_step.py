@@ -80,16 +80,14 @@ class GraphStep:
         """One step on ``batch``; returns its loss (a replay's is the graph's own tensor, valid until the next)."""
         # every step's tensors contiguous (a batch's may be views): torch.compile then sees one layout, and a
         # capture never meets a layout its warm-up did not compile for (a recompile in a capture ends it)
-        batch = replace(batch, **{f.name: getattr(batch, f.name).contiguous() for f in fields(batch)})
+        batch = _each(batch, torch.Tensor.contiguous)
+        if self.graph is None and not self.failed and self.eager_steps >= WARM_UP_STEPS:
+            self._capture(batch)
         if self.graph is not None and _shapes(batch) == _shapes(self.static):
             _copy_into(self.static, batch)
             self.graph.replay()
             self.replays += 1
             return cast(torch.Tensor, self.loss)
-        if self.graph is None and not self.failed and self.eager_steps >= WARM_UP_STEPS:
-            captured = self._capture(batch)
-            if captured is not None:
-                return captured
         return self._eager(batch)
 
     def _eager(self, batch) -> torch.Tensor:
@@ -104,10 +102,10 @@ class GraphStep:
         torch.cuda.current_stream().wait_stream(self.stream)
         return loss
 
-    def _capture(self, batch) -> torch.Tensor | None:
-        """Captures the step on a copy of ``batch`` and replays it once (the step of this batch); None where the
-        capture fails, said once."""
-        self.static = replace(batch, **{f.name: getattr(batch, f.name).clone() for f in fields(batch)})
+    def _capture(self, batch) -> None:
+        """Captures the step on a copy of ``batch`` (the capture runs nothing: the caller's replay is this batch's
+        step); where the capture fails, says so once and leaves the steps eager."""
+        self.static = _each(batch, torch.Tensor.clone)
         for p in self.params():  # the backward in the graph then writes its gradients, never adds to them
             p.grad = None
         graph = torch.cuda.CUDAGraph()
@@ -129,18 +127,20 @@ class GraphStep:
             for generator, state in states:
                 generator.graphsafe_set_state(state)
             torch.cuda.synchronize()
-            return None
+            return
         self.graph = graph
-        graph.replay()
-        self.replays += 1
-        return self.loss
 
     def params(self):
         return (p for group in self.optimizer.param_groups for p in group["params"])
 
 
-def _shapes(batch) -> tuple | None:
-    return None if batch is None else tuple(getattr(batch, f.name).shape for f in fields(batch))
+def _each(batch, change: Callable[[torch.Tensor], torch.Tensor]):
+    """``batch`` (a dataclass of tensors) with ``change`` made to each of its tensors."""
+    return replace(batch, **{f.name: change(getattr(batch, f.name)) for f in fields(batch)})
+
+
+def _shapes(batch) -> tuple:
+    return tuple(getattr(batch, f.name).shape for f in fields(batch))
 
 
 def _copy_into(static, batch) -> None:

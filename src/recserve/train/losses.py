@@ -46,13 +46,12 @@ class CatalogueLoss:
         self.settings, self.mask_index = settings, mask_index
         counts = torch.as_tensor(popularity, dtype=torch.float64, device=device) + 1.0  # +1: every item drawable
         counts[[PAD_INDEX, mask_index]] = 0
-        self.left_out = None
         # what no exact softmax holds, made here: a step captured as a CUDA graph copies nothing from the host
         self.special = torch.tensor([PAD_INDEX, mask_index], device=device)
         if left_out is not None and left_out.any():
-            self.left_out = torch.as_tensor(np.flatnonzero(left_out), device=device)
-            counts[self.left_out] = 0
-            self.special = torch.cat([self.special, self.left_out])
+            rows = torch.as_tensor(np.flatnonzero(left_out), device=device)
+            counts[rows] = 0
+            self.special = torch.cat([self.special, rows])
         self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
         uniform = (counts > 0).float()
         self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
