@@ -85,3 +85,26 @@ def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():
     _train(range(2, 4), (first, running.update), (second, resumed.update))
     for w, v in zip(first, second):
         torch.testing.assert_close(w, v)
+
+
+def test_an_eager_adamws_checkpoint_resumes_as_a_graphed_one():
+    """A run begun eagerly (an AdamW with a float learning rate, neither fused nor capturable) and resumed with
+    its steps graphed: the loaded groups keep the fused, capturable update and a learning-rate tensor (a capture
+    of the eager update would fail), and training goes on as the eager optimizer's would."""
+    first, second = _weights(), _weights()
+    eager = torch.optim.AdamW(first, lr=0.01)
+    _train(range(2), (first, eager.step))
+    with torch.no_grad():
+        for w, v in zip(second, first):
+            w.copy_(v)
+    checkpoint = io.BytesIO()
+    torch.save(eager.state_dict(), checkpoint)
+    checkpoint.seek(0)
+    resumed = ReplayedAdamW(second, lr=0.01)
+    resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
+    group = resumed.param_groups[0]
+    assert group["fused"] and group["capturable"] and isinstance(group["lr"], torch.Tensor)
+    assert group["lr"] is group["lr_tensor"] and float(group["lr"]) == torch.tensor(0.01).item()
+    _train(range(2, 4), (first, eager.step), (second, resumed.update))
+    for w, v in zip(first, second):
+        torch.testing.assert_close(w, v)

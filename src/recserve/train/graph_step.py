@@ -37,18 +37,21 @@ class ReplayedAdamW(torch.optim.AdamW):
             group["initial_lr"] = float(lr)
             group["lr_tensor"] = group["lr"]
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A checkpoint's state, an eager AdamW's too (a run begun eagerly and resumed with its steps graphed):
+        the groups keep this optimizer's fused, capturable update and a learning-rate tensor on the device, which
+        the loaded groups would otherwise replace."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["fused"] = group["capturable"] = True
+            rate = torch.as_tensor(group["lr"], dtype=torch.float32, device=group["params"][0].device)
+            group["lr"] = group["lr_tensor"] = rate
+
     def step(self, closure: Callable | None = None):
         for group in self.param_groups:
-            self._keep_rate_a_tensor(group)
+            if not isinstance(group["lr"], torch.Tensor):  # a schedule that sets a float (PyTorch before 2.6)
+                group["lr"] = group["lr_tensor"].fill_(group["lr"])  # into the tensor the graph reads: no GPU read
         return closure() if closure is not None else None
-
-    def _keep_rate_a_tensor(self, group: dict) -> None:
-        """A schedule that sets a float learning rate (PyTorch before 2.6 assigns one): written into the group's
-        tensor, which the graph reads, and the tensor put back (a Python float: no read from the GPU)."""
-        rate = group["lr"]
-        if not isinstance(rate, torch.Tensor):
-            kept = group.setdefault("lr_tensor", torch.tensor(0.0, device=group["params"][0].device))
-            group["lr"] = kept.fill_(rate)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing: a replay writes the gradients over the last ones (``GraphStep`` zeroes them for an eager step)."""
