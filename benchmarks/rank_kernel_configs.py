@@ -46,7 +46,7 @@ def main() -> None:
         default="128/32/8/3,128/64/8/3,128/32/4/3,128/64/4/3,128/32/8/4,128/64/8/2,64/32/4/3,64/64/4/3,64/64/4/4",
         help="BLOCK/BLOCK_K/warps/stages, comma-separated",
     )
-    parser.add_argument("--precisions", default="tf32x3,ieee")
+    parser.add_argument("--precisions", default="split,tf32x3,ieee")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     generator = torch.Generator("cuda").manual_seed(0)

@@ -154,7 +154,12 @@ def main() -> None:
     parser.add_argument(
         "--plain-kernels",
         action="store_true",
-        help="the sampled loss's blocks and the test ranking's count uncompiled (for comparison)",
+        help="the sampled loss's blocks and the test ranking's count uncompiled, no Triton kernels (for comparison)",
+    )
+    parser.add_argument(
+        "--no-pool-kernels",
+        action="store_true",
+        help="the sampled loss's log-sum-exp in compiled blocks that write the logits, not Triton kernels",
     )
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager steps, not a captured step's replays")
@@ -182,6 +187,10 @@ def main() -> None:
         from recserve.train.fused import GpuFused
 
         GpuFused.enabled = False
+    if args.plain_kernels or args.no_pool_kernels:
+        from recserve.train.pool_kernels import PoolKernels
+
+        PoolKernels.enabled = False
     work = Path(args.work or tempfile.mkdtemp(prefix="train-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
@@ -240,6 +249,7 @@ def main() -> None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         result["memory_cap_gb"], result["plain_kernels"], result["seed"] = args.memory_gb, args.plain_kernels, args.seed
+        result["pool_kernels"] = not (args.plain_kernels or args.no_pool_kernels)
         result["ema_epochs"], result["model_overrides"] = cfg.ema_epochs, overrides
         results.append(result)
         print(

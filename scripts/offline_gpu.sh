@@ -18,8 +18,9 @@
 #                                    video.txt, seeds 0-2 (BASE: options of every run, the model's too)
 #   scripts/offline_gpu.sh lean      there: the lean SASRec's speed and memory at 1M items, the ranking's
 #                                    speed, the served graph's batch-1 replay with relative positions
-#   scripts/offline_gpu.sh speed     there: the ranking by the kernels against dense scores, BERT4Rec and SASRec with and without the graphed step, the
-#                                    served graph's replay with LiGR blocks
+#   scripts/offline_gpu.sh speed     there (PARTS, default all): tests, the sampled loss's kernels against its
+#                                    blocks (pool), the ranking by the kernels against dense scores (rank), BERT4Rec
+#                                    and SASRec with and without the graphed step, the served graph's replay (graph)
 #   scripts/offline_gpu.sh sasrec    there (two GPUs): SASRec's settings, then SASRec with --devices 2
 # ddp, quality, candidates, lean, speed and sasrec carry .gpu-carry/ (wheels: polars for Python 3.12; ml100k, video: prepared folders).
 # Results go to $OUT. Each mode's set-up is the table SETUP at the end: a mode's function holds only its work.
@@ -297,11 +298,14 @@ cmd_lean() {
 # option (LiGR, lru). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
-  local parts=" ${PARTS:-tests rank bert4rec sasrec graph} "
+  local parts=" ${PARTS:-tests pool rank bert4rec sasrec graph} "
   if [[ $parts == *" tests "* ]]; then
     python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
       tests/gpu/test_sampled_loss_gpu.py tests/gpu/test_graph_step_gpu.py > "$out/tests.txt" 2>&1
     tail -n 5 "$out/tests.txt"
+  fi
+  if [[ $parts == *" pool "* ]]; then  # the sampled loss's log-sum-exp: kernels (POOL_CONFIGS too) against blocks
+    python3 benchmarks/pool_loss_speed.py --configs "${POOL_CONFIGS:-}" --out "$out/pool-loss.json" 2>&1 | tail -n 8
   fi
   if [[ $parts == *" rank "* ]]; then
     python3 benchmarks/rank_speed.py --budgets 29 --ways "${RANK_WAYS:-tiled,compiled}" --out "$out/rank-speed.json" \

@@ -1,5 +1,6 @@
-"""The sampled loss on a GPU (run on a GPU machine; skipped elsewhere): its torch.compile'd blocks give the
-losses and gradients of the plain blocks under bf16 autocast, as training runs them.
+"""The sampled loss on a GPU (run on a GPU machine; skipped elsewhere): its Triton kernels and its
+torch.compile'd blocks give the losses and gradients of the plain blocks under bf16 autocast, as training
+runs them.
 
 It needs nothing of the serving stack: on a GPU machine without tritonclient, run it with
 ``python -m pytest --noconftest tests/gpu/test_sampled_loss_gpu.py``.
@@ -12,16 +13,19 @@ import torch
 import recserve.train.losses as losses
 from recserve.train.fused import GpuFused
 from recserve.train.losses import CatalogueLoss
+from recserve.train.pool_kernels import PoolKernels
 from recserve.train.train_config import LossSettings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _step(
-    compiled: bool, monkeypatch, bf16: bool = True, no_sync: bool = False
+    compiled: bool, monkeypatch, bf16: bool = True, no_sync: bool = False, kernels: bool = False
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One sampled loss's forward and backward; ``no_sync``: with any host sync of the call an error."""
+    """One sampled loss's forward and backward; ``no_sync``: with any host sync of the call an error;
+    ``kernels``: the pool's Triton kernels (else its blocks, compiled or not)."""
     monkeypatch.setattr(GpuFused, "enabled", compiled)
+    monkeypatch.setattr(PoolKernels, "enabled", kernels)
     gen = torch.Generator("cuda").manual_seed(0)
     items, positions, rows, window = 200_000, 6_000, 128, 100
     query = torch.randn(positions, 64, device="cuda", generator=gen).requires_grad_()
@@ -45,11 +49,12 @@ def _step(
     return value.detach(), [t.grad for t in (query, table, bias)]
 
 
-def test_a_sampled_loss_step_never_waits_for_the_gpu(monkeypatch):
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "compiled-blocks"])
+def test_a_sampled_loss_step_never_waits_for_the_gpu(monkeypatch, kernels):
     """Forward and backward send nothing from the GPU to the host, so the host queues the next step's
     kernels while these run (``torch.unique``'s count of distinct pool items once made every step wait)."""
-    _step(True, monkeypatch)  # compiled once first (compiling reads the GPU)
-    _step(True, monkeypatch, no_sync=True)
+    _step(True, monkeypatch, kernels=kernels)  # compiled once first (compiling reads the GPU)
+    _step(True, monkeypatch, no_sync=True, kernels=kernels)
 
 
 def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
@@ -70,3 +75,69 @@ def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
     for name, compiled, plain in zip(("query", "table", "bias"), error(compiled_grads), error(plain_grads)):
         print(f"{name}: compiled {compiled:.4f}, plain {plain:.4f} relative error")
         assert compiled <= 2 * plain + 1e-3, name
+
+
+def test_the_pool_kernels_are_as_exact_as_the_plain_blocks_and_repeat_bit_for_bit(monkeypatch):
+    """The Triton kernels (no logit in memory) against the float32 computation: no farther from it than
+    twice the plain bf16 blocks' distance; and a second call gives the same bits (no atomics)."""
+    exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
+    plain_loss, plain_grads = _step(False, monkeypatch)
+    kernel_loss, kernel_grads = _step(False, monkeypatch, kernels=True)
+    torch.testing.assert_close(kernel_loss, exact_loss, rtol=1e-2, atol=1e-2)
+
+    def error(grads):
+        return [float((g.float() - e).norm() / e.norm()) for g, e in zip(grads, exact_grads)]
+
+    for name, kernel, plain in zip(("query", "table", "bias"), error(kernel_grads), error(plain_grads)):
+        print(f"{name}: kernels {kernel:.4f}, plain {plain:.4f} relative error")
+        assert kernel <= 2 * plain + 1e-3, name
+    again_loss, again_grads = _step(False, monkeypatch, kernels=True)
+    assert torch.equal(again_loss, kernel_loss)
+    for grad, again in zip(kernel_grads, again_grads):
+        assert torch.equal(grad, again)
+
+
+def test_the_pool_kernels_leave_out_what_the_blocks_leave_out(monkeypatch):
+    """Every mask the blocks apply, at shapes off the kernels' blocks: special items at -inf, seen items up to
+    each position's limit, each position's own target; the kernels no farther from the float32 blocks than
+    the bf16 blocks are (twice, plus a little). A pool that leaves every position nothing gives -inf and no
+    gradient at all (no NaN)."""
+    gen = torch.Generator("cuda").manual_seed(3)
+    positions, samples, window, pool_size, hidden = 333, 7, 30, 517, 40
+    query = torch.randn(positions, hidden, device="cuda", generator=gen)
+    vectors = torch.randn(pool_size, hidden, device="cuda", generator=gen) * 0.3
+    pool = torch.randint(2, 300, (pool_size,), device="cuda", generator=gen)
+    pool[:5] = 0  # padding in the pool: its bias -inf
+    bias = torch.randn(pool_size, device="cuda", generator=gen).masked_fill(pool == 0, float("-inf"))
+    targets = torch.randint(2, 300, (positions,), device="cuda", generator=gen)
+    history = torch.randint(0, 300, (samples, window), device="cuda", generator=gen)
+    history[0] = pool[:window]  # sample 0 has seen the pool's first items
+    seen = losses.first_columns(history, pool)
+    rows = torch.arange(positions, device="cuda") * samples // positions
+    limit = torch.randint(-1, window, (positions,), device="cuda", generator=gen).to(torch.int16)
+
+    def run(kernels: bool, items: torch.Tensor, wanted: torch.Tensor, bf16: bool = True):
+        monkeypatch.setattr(PoolKernels, "enabled", kernels)
+        leaves = [t.clone().requires_grad_() for t in (query, vectors, bias)]
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+            out = losses.pool_logsumexp(*leaves, items, wanted, seen, rows, limit)
+        out.where(out.isfinite(), 0.0).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    def distance(got, exact):
+        keep = exact.isfinite()
+        return float((got[keep].float() - exact[keep]).norm() / exact[keep].norm())
+
+    kernel, block, exact = run(True, pool, targets), run(False, pool, targets), run(False, pool, targets, bf16=False)
+    assert torch.equal(kernel[0].isneginf(), exact[0].isneginf())
+    assert exact[0].isfinite().sum() > positions // 2 and exact[0].isneginf().sum() == 0
+    for name, got, plain, want in zip(("lse", "query", "vectors", "bias"), kernel, block, exact):
+        assert got.isfinite().all() or name == "lse", name
+        print(f"{name}: kernels {distance(got, want):.5f}, blocks {distance(plain, want):.5f}")
+        assert distance(got, want) <= 2 * distance(plain, want) + 1e-3, name
+    lone = pool.clone()
+    lone[5:] = 7  # padding and every position's own target alone: nothing left
+    nothing = run(True, lone, torch.full_like(targets, 7))
+    assert nothing[0].isneginf().all()
+    for grad in nothing[1:]:
+        assert torch.equal(grad, torch.zeros_like(grad))

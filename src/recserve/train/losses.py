@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from recserve.constants import PAD_INDEX
 from recserve.errors import ConfigError
+from recserve.train import pool_kernels
 from recserve.train.fused import GpuFused
 from recserve.train.train_config import LossSettings
 
@@ -160,12 +161,17 @@ def pool_logsumexp(query, vectors, bias, pool, targets, seen, rows, limit) -> to
     """(C,) float32 log-sum-exp of each position's pool logits ``query @ vectors.T + bias``, leaving out the
     pool items that position has seen (``seen[rows[c], s] <= limit[c]``) and its own target.
 
-    Computed in blocks of positions, forward and backward (which recomputes each block's logits), so
-    that no (positions x pool) tensor exceeds ``POOL_CHUNK_ELEMENTS``; a position with nothing left
-    gets -inf (its loss is then 0).
+    Under a 16-bit autocast on a GPU with Triton, by ``pool_kernels`` (no logit in memory); elsewhere in
+    blocks of positions, forward and backward (which recomputes each block's logits), so that no (positions
+    x pool) tensor exceeds ``POOL_CHUNK_ELEMENTS``. A position with nothing left gets -inf (its loss is then 0).
     """
     dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else None
-    return _PoolLogSumExp.apply(query, vectors, bias, pool, targets, seen, rows, limit.to(seen.dtype), dtype)
+    limit = limit.to(seen.dtype)
+    if pool_kernels.usable(query, dtype):  # no (positions x pool) logit in memory: Triton kernels
+        return pool_kernels.pool_logsumexp(
+            query, vectors, bias, pool, targets, seen, rows, limit, pool_kernels.DOT_DTYPES[dtype]
+        )
+    return _PoolLogSumExp.apply(query, vectors, bias, pool, targets, seen, rows, limit, dtype)
 
 
 def _block_logits(query, vectors, bias, pool, targets, seen, rows, limit) -> torch.Tensor:

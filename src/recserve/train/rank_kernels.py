@@ -5,9 +5,9 @@ so that no (users x catalogue) score is ever written to memory.
 The scores of named items (each target, the histories that are excluded, the sampled negatives) come from
 the same tile code (``_tile``) as the count's, with the same blocks and the same order of sums: a named item
 and the catalogue's copy of it have the same float32 bits, so a tie is decided alike wherever it is met (it
-counts against the target). The products run on tensor cores in three TF32 passes (``tf32x3``: float32 as a
-high and a low part, the low-by-low product dropped), close to float32's accuracy at about twice the speed of
-float32 products on CUDA cores (benchmarks/rank_kernel_configs.py).
+counts against the target). The products run on tensor cores in three TF32 passes (float32 as a high and a
+low part, made once a batch; the low-by-low product dropped), close to float32's accuracy at about twice the
+speed of float32 products on CUDA cores (benchmarks/rank_kernel_configs.py).
 
 Used by ``leave_one_out.Ranker`` for a transformer's scores on a GPU where Triton imports; elsewhere (a CPU,
 a score function that is no transformer) the dense scores of ``leave_one_out`` are ranked instead.
@@ -31,7 +31,10 @@ BLOCK = 128  # users and items a tile (both: a pair's score is the diagonal of a
 BLOCK_K = 32  # the hidden width a step of a tile's product
 NUM_WARPS, NUM_STAGES = 8, 3  # each program's warps and its loads' pipeline depth
 PROGRAMS_PER_SM = 4  # the count's grid: about this many programs a multiprocessor, each a run of item tiles
-PRECISIONS = ("tf32x3", "ieee")  # the first that compiles is used (ieee: float32 products on CUDA cores)
+# the first that compiles is used. split: three TF32 products of high and low parts made once a batch
+# (``split_tf32``); tf32x3: the same, Triton's, which splits both operands again in every tile; ieee: float32
+# products on CUDA cores (benchmarks/rank_kernel_configs.py compares them)
+PRECISIONS = ("split", "tf32x3", "ieee")
 
 
 def available(device: torch.device) -> bool:
@@ -45,6 +48,8 @@ if triton is not None:
     def _tile(
         q_ptr,
         e_ptr,
+        q_low_ptr,
+        e_low_ptr,
         rows,
         cols,
         row_ok,
@@ -56,20 +61,34 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        """(BLOCK, BLOCK) float32 products of the query rows ``rows`` with the item rows ``cols``."""
+        """(BLOCK, BLOCK) float32 products of the query rows ``rows`` with the item rows ``cols``. Under
+        "split" the operands come as high and low parts made beforehand (``split_tf32``): three TF32 products
+        of parts read from memory, the low-by-low one dropped."""
         acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < hidden
-            q = tl.load(q_ptr + rows[:, None] * q_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            e = tl.load(e_ptr + cols[:, None] * e_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(q, tl.trans(e), acc, input_precision=PRECISION)
+            q_at = rows[:, None] * q_stride + ks[None, :]
+            e_at = cols[:, None] * e_stride + ks[None, :]
+            q_mask, e_mask = row_ok[:, None] & k_ok[None, :], col_ok[:, None] & k_ok[None, :]
+            q = tl.load(q_ptr + q_at, mask=q_mask, other=0.0)
+            e = tl.load(e_ptr + e_at, mask=e_mask, other=0.0)
+            if PRECISION == "split":
+                q_low = tl.load(q_low_ptr + q_at, mask=q_mask, other=0.0)
+                e_low = tl.load(e_low_ptr + e_at, mask=e_mask, other=0.0)
+                acc = tl.dot(q_low, tl.trans(e), acc, input_precision="tf32")
+                acc = tl.dot(q, tl.trans(e_low), acc, input_precision="tf32")
+                acc = tl.dot(q, tl.trans(e), acc, input_precision="tf32")
+            else:
+                acc = tl.dot(q, tl.trans(e), acc, input_precision=PRECISION)
         return acc
 
     @triton.jit
     def _count_kernel(
         q_ptr,
         e_ptr,
+        q_low_ptr,
+        e_low_ptr,
         bias_ptr,
         target_ptr,
         target_score_ptr,
@@ -93,7 +112,7 @@ if triton is not None:
         score, and flags a rankable item's NaN or infinite score. WRITE_SCORES (tests): every score too."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < users
-        target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+        target = tl.load(target_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # a tile's compares in 32 bits
         target_score = tl.load(target_score_ptr + rows, mask=row_ok, other=float("inf"))
         above = tl.zeros((BLOCK,), dtype=tl.int32)
         bad = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -102,7 +121,20 @@ if triton is not None:
             cols = start + tl.arange(0, BLOCK)
             col_ok = cols < items
             scores = _tile(
-                q_ptr, e_ptr, rows, cols, row_ok, col_ok, hidden, q_stride, e_stride, BLOCK, BLOCK_K, PRECISION
+                q_ptr,
+                e_ptr,
+                q_low_ptr,
+                e_low_ptr,
+                rows,
+                cols,
+                row_ok,
+                col_ok,
+                hidden,
+                q_stride,
+                e_stride,
+                BLOCK,
+                BLOCK_K,
+                PRECISION,
             )
             scores = scores + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
             rankable = (col_ok & (cols != 0) & (cols != mask_index))[None, :] & row_ok[:, None]
@@ -121,6 +153,8 @@ if triton is not None:
     def _pair_kernel(
         q_ptr,
         e_ptr,
+        q_low_ptr,
+        e_low_ptr,
         bias_ptr,
         users_ptr,
         items_ptr,
@@ -138,10 +172,32 @@ if triton is not None:
         ok = index < pairs
         rows = tl.load(users_ptr + index, mask=ok, other=0)
         cols = tl.load(items_ptr + index, mask=ok, other=0)
-        products = _tile(q_ptr, e_ptr, rows, cols, ok, ok, hidden, q_stride, e_stride, BLOCK, BLOCK_K, PRECISION)
+        products = _tile(
+            q_ptr,
+            e_ptr,
+            q_low_ptr,
+            e_low_ptr,
+            rows,
+            cols,
+            ok,
+            ok,
+            hidden,
+            q_stride,
+            e_stride,
+            BLOCK,
+            BLOCK_K,
+            PRECISION,
+        )
         diagonal = tl.arange(0, BLOCK)[:, None] == tl.arange(0, BLOCK)[None, :]
         scores = tl.sum(tl.where(diagonal, products, 0.0), 1) + tl.load(bias_ptr + cols, mask=ok, other=0.0)
         tl.store(out_ptr + index, scores, mask=ok)
+
+
+def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``x`` as a high part that TF32 holds exactly (its low 13 mantissa bits cleared) and the rest,
+    ``x - high`` (exact in float32)."""
+    high = (x.view(torch.int32) & -(1 << 13)).view(torch.float32)
+    return high, x - high
 
 
 class TileScores:
@@ -158,6 +214,7 @@ class TileScores:
         self.query = query.float().contiguous()
         self.table = table.float().contiguous()
         self.bias = bias.float().contiguous()
+        self._split: tuple[torch.Tensor, ...] | None = None
 
     def at(self, columns: torch.Tensor) -> torch.Tensor:
         """(B, K) float32 scores of the items ``columns`` (B, K), each row's for its own user."""
@@ -167,8 +224,7 @@ class TileScores:
         if items.numel():
             self._launch(
                 lambda precision: _pair_kernel[(triton.cdiv(items.numel(), BLOCK),)](
-                    self.query,
-                    self.table,
+                    *self._operands(precision),
                     self.bias,
                     users,
                     items,
@@ -200,8 +256,7 @@ class TileScores:
         per_program = triton.cdiv(triton.cdiv(items, splits), BLOCK) * BLOCK
         self._launch(
             lambda precision: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
-                self.query,
-                self.table,
+                *self._operands(precision),
                 self.bias,
                 target.contiguous(),
                 target_score.contiguous(),
@@ -225,8 +280,17 @@ class TileScores:
         )
         return target_score, above.long(), bad.bool()
 
+    def _operands(self, precision: str) -> tuple[torch.Tensor, ...]:
+        """The query and the table, then their low parts (their own selves but under "split")."""
+        if precision != "split":
+            return self.query, self.table, self.query, self.table
+        if self._split is None:
+            (q_high, q_low), (e_high, e_low) = split_tf32(self.query), split_tf32(self.table)
+            self._split = (q_high, e_high, q_low, e_low)
+        return self._split
+
     def _launch(self, launch) -> None:
-        """Runs ``launch(precision)`` with the precision that compiles here (tf32x3, else float32's own)."""
+        """Runs ``launch(precision)`` with the first of ``PRECISIONS`` that compiles here."""
         if TileScores.precision is not None:
             launch(TileScores.precision)
             return
