@@ -139,6 +139,26 @@ def test_sampled_loss_with_log_q_correction_estimates_the_full_loss(name, exclud
     torch.testing.assert_close(estimate, _reference(*problem, exclude_seen), rtol=0.03, atol=0.03)
 
 
+@pytest.mark.parametrize("name", ["sampled-uniform", "sampled-popularity"])
+def test_the_negatives_follow_their_weights_and_a_seed_repeats_them(name):
+    """200,000 draws: each item's count within 5 standard deviations of its weight's share; padding, the mask
+    token and a left-out item never drawn; the same seed the same draws, another seed others."""
+    counts = np.arange(N + 2, dtype=np.float64) ** 2  # popularity rising with the index
+    left_out = np.zeros(N + 2, dtype=bool)
+    left_out[N] = True  # the most popular item, left out of every softmax
+    loss = CatalogueLoss(LossSettings(name, negatives=200_000), counts, MASK, left_out=left_out)
+    drawn = loss.draw(torch.Generator().manual_seed(3))
+    weights = counts + 1.0 if name == "sampled-popularity" else np.ones(N + 2)
+    weights[[PAD_INDEX, MASK, N]] = 0.0
+    share = weights / weights.sum()
+    seen = np.bincount(drawn.numpy(), minlength=N + 2)
+    assert seen[[PAD_INDEX, MASK, N]].sum() == 0
+    spread = np.sqrt(200_000 * share * (1 - share))
+    assert np.all(np.abs(seen - 200_000 * share) <= 5 * spread + 1e-9)
+    assert torch.equal(drawn, loss.draw(torch.Generator().manual_seed(3)))
+    assert not torch.equal(drawn, loss.draw(torch.Generator().manual_seed(4)))
+
+
 def test_without_log_q_correction_the_sampled_loss_would_be_far_off():
     """The correction matters: the same pool scored without it misses the full loss by far."""
     problem = _problem()

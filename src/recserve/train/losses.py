@@ -54,8 +54,13 @@ class CatalogueLoss:
             counts[rows] = 0
             self.special = torch.cat([self.special, rows])
         self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
-        uniform = (counts > 0).float()
-        self.p_draw = self.p_popular if settings.name == "sampled-popularity" else uniform / uniform.sum()
+        weights = counts if settings.name == "sampled-popularity" else (counts > 0).double()
+        self.p_draw = (weights / weights.sum()).float()
+        # the draws' cumulative weights, summed once on the host in float64: CUDA's multinomial sums them anew
+        # on every call in an order that varies, so that a seeded generator did not repeat its draws
+        cumulative = weights.cpu().cumsum(0)
+        self.cdf, self.cdf_total = cumulative.to(device), float(cumulative[-1])
+        self.last_drawable = int(weights.nonzero().max())
 
     def __call__(
         self,
@@ -108,7 +113,11 @@ class CatalogueLoss:
         would split the step's graph where one is used."""
         if self.settings.name == "full":
             return None
-        return torch.multinomial(self.p_draw, self.settings.negatives, replacement=True, generator=generator)
+        # by the inverse of the cumulative weights: each uniform lands on the item whose share of [0, total)
+        # holds it, so an item of weight 0 (padding, the mask token, a left-out item) is never drawn
+        uniform = torch.rand(self.settings.negatives, dtype=torch.float64, device=self.cdf.device, generator=generator)
+        # a product that rounds up to the total itself (odds 2^-53) would land past the end
+        return torch.searchsorted(self.cdf, uniform * self.cdf_total, right=True).clamp_(max=self.last_drawable)
 
     def _sampled(self, query, table, bias, targets, exclude, rows, upto, drawn) -> torch.Tensor:
         in_batch = targets[: self.settings.negatives]
