@@ -158,7 +158,7 @@ def test_step_summary_s_makes_each_instance_log_its_batches_steps(two_runtimes, 
             continue
         assert len(lines) == 1, lines  # the first batch's; the next come a period on
         steps = lines[0].split("p50/p99/max: ")[1].rstrip('"').split(", ")
-        assert [step.split(" ")[0] for step in steps] == ["requests", "store", "inputs", "graph", "answers"]
+        assert [step.split(" ")[0] for step in steps] == ["requests", "store", "parse", "inputs", "graph", "answers"]
         times = {name: [float(t) for t in value.split("/")] for name, value in (s.split(" ") for s in steps)}
         assert all(0 <= p50 <= p99 <= top for p50, p99, top in times.values())
         assert times["graph"][0] > 0 and "recserve backend: native_recserve" in lines[0] and "batches 1 in" in lines[0]

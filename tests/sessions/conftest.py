@@ -45,6 +45,9 @@ def write_session_repository(layout: str, eager_export, torchscript_export, repo
         require_native("recserve")
         export, layouts = torchscript_export, ("native", "native_session")
     settings = RepositorySettings(
-        max_queue_delay_microseconds=2000, session_store=str(store), native_runtime="recserve"
+        max_queue_delay_microseconds=2000,
+        session_store=str(store),
+        native_runtime="recserve",
+        step_summary_s=600 if layout == "native_session" else 0,  # the first batch's steps, logged
     )
     write_repository(export, repo, layouts, settings)

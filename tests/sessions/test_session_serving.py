@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from recserve.bench.step_log import read_step_lines
 from recserve.client import RecommenderClient
 from recserve.client.triton import SessionStoreError
 from recserve.constants import HISTORY_FROM_REQUEST, HISTORY_FROM_STORE, NATIVE_SESSION_MODEL, SESSION_MODEL
@@ -80,6 +81,28 @@ def test_a_sessions_answer_is_its_historys_and_an_event_shows_in_the_next_answer
         new = client.recommend_session("nobody-yet", k=5)  # an unknown session: the popular items
         assert new.history_length == 0 and len(new.item_ids) == 5
         np.testing.assert_array_equal(new.item_ids, client.recommend([], k=5).item_ids)
+
+
+def test_recserves_backend_times_the_stores_round_trip_apart_from_parsing_its_replies(session_stack):
+    """The step summary of the model by session on recserve's backend: the store's round trip (``store``) and
+    the reading of its replies into the batch's rows (``parse``) as two steps; the round trip takes time on
+    any batch that asked the store. The python model by session logs no steps."""
+    server, store_dir, _, layout = session_stack
+    with SessionStore(embedded_store.settings_of(store_dir)) as store:
+        store.append([Event("timed-shopper", item) for item in (50, 172, 133)])
+    with Session(server.grpc_url, layout) as client:
+        assert client.recommend_session("timed-shopper", k=5).history_length == 3
+    lines = [
+        line
+        for line in read_step_lines(server.log_path.read_text())
+        if line["instance"].startswith(NATIVE_SESSION_MODEL)
+    ]
+    if layout != "native_session":
+        assert not lines
+        return
+    assert lines, "no step summary of the model by session"
+    assert list(lines[0]["steps"]) == ["requests", "store", "parse", "inputs", "graph", "answers"]
+    assert lines[0]["steps"]["store"][0] > 0
 
 
 def test_requests_that_carry_item_ids_keep_working_exactly_as_today(session_stack):

@@ -462,10 +462,12 @@ ModelState::ReadRules()
   return nullptr;
 }
 
-// The steps of a batch, timed: its requests read and staged, the store's round trips (sessions, hidden items),
-// the graph's inputs copied, the graph run (on a GPU: replayed and waited for), the answers sent.
-enum BatchStep { kStepRequests, kStepStore, kStepInputs, kStepGraph, kStepAnswers, kBatchSteps };
-const char* const kBatchStepNames[kBatchSteps] = {"requests", "store", "inputs", "graph", "answers"};
+// The steps of a batch, timed: its requests read and staged, the store's round trips (sessions, hidden items:
+// commands sent, replies awaited and decoded by hiredis), the sessions' replies parsed into item IDs and copied
+// into the batch's rows, the graph's inputs copied, the graph run (on a GPU: replayed and waited for), the
+// answers sent.
+enum BatchStep { kStepRequests, kStepStore, kStepParse, kStepInputs, kStepGraph, kStepAnswers, kBatchSteps };
+const char* const kBatchStepNames[kBatchSteps] = {"requests", "store", "parse", "inputs", "graph", "answers"};
 // Each batch's time in each step, summarised in the log every `period_s` seconds (parameter step_summary_s; 0:
 // never, nothing kept): the median, the 99th percentile and the largest of each step, so that what makes the
 // slow batches slow shows (Triton's own statistics give means of three steps).
@@ -489,6 +491,14 @@ class StepClock {
     const double now = Now();
     spent_[step] += now - last_;
     last_ = now;
+  }
+  void Move(BatchStep from, BatchStep to, double seconds)  // time a step's mark took in that was another's
+  {
+    if (!On()) {
+      return;
+    }
+    spent_[from] -= seconds;
+    spent_[to] += seconds;
   }
   // The batch's times kept; a summary line after the first batch and once a period has passed, "" otherwise.
   std::string EndBatch(bool ruled)
@@ -1277,12 +1287,15 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
   const int64_t count = std::min<int64_t>(length, model_->Store().window);
   std::vector<std::vector<int64_t>> histories;
   int64_t version = hidden_version_;  // the hidden items' version, read in the same round trip under rules
-  const std::string problem =
-      store_->AppendAndRead(
-          batch.sessions, batch.events, batch.event_ids, count, &histories, model_->Rules() ? &version : nullptr);
+  double parse_s = 0.0;
+  const std::string problem = store_->AppendAndRead(
+      batch.sessions, batch.events, batch.event_ids, count, &histories, model_->Rules() ? &version : nullptr,
+      clock_.On() ? &parse_s : nullptr);
   if (model_->Rules()) {
     RefreshHidden(version);
   }
+  clock_.Mark(kStepStore);
+  clock_.Move(kStepStore, kStepParse, parse_s);
   const int32_t source = problem.empty() ? 0 : 1;
   if (!problem.empty()) {
     LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: " + problem).c_str());
@@ -1307,6 +1320,7 @@ ModelInstanceState::StageHistories(const SessionRows& batch, std::vector<Slot>* 
     sources[r] = source;
     lengths[r] = static_cast<int32_t>(kept);
   }
+  clock_.Mark(kStepParse);
 }
 
 void
@@ -1576,7 +1590,7 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     catch (const std::exception& ex) {
       failure = std::string("recserve backend: reading the sessions failed: ") + ex.what();
     }
-    clock_.Mark(kStepStore);
+    clock_.Mark(kStepParse);  // after a failure: its remains (StageHistories marks its own steps)
   }
   if (rows > 0 && failure.empty()) {
     try {

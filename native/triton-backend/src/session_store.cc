@@ -475,7 +475,7 @@ std::string
 SessionStore::RoundTrip(
     const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
     const std::vector<std::vector<std::string>>& event_ids, int64_t count,
-    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable)
+    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable, double* parse_s)
 {
   *retryable = false;
   const double deadline = Monotonic() + s_.timeout_s;  // one deadline for the whole call, not one a reply
@@ -582,11 +582,15 @@ SessionStore::RoundTrip(
         continue;  // a key the store cannot read as a session (WRONGTYPE): that row's loss alone, empty
       }
       std::vector<int64_t>& history = (*histories)[row];
+      const double parsing = parse_s != nullptr ? Monotonic() : 0.0;  // no clock read where nobody asks
       for (size_t e = 0; e < reply->elements; ++e) {
         int64_t id;
         if (MemberItem(reply->element[e], &id)) {
           history.push_back(id);
         }
+      }
+      if (parse_s != nullptr) {
+        *parse_s += Monotonic() - parsing;
       }
     }
   }
@@ -600,7 +604,7 @@ std::string
 SessionStore::AppendAndRead(
     const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
     const std::vector<std::vector<std::string>>& event_ids, int64_t count,
-    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version)
+    std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, double* parse_s)
 {
   // one retry at most, on a fresh connection, and only where an old one was found closed before any answer
   // (as a restarted store leaves it): a call the store answered in part, or was slow to, is not sent twice
@@ -613,7 +617,11 @@ SessionStore::AppendAndRead(
       }
     }
     bool retryable = false;
-    std::string problem = RoundTrip(sessions, events, event_ids, count, histories, hidden_version, &retryable);
+    if (parse_s != nullptr) {
+      *parse_s = 0.0;  // a retry's parsing alone: the first try's replies are dropped with it
+    }
+    std::string problem =
+        RoundTrip(sessions, events, event_ids, count, histories, hidden_version, &retryable, parse_s);
     if (problem.empty() || !retryable || fresh) {
       return problem;
     }

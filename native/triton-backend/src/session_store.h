@@ -68,11 +68,12 @@ class SessionStore {
   // store did not answer it).
   // `event_ids[i][e]`: the client's ID of events[i][e] (the member "ID ITEM", which ZADD NX stores once
   // however often it is sent), "" or absent for one of the batch's own. `count` 0: the append alone, nothing
-  // read (the events-only model's).
+  // read (the events-only model's). `parse_s`, where given: the seconds spent reading the replies' members into
+  // item IDs (the rest of the call is the round trip itself: commands sent, replies awaited and decoded).
   std::string AppendAndRead(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
       const std::vector<std::vector<std::string>>& event_ids, int64_t count,
-      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version = nullptr);
+      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version = nullptr, double* parse_s = nullptr);
 
   // What a read of the items hidden catalogue-wide found: the whole set, or the changes after an entry.
   struct HiddenRead {
@@ -107,7 +108,7 @@ class SessionStore {
   std::string RoundTrip(
       const std::vector<std::string>& sessions, const std::vector<std::vector<int64_t>>& events,
       const std::vector<std::vector<std::string>>& event_ids, int64_t count,
-      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable);
+      std::vector<std::vector<int64_t>>* histories, int64_t* hidden_version, bool* retryable, double* parse_s);
   void Drop();
   // The most elements a reply of ours may hold: a read's window or a transaction's commands (a session
   // written past any sense is refused, not read); the hidden items' read alone lifts it.
