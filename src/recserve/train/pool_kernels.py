@@ -59,18 +59,13 @@ def _config(hidden: int) -> tuple[int, int, int, int, int]:
 if triton is not None:
 
     @triton.jit
-    def _masked(logits, bias, item, seen, limit, target):
-        """A tile's logits (BC, BS) float32 plus the bias, -inf where the position leaves the item out."""
-        drop = (seen.to(tl.int32) <= limit[:, None]) | (item[None, :] == target[:, None])
-        return tl.where(drop, float("-inf"), logits + bias[None, :])
-
-    @triton.jit
-    def _positions(rows_ptr, limit_ptr, targets_ptr, pos, ok):
-        """A block's sample rows, limits (int32) and targets."""
+    def _positions(q_ptr, rows_ptr, limit_ptr, targets_ptr, pos, ok, ks, k_ok, q_stride):
+        """A block's queries (BC, BH), sample rows, limits and targets (both int32: a tile's compares in 32 bits)."""
+        q = tl.load(q_ptr + pos[:, None] * q_stride + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
         sample = tl.load(rows_ptr + pos, mask=ok, other=0)
         limit = tl.load(limit_ptr + pos, mask=ok, other=-1).to(tl.int32)
-        target = tl.load(targets_ptr + pos, mask=ok, other=-1).to(tl.int32)  # a tile's compares in 32 bits
-        return sample, limit, target
+        target = tl.load(targets_ptr + pos, mask=ok, other=-1).to(tl.int32)
+        return q, sample, limit, target
 
     @triton.jit
     def _pool_tile(v_ptr, bias_ptr, pool_ptr, cols, col_ok, ks, k_ok, v_stride):
@@ -81,10 +76,14 @@ if triton is not None:
         return v, bias, item
 
     @triton.jit
-    def _seen(seen_ptr, seen_stride, sample, ok, cols, col_ok):
-        return tl.load(
+    def _logits(q, v, bias, item, seen_ptr, seen_stride, sample, limit, target, ok, cols, col_ok):
+        """A tile's logits (BC, BS) float32, the bias added: -inf where the position leaves the item out (seen
+        up to its limit, or its own target) and past the pool."""
+        seen = tl.load(
             seen_ptr + sample[:, None] * seen_stride + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=32767
         )
+        drop = (seen.to(tl.int32) <= limit[:, None]) | (item[None, :] == target[:, None])
+        return tl.where(drop, float("-inf"), tl.dot(q, tl.trans(v)) + bias[None, :])
 
     @triton.jit
     def _lse_kernel(
@@ -112,16 +111,14 @@ if triton is not None:
         ok = pos < positions
         ks = tl.arange(0, BLOCK_H)
         k_ok = ks < hidden
-        q = tl.load(q_ptr + pos[:, None] * q_stride + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        sample, limit, target = _positions(rows_ptr, limit_ptr, targets_ptr, pos, ok)
+        q, sample, limit, target = _positions(q_ptr, rows_ptr, limit_ptr, targets_ptr, pos, ok, ks, k_ok, q_stride)
         top = tl.full((BLOCK_C,), float("-inf"), dtype=tl.float32)
         total = tl.zeros((BLOCK_C,), dtype=tl.float32)
         for start in range(0, pool_size, BLOCK_S):
             cols = start + tl.arange(0, BLOCK_S)
             col_ok = cols < pool_size
             v, bias, item = _pool_tile(v_ptr, bias_ptr, pool_ptr, cols, col_ok, ks, k_ok, v_stride)
-            seen = _seen(seen_ptr, seen_stride, sample, ok, cols, col_ok)
-            logits = _masked(tl.dot(q, tl.trans(v)), bias, item, seen, limit, target)
+            logits = _logits(q, v, bias, item, seen_ptr, seen_stride, sample, limit, target, ok, cols, col_ok)
             new_top = tl.maximum(top, tl.max(logits, 1))
             shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row with nothing yet stays at 0
             total = total * tl.exp(top - shift) + tl.sum(tl.exp(logits - shift[:, None]), 1)
@@ -165,8 +162,7 @@ if triton is not None:
         ok = pos < positions
         ks = tl.arange(0, BLOCK_H)
         k_ok = ks < hidden
-        q = tl.load(q_ptr + pos[:, None] * q_stride + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        sample, limit, target = _positions(rows_ptr, limit_ptr, targets_ptr, pos, ok)
+        q, sample, limit, target = _positions(q_ptr, rows_ptr, limit_ptr, targets_ptr, pos, ok, ks, k_ok, q_stride)
         lse = tl.load(lse_ptr + pos, mask=ok, other=float("-inf"))
         grad = tl.load(grad_ptr + pos, mask=ok, other=0.0)
         acc = tl.zeros((BLOCK_C, BLOCK_H), dtype=tl.float32)
@@ -174,8 +170,7 @@ if triton is not None:
             cols = start + tl.arange(0, BLOCK_S)
             col_ok = cols < pool_size
             v, bias, item = _pool_tile(v_ptr, bias_ptr, pool_ptr, cols, col_ok, ks, k_ok, v_stride)
-            seen = _seen(seen_ptr, seen_stride, sample, ok, cols, col_ok)
-            logits = _masked(tl.dot(q, tl.trans(v)), bias, item, seen, limit, target)
+            logits = _logits(q, v, bias, item, seen_ptr, seen_stride, sample, limit, target, ok, cols, col_ok)
             acc = tl.dot(_weights(logits, lse, grad).to(DOT), v, acc)
         tl.store(grad_q_ptr + pos[:, None] * hidden + ks[None, :], acc, mask=ok[:, None] & k_ok[None, :])
 
@@ -218,12 +213,11 @@ if triton is not None:
         for start in range(first, tl.minimum(first + positions_per_program, positions), BLOCK_C):
             pos = start + tl.arange(0, BLOCK_C)
             ok = pos < positions
-            q = tl.load(q_ptr + pos[:, None] * q_stride + ks[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-            sample, limit, target = _positions(rows_ptr, limit_ptr, targets_ptr, pos, ok)
+            q, sample, limit, target = _positions(q_ptr, rows_ptr, limit_ptr, targets_ptr, pos, ok, ks, k_ok, q_stride)
             lse = tl.load(lse_ptr + pos, mask=ok, other=float("-inf"))
             grad = tl.load(grad_ptr + pos, mask=ok, other=0.0)
-            seen = _seen(seen_ptr, seen_stride, sample, ok, cols, col_ok)
-            weights = _weights(_masked(tl.dot(q, tl.trans(v)), bias, item, seen, limit, target), lse, grad)
+            logits = _logits(q, v, bias, item, seen_ptr, seen_stride, sample, limit, target, ok, cols, col_ok)
+            weights = _weights(logits, lse, grad)
             acc = tl.dot(tl.trans(weights.to(DOT)), q, acc)
             acc_bias += tl.sum(weights, 0)
         share = tl.program_id(1) * pool_size
