@@ -159,6 +159,14 @@ def test_the_negatives_follow_their_weights_and_a_seed_repeats_them(name):
     assert not torch.equal(drawn, loss.draw(torch.Generator().manual_seed(4)))
 
 
+def test_a_sampled_loss_with_nothing_to_draw_is_refused():
+    """Every item left out: a sampled loss says so when it is made (a full one has nothing to draw anyway)."""
+    every = np.ones(N + 2, dtype=bool)
+    with pytest.raises(ConfigError, match="sampled-uniform loss has no item to draw"):
+        CatalogueLoss(LossSettings("sampled-uniform", negatives=10), np.ones(N + 2), MASK, left_out=every)
+    assert CatalogueLoss(LossSettings("full"), np.ones(N + 2), MASK, left_out=every).draw() is None
+
+
 def test_without_log_q_correction_the_sampled_loss_would_be_far_off():
     """The correction matters: the same pool scored without it misses the full loss by far."""
     problem = _problem()

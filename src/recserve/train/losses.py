@@ -55,12 +55,14 @@ class CatalogueLoss:
             self.special = torch.cat([self.special, rows])
         self.p_popular = (counts / counts.sum()).float()  # (V,) what in-batch targets follow
         weights = counts if settings.name == "sampled-popularity" else (counts > 0).double()
-        self.p_draw = (weights / weights.sum()).float()
         # the draws' cumulative weights, summed once on the host in float64: CUDA's multinomial sums them anew
         # on every call in an order that varies, so that a seeded generator did not repeat its draws
         cumulative = weights.cpu().cumsum(0)
+        if settings.name != "full" and not cumulative[-1] > 0:
+            raise ConfigError(f"the {settings.name} loss has no item to draw: every item is left out")
+        self.p_draw = (weights / cumulative[-1].clamp(min=1.0).item()).float()
         self.cdf, self.cdf_total = cumulative.to(device), float(cumulative[-1])
-        self.last_drawable = int(weights.nonzero().max())
+        self.last_drawable = int(torch.searchsorted(cumulative, cumulative[-1]))  # the last item of weight > 0
 
     def __call__(
         self,
