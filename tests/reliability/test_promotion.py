@@ -6,12 +6,15 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -26,6 +29,7 @@ from recserve.constants import (
     SEED_INPUT,
     WEIGHTS_FILE,
 )
+from recserve.errors import ServingError
 from recserve.pipeline import repository_from_run
 from recserve.serving.promotion import ModelControl, changing, versions_of
 from recserve.serving.triton_repository.repository_settings import RepositorySettings
@@ -340,3 +344,44 @@ def test_sessions_and_hidden_items_hold_across_a_promotion_in_the_layouts_by_ses
                 serve.kill()
     finally:
         embedded_store.stop(store)
+
+
+def _resetting_server(resets: int) -> tuple[socket.socket, threading.Thread]:
+    """A loopback HTTP listener that drops its first ``resets`` connections with a reset (as a server under
+    load may), then answers each with the model index ``[]``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for n in range(resets + 1):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                if n < resets:  # SO_LINGER 0: close sends a reset, not a FIN
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    continue
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_the_model_control_asks_again_when_the_server_drops_the_connection():
+    """Two resets, then an answer: the index is read. Three resets: the error says no server answered. A port
+    with no server: said at once, not tried again."""
+    listener, thread = _resetting_server(resets=2)
+    with listener:
+        control = ModelControl(f"127.0.0.1:{listener.getsockname()[1]}", KEY, timeout_s=5)
+        assert control.index() == []
+        thread.join(timeout=5)
+    listener, _ = _resetting_server(resets=3)
+    with listener:
+        control = ModelControl(f"127.0.0.1:{listener.getsockname()[1]}", KEY, timeout_s=5)
+        with pytest.raises(ServingError, match="no server answers"):
+            control.index()
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ServingError, match="no server answers"):
+        ModelControl(f"127.0.0.1:{port}", KEY, timeout_s=5).index()
+    assert time.monotonic() - started < 0.2  # refused: no pause, no retry

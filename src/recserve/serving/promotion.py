@@ -26,6 +26,9 @@ from typing import Any
 from recserve.artifacts.repository_record import read_repository_info, write_repository_info
 from recserve.errors import ServingError
 
+# a connection dropped before an answer (a reset, a peer that closed): tried again after each pause
+RESET_ERRORS = (ConnectionResetError, ConnectionAbortedError)  # http.client.RemoteDisconnected among them
+RESET_PAUSES_S = (0.2, 1.0)
 ROLLED_BACK = "rolled-back-"  # a version folder moved aside: Triton ignores a name that is not a number
 LOCK_FILE = ".recserve-changing.lock"  # a file: Triton takes only folders for models
 
@@ -40,7 +43,20 @@ class ModelControl:
     timeout_s: float = 300.0
 
     def _call(self, path: str, method: str = "GET", body: dict | None = None, hint: str = "") -> bytes:
-        """The API's answer; ``hint`` ends the message of a refusal other than the key's."""
+        """The API's answer; ``hint`` ends the message of a refusal other than the key's. A connection the
+        server drops before it answers (as a server under load may) is tried again after each of
+        ``RESET_PAUSES_S``: a load and the index are safe to ask twice. A server that is not there is said at once."""
+        for pause_s in RESET_PAUSES_S:
+            try:
+                return self._call_once(path, method, body, hint)
+            except ServingError as err:
+                cause = err.__cause__
+                if not isinstance(getattr(cause, "reason", cause), RESET_ERRORS):
+                    raise
+            time.sleep(pause_s)
+        return self._call_once(path, method, body, hint)
+
+    def _call_once(self, path: str, method: str, body: dict | None, hint: str) -> bytes:
         data = json.dumps(body or {}).encode() if method == "POST" else None
         request = urllib.request.Request(
             f"http://{self.http_url}{path}", data=data, method=method, headers={self.header: self.admin_key}
