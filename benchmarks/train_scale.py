@@ -187,7 +187,8 @@ def main() -> None:
         from recserve.train.fused import GpuFused
 
         GpuFused.enabled = False
-    if args.plain_kernels or args.no_pool_kernels:
+    pool_kernels = not (args.plain_kernels or args.no_pool_kernels)
+    if not pool_kernels:
         from recserve.train.pool_kernels import PoolKernels
 
         PoolKernels.enabled = False
@@ -249,7 +250,7 @@ def main() -> None:
             continue
         result["setting"], result["wall_s"] = name, round(time.perf_counter() - started, 1)
         result["memory_cap_gb"], result["plain_kernels"], result["seed"] = args.memory_gb, args.plain_kernels, args.seed
-        result["pool_kernels"] = not (args.plain_kernels or args.no_pool_kernels)
+        result["pool_kernels"] = pool_kernels
         result["ema_epochs"], result["model_overrides"] = cfg.ema_epochs, overrides
         results.append(result)
         print(

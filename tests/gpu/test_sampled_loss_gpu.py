@@ -49,6 +49,11 @@ def _step(
     return value.detach(), [t.grad for t in (query, table, bias)]
 
 
+def _errors(grads, exact) -> list[float]:
+    """Each gradient's distance from its float32 counterpart, relative to that one's norm."""
+    return [float((g.float() - e).norm() / e.norm()) for g, e in zip(grads, exact)]
+
+
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "compiled-blocks"])
 def test_a_sampled_loss_step_never_waits_for_the_gpu(monkeypatch, kernels):
     """Forward and backward send nothing from the GPU to the host, so the host queues the next step's
@@ -68,11 +73,8 @@ def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
         "the compiled blocks did not run"
     )
     torch.testing.assert_close(compiled_loss, exact_loss, rtol=1e-2, atol=1e-2)
-
-    def error(grads):
-        return [float((g.float() - e).norm() / e.norm()) for g, e in zip(grads, exact_grads)]
-
-    for name, compiled, plain in zip(("query", "table", "bias"), error(compiled_grads), error(plain_grads)):
+    compiled_errors, plain_errors = _errors(compiled_grads, exact_grads), _errors(plain_grads, exact_grads)
+    for name, compiled, plain in zip(("query", "table", "bias"), compiled_errors, plain_errors):
         print(f"{name}: compiled {compiled:.4f}, plain {plain:.4f} relative error")
         assert compiled <= 2 * plain + 1e-3, name
 
@@ -84,11 +86,8 @@ def test_the_pool_kernels_are_as_exact_as_the_plain_blocks(monkeypatch):
     plain_loss, plain_grads = _step(False, monkeypatch)
     kernel_loss, kernel_grads = _step(False, monkeypatch, kernels=True)
     torch.testing.assert_close(kernel_loss, exact_loss, rtol=1e-2, atol=1e-2)
-
-    def error(grads):
-        return [float((g.float() - e).norm() / e.norm()) for g, e in zip(grads, exact_grads)]
-
-    for name, kernel, plain in zip(("query", "table", "bias"), error(kernel_grads), error(plain_grads)):
+    kernel_errors, plain_errors = _errors(kernel_grads, exact_grads), _errors(plain_grads, exact_grads)
+    for name, kernel, plain in zip(("query", "table", "bias"), kernel_errors, plain_errors):
         print(f"{name}: kernels {kernel:.4f}, plain {plain:.4f} relative error")
         assert kernel <= 2 * plain + 1e-3, name
 

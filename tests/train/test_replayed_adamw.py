@@ -28,6 +28,20 @@ def _train(steps: range, *runs) -> None:
             update()
 
 
+def _resumed(optimizer: torch.optim.Optimizer, weights, fresh) -> ReplayedAdamW:
+    """A ReplayedAdamW of ``fresh`` weights made equal to ``weights``, with ``optimizer``'s state loaded from
+    its checkpoint (as a resumed run makes it)."""
+    with torch.no_grad():
+        for w, v in zip(fresh, weights):
+            w.copy_(v)
+    checkpoint = io.BytesIO()
+    torch.save(optimizer.state_dict(), checkpoint)
+    checkpoint.seek(0)
+    resumed = ReplayedAdamW(fresh, lr=0.01)
+    resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
+    return resumed
+
+
 def test_lightnings_step_runs_the_closure_alone_and_the_update_is_adamws():
     """``step(closure)`` (what Lightning calls) runs the closure and moves no weight, ``zero_grad`` keeps the
     gradients (a replay writes over them); ``update`` moves the weights exactly as AdamW does."""
@@ -73,14 +87,7 @@ def test_a_resumed_optimizer_trains_on_as_the_uninterrupted_one():
     first, second = _weights(), _weights()
     running = ReplayedAdamW(first, lr=0.01)
     _train(range(2), (first, running.update))
-    with torch.no_grad():
-        for w, v in zip(second, first):
-            w.copy_(v)
-    checkpoint = io.BytesIO()
-    torch.save(running.state_dict(), checkpoint)
-    checkpoint.seek(0)
-    resumed = ReplayedAdamW(second, lr=0.01)
-    resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
+    resumed = _resumed(running, first, second)
     assert isinstance(resumed.param_groups[0]["lr"], torch.Tensor)
     _train(range(2, 4), (first, running.update), (second, resumed.update))
     for w, v in zip(first, second):
@@ -94,14 +101,7 @@ def test_an_eager_adamws_checkpoint_resumes_as_a_graphed_one():
     first, second = _weights(), _weights()
     eager = torch.optim.AdamW(first, lr=0.01)
     _train(range(2), (first, eager.step))
-    with torch.no_grad():
-        for w, v in zip(second, first):
-            w.copy_(v)
-    checkpoint = io.BytesIO()
-    torch.save(eager.state_dict(), checkpoint)
-    checkpoint.seek(0)
-    resumed = ReplayedAdamW(second, lr=0.01)
-    resumed.load_state_dict(torch.load(checkpoint, weights_only=True))
+    resumed = _resumed(eager, first, second)
     group = resumed.param_groups[0]
     assert group["fused"] and group["capturable"] and isinstance(group["lr"], torch.Tensor)
     assert group["lr"] is group["lr_tensor"] and float(group["lr"]) == torch.tensor(0.01).item()

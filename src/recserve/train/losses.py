@@ -179,9 +179,7 @@ def pool_logsumexp(query, vectors, bias, pool, targets, seen, rows, limit) -> to
     dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else None
     limit = limit.to(seen.dtype)
     if dtype is not None and pool_kernels.usable(query, dtype):  # no (positions x pool) logit in memory
-        return pool_kernels.pool_logsumexp(
-            query, vectors, bias, pool, targets, seen, rows, limit, pool_kernels.DOT_DTYPES[dtype]
-        )
+        return pool_kernels.pool_logsumexp(query, vectors, bias, pool, targets, seen, rows, limit, dtype)
     return _PoolLogSumExp.apply(query, vectors, bias, pool, targets, seen, rows, limit, dtype)
 
 

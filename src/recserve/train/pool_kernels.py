@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - the CPU test machines have no Triton
 CONFIGS = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 64, 8, 2)}
 MAX_HIDDEN = 256
 PROGRAMS_PER_SM = 4  # the pool gradient's grid: about this many programs a multiprocessor
-DOT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class PoolKernels:
@@ -45,7 +45,7 @@ def usable(query: torch.Tensor, dtype: torch.dtype | None) -> bool:
         PoolKernels.enabled
         and triton is not None
         and query.device.type == "cuda"
-        and dtype in DOT_DTYPES
+        and dtype in PRODUCT_DTYPES
         and query.shape[-1] <= MAX_HIDDEN
     )
 
@@ -226,15 +226,14 @@ if triton is not None:
         tl.store(grad_bias_ptr + share + cols, acc_bias, mask=col_ok)
 
 
-def _common(query, vectors, bias, pool, targets, seen, rows, limit, dot: str):
-    """The kernels' arguments shared by all three, each tensor contiguous, the products' operands in their
-    dtype (made once here, not in every tile)."""
-    dtype = {name: torch_dtype for torch_dtype, name in DOT_DTYPES.items()}[dot]
-    q, v = query.to(dtype).contiguous(), vectors.to(dtype).contiguous()
-    seen = seen.contiguous()
-    tensors = (q, v, bias.float().contiguous(), pool.contiguous(), targets.contiguous(), seen, rows.contiguous())
+def _common(query, vectors, bias, pool, targets, seen, rows, limit, dot: torch.dtype):
+    """The kernels' first arguments, shared by all three, each tensor contiguous, the products' operands in
+    their dtype (made once here, not in every tile); and the sizes they take."""
+    q, v, seen = query.to(dot).contiguous(), vectors.to(dot).contiguous(), seen.contiguous()
+    others = (bias.float(), pool, targets, seen, rows, limit)
+    tensors = (q, v, *(t.contiguous() for t in others))
     sizes = (q.shape[0], v.shape[0], q.shape[1], q.stride(0), v.stride(0), seen.stride(0))
-    return tensors, limit.contiguous(), sizes
+    return tensors, sizes
 
 
 @torch.library.custom_op("recserve::pool_logsumexp", mutates_args=())
@@ -247,23 +246,23 @@ def pool_logsumexp(
     seen: torch.Tensor,
     rows: torch.Tensor,
     limit: torch.Tensor,
-    dot: str,
+    dot: torch.dtype,
 ) -> torch.Tensor:
     """(C,) float32 log-sum-exp of each position's pool logits, as ``losses.pool_logsumexp`` gives it.
 
     Args:
         query: (C, H) and vectors: (S, H), float32 or 16-bit; bias: (S,); pool: (S,) items; targets: (C,);
-        seen: (B, S) int16; rows: (C,) each position's row of ``seen``; limit: (C,) int16; dot: "bf16" or
-        "fp16", the products' dtype.
+        seen: (B, S) int16; rows: (C,) each position's row of ``seen``; limit: (C,) int16; dot: the products'
+        dtype, one of ``PRODUCT_DTYPES``.
     """
-    tensors, limit, (positions, pool_size, hidden, q_stride, v_stride, seen_stride) = _common(
+    tensors, (positions, pool_size, hidden, q_stride, v_stride, seen_stride) = _common(
         query, vectors, bias, pool, targets, seen, rows, limit, dot
     )
     block_h, block_c, block_s, warps, stages = _config(hidden)
     lse = torch.empty(positions, dtype=torch.float32, device=query.device)
     if positions:
         _lse_kernel[(triton.cdiv(positions, block_c),)](
-            *tensors, limit, lse, positions, pool_size, hidden, q_stride, v_stride, seen_stride,
+            *tensors, lse, positions, pool_size, hidden, q_stride, v_stride, seen_stride,
             BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return lse
@@ -286,10 +285,10 @@ def pool_logsumexp_grads(
     limit: torch.Tensor,
     lse: torch.Tensor,
     grad: torch.Tensor,
-    dot: str,
+    dot: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of ``pool_logsumexp`` for the query, the vectors and the bias, in their dtypes."""
-    tensors, limit, (positions, pool_size, hidden, q_stride, v_stride, seen_stride) = _common(
+    tensors, (positions, pool_size, hidden, q_stride, v_stride, seen_stride) = _common(
         query, vectors, bias, pool, targets, seen, rows, limit, dot
     )
     block_h, block_c, block_s, warps, stages = _config(hidden)
@@ -307,10 +306,10 @@ def pool_logsumexp_grads(
             BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_H=block_h, DOT=_dot(dot), num_warps=warps, num_stages=stages
         )
         _grad_query_kernel[(triton.cdiv(positions, block_c),)](
-            *tensors, limit, lse, grad, grad_q, positions, pool_size, hidden, q_stride, v_stride, seen_stride, **meta
+            *tensors, lse, grad, grad_q, positions, pool_size, hidden, q_stride, v_stride, seen_stride, **meta
         )
         _grad_pool_kernel[(pool_blocks, shares)](
-            *tensors, limit, lse, grad, grad_v, grad_bias, positions, pool_size, hidden, q_stride, v_stride,
+            *tensors, lse, grad, grad_v, grad_bias, positions, pool_size, hidden, q_stride, v_stride,
             seen_stride, per_share, **meta,
         )  # fmt: skip
     return grad_q.to(query.dtype), grad_v.sum(0).to(vectors.dtype), grad_bias.sum(0).to(bias.dtype)
@@ -321,8 +320,8 @@ def _(query, vectors, bias, pool, targets, seen, rows, limit, lse, grad, dot):
     return torch.empty_like(query), torch.empty_like(vectors), torch.empty_like(bias)
 
 
-def _dot(name: str):
-    return tl.bfloat16 if name == "bf16" else tl.float16
+def _dot(dtype: torch.dtype):
+    return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
 def _setup_context(ctx, inputs, output) -> None:
