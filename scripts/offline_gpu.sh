@@ -295,10 +295,14 @@ cmd_lean() {
 # step, the ranking of 200,000 users x 1M items by the kernels beside the dense ways (RANK_WAYS), BERT4Rec at
 # 100,000 items and SASRec at 1M, each with the options of each of BERT4REC and SASREC (';'-separated: the
 # step replayed as a CUDA graph, and without, compiled), the served graph's batch-1 replay with each block
-# option (LiGR, lru). PARTS picks some of: tests rank bert4rec sasrec graph (default all).
+# option (LiGR, lru), the output layer's forms at 1M items. PARTS picks some of: tests pool rank bert4rec sasrec
+# graph output (default all).
 # Carries .gpu-carry/wheels (polars for Python 3.12).
 cmd_speed() {
-  local parts=" ${PARTS:-tests pool rank bert4rec sasrec graph} "
+  local parts=" ${PARTS:-tests pool rank bert4rec sasrec graph output} "
+  if [[ $parts == *" output "* ]]; then  # the served graph at 1M items, and its output layer's and top-k's forms
+    python3 benchmarks/output_layer_speed.py --out "$out/output-layer-speed.json" 2>&1 | grep -v "^ *[0-9.]* ms x"
+  fi
   if [[ $parts == *" tests "* ]]; then
     python3 -m pytest -q --noconftest -p no:cacheprovider tests/gpu/test_ranking_gpu.py \
       tests/gpu/test_sampled_loss_gpu.py tests/gpu/test_graph_step_gpu.py > "$out/tests.txt" 2>&1

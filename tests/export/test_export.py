@@ -82,7 +82,10 @@ def test_aot_inductor_package_matches_eager(tiny_run, tmp_path):
     assert_matches_eager(tiny_run, tmp_path / "out", length=19)  # its one compiled length
 
 
-@pytest.mark.parametrize(("backend", "precision"), [("onnx", "int8"), ("eager", "int8"), ("eager", "bf16")])
+@pytest.mark.parametrize(
+    ("backend", "precision"),
+    [("onnx", "int8"), ("eager", "int8"), ("eager", "bf16"), ("eager", "fp8"), ("torchscript", "fp8")],
+)
 def test_reduced_precision_reports_overlap_and_ndcg_change(tiny_run, ml100k_dir, tmp_path, backend, precision):
     manifest = exporter.export_run(tiny_run, backend, precision, tmp_path / "out", data_dir=ml100k_dir)
     validation = manifest.validation
@@ -128,7 +131,9 @@ def test_failed_parity_is_an_error_with_the_difference_and_nothing_is_written(ti
     ("backend", "precision", "device", "message"),
     [
         ("tensorrt", "fp32", "cpu", "expected one of"),
-        ("eager", "fp8", "cpu", "precision 'fp8'"),
+        ("eager", "fp4", "cpu", "precision 'fp4'"),
+        ("onnx", "fp8", "cpu", "fp8 exports on torchscript, eager, cudagraph, not onnx"),
+        ("aoti", "fp8", "cpu", "not aoti; use bf16 on aoti"),
         ("eager", "fp16", "cpu", "fp16 needs a GPU"),
     ],
 )

@@ -25,7 +25,13 @@ def export(
             + ")."
         ),
     ] = None,
-    precision: Annotated[str, typer.Option(help="fp32, fp16 or bf16 (GPU), int8 (CPU).")] = "fp32",
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="fp32; fp16 or bf16 (GPU); fp8: bf16 with an 8-bit output layer (GPUs of compute capability 8.9 "
+            "and up; the CPU runs it for its accuracy); int8 (CPU)."
+        ),
+    ] = "fp32",
     device: Annotated[str, typer.Option(help="cpu or gpu (cuda is taken for gpu).")] = "cpu",
     max_k: Annotated[int, typer.Option(help="The most items a request may ask for.")] = DEFAULT_MAX_K,
     explore_new: Annotated[float, typer.Option(help=EXPLORE_NEW_HELP)] = 0.0,

@@ -48,7 +48,9 @@ def repo(
             "on gpu."
         ),
     ] = None,
-    precision: Annotated[str, typer.Option(help="With --run: fp32, fp16, bf16 or int8.")] = "fp32",
+    precision: Annotated[
+        str, typer.Option(help="With --run: fp32, fp16, bf16, fp8 (bf16, the output layer in 8 bits) or int8.")
+    ] = "fp32",
     version: Annotated[int, typer.Option(help="Model version to write (add a new one beside the old).")] = 1,
     max_k: Annotated[int, typer.Option(help="With --run: the largest k a request may ask for.")] = DEFAULT_MAX_K,
     explore_new: Annotated[float, typer.Option(help="With --run: " + EXPLORE_NEW_HELP)] = 0.0,

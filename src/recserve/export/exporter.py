@@ -45,6 +45,29 @@ def _check_request(backend: str, precision: str, device: str) -> None:
         raise ExportError("precision int8 runs on the CPU only (dynamic quantization); use fp16 or bf16 on a GPU")
     if precision == "fp16" and device == "cpu":
         raise ExportError("precision fp16 needs a GPU (--device cuda); on the CPU use fp32, bf16 or int8")
+    if precision == "fp8":
+        _check_fp8(backend, device)
+
+
+FP8_BACKENDS = ("torchscript", "eager", "cudagraph")  # those that run torch._scaled_mm as it is
+
+
+def _check_fp8(backend: str, device: str) -> None:
+    """fp8 (``build_graph``) on a backend that runs it, on a GPU with float8 products or the CPU (for checks).
+
+    Raises:
+        ExportError: another backend, or a GPU before compute capability 8.9.
+    """
+    import torch
+
+    if backend not in FP8_BACKENDS:
+        raise ExportError(f"precision fp8 exports on {', '.join(FP8_BACKENDS)}, not {backend}; use bf16 on {backend}")
+    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        name, (major, minor) = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
+        raise ExportError(
+            f"precision fp8 needs a GPU of compute capability 8.9 or later (L4, L40S, H100, H200); {name} is "
+            f"{major}.{minor}: use bf16"
+        )
 
 
 def export_run(

@@ -13,11 +13,12 @@ from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ConfigError, ExportError
 from recserve.export.spec import GraphSpec
+from recserve.models.multvae import MultVAE
 from recserve.models.run_loader import load_config, load_run, model_name
 from recserve.models.serving_graph import InferenceGraph
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def load_spec(run_dir: Path, graph_searches: bool = True) -> GraphSpec:
@@ -44,7 +45,8 @@ def build_graph(
     """The run's model inside the fused graph, in eval mode, on the CPU, at ``precision``, with ``explore_new``
     of the answer's columns for new items (``serving_graph.explored_top``).
 
-    int8 applies PyTorch's dynamic quantization to the linear layers (CPU only).
+    int8 applies PyTorch's dynamic quantization to the linear layers (CPU only); fp8 is bf16 with the output
+    layer's item table in float8 e4m3 (``ItemTransformer.quantize_output``; SASRec and BERT4Rec).
     """
     if precision not in PRECISIONS:
         raise ExportError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -58,6 +60,13 @@ def build_graph(
         graph.head.encoder = torch.ao.quantization.quantize_dynamic(encoder, {torch.nn.Linear}, dtype=torch.qint8)
     elif precision != "fp32":
         encoder.to(DTYPES[precision])
+    if precision == "fp8":
+        if isinstance(encoder, MultVAE):
+            raise ExportError("precision fp8 quantizes a transformer's output layer; for Mult-VAE use bf16 or fp16")
+        try:
+            encoder.quantize_output()
+        except ConfigError as err:
+            raise ExportError(str(err)) from None
     return graph
 
 

@@ -19,6 +19,7 @@ from recserve.export import native_export
 from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.runner import torch_runner
+from recserve.models.output_table import FP8
 from recserve.models.serving_graph import NativeGraph, SeedStep
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,12 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
 def trace_frozen(module: torch.nn.Module, example: tuple | dict[str, tuple]) -> torch.jit.ScriptModule:
     """Traced and frozen: weights become constants of the graph, so Triton's PyTorch backend runs no attribute
     lookups (a third of the unfrozen graph's nodes) on each call. ``example``: forward's inputs, or each
-    method's by name (every one kept)."""
-    if not isinstance(example, dict):
-        return torch.jit.freeze(torch.jit.trace(module.eval(), example, check_trace=False))
-    traced = torch.jit.trace_module(module.eval(), example, check_trace=False)
-    return torch.jit.freeze(traced, preserved_attrs=[name for name in example if name != "forward"])
+    method's by name (every one kept). Float8 buffers (an 8-bit output layer) stay attributes: PyTorch cannot
+    save them as constants."""
+    methods = example if isinstance(example, dict) else {"forward": example}
+    traced = torch.jit.trace_module(module.eval(), methods, check_trace=False)
+    float8 = [name for name, buffer in module.named_buffers() if buffer.dtype == FP8]
+    return torch.jit.freeze(traced, preserved_attrs=[name for name in methods if name != "forward"] + float8)
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:

@@ -303,7 +303,7 @@ class TopKHead(nn.Module):
         dtype = query.dtype
         bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
         rows = torch.where(masks[None], bias[:, None], float("-inf"))  # (2, R, V): known, then not
-        scores = rows[(~known[:, 0]).long(), mask_of_row].addmm_(query * known.to(dtype), encoder.item_emb.weight.T)
+        scores = encoder.add_output(rows[(~known[:, 0]).long(), mask_of_row], query * known.to(dtype))
         seen = _seen(tokens, exclude_seen)
         return scores.scatter_(1, torch.cat([seen, excluded], 1), float("-inf"))
 

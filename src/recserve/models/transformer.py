@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from recserve.constants import PAD_INDEX
+from recserve.errors import ConfigError
 from recserve.models.attribute_codes import AttributeCodes
+from recserve.models.output_table import MULTIPLE, quantize_rows, scaled_product
 
 SINGLE_QUERY_WEIGHTS = ("query_w", "query_b", "out_w", "out_b")  # Block.freeze_single_query's buffers
 
@@ -379,6 +381,10 @@ class ItemTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden)
         self.head = head  # applied before the tied projection
         self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.output_rows: torch.Tensor | None  # the item table in float8 (``quantize_output``), or none
+        self.output_scale: torch.Tensor | None
+        self.register_buffer("output_rows", None, persistent=False)
+        self.register_buffer("output_scale", None, persistent=False)
         columns = getattr(cfg, "attribute_columns", 0)
         self.attributes = (
             ItemAttributeEmbedding(cfg.vocab_size, columns, cfg.attribute_rows, cfg.hidden, cfg.id_dropout)
@@ -444,9 +450,32 @@ class ItemTransformer(nn.Module):
 
     def tied_output(self, query: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         """query: (..., H), after the head. Returns the output layer's scores (..., N + 2): the product with
-        the item embeddings, plus the output bias unless ``with_bias`` is False."""
-        product = query @ self.item_vectors().T
+        the item embeddings (their float8 copy after ``quantize_output``: query (B, H) only), plus the output
+        bias unless ``with_bias`` is False."""
+        if self.output_rows is None:
+            product = query @ self.item_vectors().T
+        else:
+            product = scaled_product(query, self.output_rows, self.output_scale)[:, : self.cfg.vocab_size]
         return product + self.item_bias() if with_bias else product
+
+    def add_output(self, scores: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """``scores`` (B, N + 2) plus the output layer's product with ``query`` (B, H), its bias left out: in
+        place, in one matrix kernel where the table is in the query's precision."""
+        if self.output_rows is None:
+            return scores.addmm_(query, self.item_vectors().T)
+        return scores.add_(self.tied_output(query, with_bias=False))
+
+    def quantize_output(self) -> None:
+        """Scores against a float8 e4m3 copy of the item table from now on (``recserve.models.output_table``):
+        half a bf16 table's bytes a call; the inputs still embed from the table itself. For serving graphs, after
+        ``prepare_inference`` and after any cast of the model (a cast would cast the copy too)."""
+        if self.cfg.hidden % MULTIPLE:
+            raise ConfigError(
+                f"an 8-bit output layer needs a hidden width in multiples of {MULTIPLE}, not {self.cfg.hidden}"
+            )
+        rows, scale = quantize_rows(self.item_vectors().detach(), MULTIPLE)
+        self.register_buffer("output_rows", rows, persistent=False)
+        self.register_buffer("output_scale", scale.T.contiguous(), persistent=False)  # (1, V'): _scaled_mm's form
 
     def item_vectors(self) -> torch.Tensor:
         """(V, H): the item table that inputs embed and the output layer scores against; with attributes
