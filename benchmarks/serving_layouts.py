@@ -68,7 +68,7 @@ def variants(instances: int, delay_us: int, device: str) -> dict[str, dict]:
             "settings": dataclasses.replace(batched, native_runtime="pytorch" if runtime == "torchscript" else runtime),
             "check": True,
         }
-        for precision in ("bf16", "fp32")
+        for precision in ("bf16", "fp8", "fp32")  # fp8: bf16 with an 8-bit output layer
         for runtime in ("torchscript", "recserve")
     }
     plain = dataclasses.replace(batched, max_queue_size=0, max_queue_delay_microseconds=300)  # no queue policy
