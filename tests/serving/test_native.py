@@ -300,3 +300,33 @@ def test_native_config_takes_padded_ids_and_its_own_instance_count(tiny_run, tmp
     write_repository(tmp_path / "ts", tmp_path / "b", ("native",), RepositorySettings(native_instance_count=3))
     config = parse_pbtxt((tmp_path / "b" / "recommender_native" / "config.pbtxt").read_text())
     assert config.instance_group[0].count == 3
+
+
+def test_recserves_backend_serves_the_8_bit_output_layer(tiny_run, tmp_path):
+    """precision fp8 through Triton: recserve's backend loads the TorchScript graph with its float8 item table
+    (kept as an attribute of the file) and answers what the eager graph at fp8 answers."""
+    from recserve.client import RecommenderClient
+    from recserve.export.graph import build_graph, load_spec
+    from recserve.export.runner import torch_runner
+    from recserve.pipeline import repository_from_run
+    from recserve.serving.triton_repository.repository_settings import RepositorySettings
+
+    require_native("recserve")
+    repo = tmp_path / "repo"
+    settings = RepositorySettings(native_instance_count=1, native_runtime="recserve")
+    repository_from_run(tiny_run, repo, ("native",), settings, backend="torchscript", precision="fp8")
+    spec = load_spec(tiny_run)
+    eager = torch_runner(build_graph(tiny_run, spec, 100, "fp8"), "cpu", len(spec.vocab_ids))
+    plain = torch_runner(build_graph(tiny_run, spec, 100, "bf16"), "cpu", len(spec.vocab_ids))
+    differs = False
+    with TritonServer(repo, server_settings()) as server:
+        native = RecommenderClient(server.grpc_url, model="recommender_native")
+        known = np.load(tiny_run / "item_ids.npy")  # a history of no known item: the popularity answer, in bf16
+        for history in [h for h in _histories(tiny_run) if 0 < len(h) <= 19 and np.isin(h, known).all()]:
+            got = native.recommend(history, 10, True)
+            arrays = (history[None, :].astype(np.int64), np.array([len(history)]), np.array([True]))
+            ids, scores = (a[0, :10] for a in eager(*arrays))
+            tied = np.abs(scores - got.scores) <= 1e-3
+            assert np.all((ids == got.item_ids) | tied), (history, ids, got.item_ids)
+            differs |= not np.allclose(plain(*arrays)[1][0, :10], got.scores, atol=1e-4)
+    assert differs, "the served scores are the bf16 table's, not the 8-bit one's"
