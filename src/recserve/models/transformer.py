@@ -452,10 +452,11 @@ class ItemTransformer(nn.Module):
         """query: (..., H), after the head. Returns the output layer's scores (..., N + 2): the product with
         the item embeddings (their float8 copy after ``quantize_output``: query (B, H) only), plus the output
         bias unless ``with_bias`` is False."""
-        if self.output_rows is None:
+        rows, scale = self.output_rows, self.output_scale
+        if rows is None or scale is None:
             product = query @ self.item_vectors().T
         else:
-            product = scaled_product(query, self.output_rows, self.output_scale)[:, : self.cfg.vocab_size]
+            product = scaled_product(query, rows, scale)[:, : self.cfg.vocab_size]
         return product + self.item_bias() if with_bias else product
 
     def add_output(self, scores: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
