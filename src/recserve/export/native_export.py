@@ -91,7 +91,7 @@ def load(export_dir: Path, file: str, device: str = "cpu") -> NativeFn:
 
     def run_torch(ids, k, exclude, *rules):
         method = module.ruled if rules else module.forward  # ruled: under business rules (``NativeGraph``)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.jit.optimized_execution(False):  # as Triton's backends run it
             out = method(*(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (ids, k, exclude, *rules)))
         return tuple(t.cpu().numpy() if t.dtype != torch.bfloat16 else t.float().cpu().numpy() for t in out)
 

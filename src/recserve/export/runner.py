@@ -38,8 +38,10 @@ def copy_masks(masks: np.ndarray, source: np.ndarray | None, copy: torch.Tensor 
     return copy
 
 
-def torch_runner(fn, device: str | torch.device, num_items: int) -> Runner:
-    """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy."""
+def torch_runner(fn, device: str | torch.device, num_items: int, optimized: bool = True) -> Runner:
+    """A runner that moves inputs to ``device`` once, runs ``fn`` without autograd and returns numpy;
+    ``optimized`` False runs a TorchScript ``fn`` without its optimizing executor, as Triton's backends run it
+    (its GPU fuser compiles casts to float8, an 8-bit output layer's, into code that does not build)."""
     device = torch.device(device)
     on_device = DeviceMasks(device)
 
@@ -52,7 +54,7 @@ def torch_runner(fn, device: str | torch.device, num_items: int) -> Runner:
     ):
         masks, *rows = rule_inputs(num_items, len(ids), *rules)
         move = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.jit.optimized_execution(optimized):
             top_ids, scores = fn(move(ids), move(lengths), move(exclude), on_device(masks), *map(move, rows))
             top_ids, scores = top_ids[:, :k], scores[:, :k]  # the graph selected max_k; copy back only k
         return top_ids.cpu().numpy(), scores.float().cpu().numpy()

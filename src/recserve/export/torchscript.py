@@ -70,4 +70,5 @@ def trace_frozen(module: torch.nn.Module, example: tuple | dict[str, tuple]) -> 
 
 
 def load(out: Path, spec: GraphSpec, manifest: ExportManifest, device: str) -> Runner:
-    return torch_runner(torch.jit.load(out / FILE, map_location=device).eval(), device, len(spec.vocab_ids))
+    module = torch.jit.load(out / FILE, map_location=device).eval()
+    return torch_runner(module, device, len(spec.vocab_ids), optimized=manifest.precision != "fp8")
