@@ -181,7 +181,11 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",")]
     rows = []
     for precision in [] if args.no_graph else args.precisions.split(","):
-        rows += graph_rows(args.items, args.hidden, batches, args.k, args.work, precision)
+        try:
+            rows += graph_rows(args.items, args.hidden, batches, args.k, args.work, precision)
+        except Exception as error:  # one precision's export failing leaves the rest to measure
+            print(f"graph {precision}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            rows.append({"form": f"graph {precision}", "error": f"{type(error).__name__}: {str(error)[:2000]}"})
     rows += form_rows(args.items, args.hidden, batches, args.k, chunks)
     settings = vars(args) | {"work": str(args.work), "out": str(args.out)}
     result = {"settings": settings, "gpu": torch.cuda.get_device_name(), "host": cpu_model(), "rows": rows}
