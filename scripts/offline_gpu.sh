@@ -112,11 +112,11 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
 }
 
 # OUTPUT_SPEED=1 first: the served graph's replays at 1M items and its output layer's and top-k's forms
-# (benchmarks/output_layer_speed.py), in the same call as the sweep.
+# (benchmarks/output_layer_speed.py, with OUTPUT_ARGS), in the same call as the sweep.
 cmd_bench() {
   nvidia-smi --query-gpu=utilization.gpu --format=csv || true
   if [ "${OUTPUT_SPEED:-0}" = 1 ]; then
-    python3 benchmarks/output_layer_speed.py --out "$out/output-layer-speed.json" 2>&1 | grep -v "^ *[0-9.]* ms x" || true
+    python3 benchmarks/output_layer_speed.py ${OUTPUT_ARGS:-} --out "$out/output-layer-speed.json" 2>&1 | grep -v "^ *[0-9.]* ms x" || true
   fi
   python3 benchmarks/serving_layouts.py --out "$out" "$@"
 }
