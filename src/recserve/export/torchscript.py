@@ -20,7 +20,7 @@ from recserve.export.backend_protocol import Runner
 from recserve.export.graph import GraphSpec, build_graph, example_inputs
 from recserve.export.runner import torch_runner
 from recserve.models.output_table import FP8
-from recserve.models.serving_graph import NativeGraph, SeedStep
+from recserve.models.serving_graph import TOP_K_CHUNK, NativeGraph, SeedStep
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,10 @@ def save(run_dir: Path, spec: GraphSpec, out: Path, manifest: ExportManifest) ->
         reason = native_export.unsupported(spec)
         if reason is None:
             inputs = tuple(t.to(device) for t in native_export.example(4, spec.window - 1, spec))
-            # on a GPU the answer is max_k wide: choosing the batch's k would wait for the GPU mid-graph
-            model = NativeGraph(graph, dynamic_k=device == "cpu")
+            # on a GPU the answer is max_k wide (choosing the batch's k would wait for the GPU mid-graph), taken
+            # through chunks of the catalogue
+            on_cpu = device == "cpu"
+            model = NativeGraph(graph, dynamic_k=on_cpu, chunk=0 if on_cpu else TOP_K_CHUNK)
             rules = tuple(t.to(device) for t in example_inputs(spec, batch=4, length=1)[3:])
             methods = {"forward": inputs, "ruled": inputs + rules}  # ruled: recserve's backend, under rules
             torch.jit.save(trace_frozen(model, methods), out / NATIVE_TORCHSCRIPT_FILE)

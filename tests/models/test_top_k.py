@@ -1,0 +1,66 @@
+"""The served graph's top k through chunks of the catalogue (``chunked_top_k``, a GPU's native graph): the scores
+``torch.topk`` gives, whatever the rows hold."""
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.bench.synthetic import make_random_run
+from recserve.export.graph import build_graph, example_inputs, load_spec
+from recserve.export.native_export import example
+from recserve.models.serving_graph import NativeGraph, chunked_top_k
+
+
+def _assert_a_top_k(scores: torch.Tensor, top: torch.Tensor, index: torch.Tensor, k: int) -> None:
+    """``top`` and ``index`` are a top k of ``scores``: ``topk``'s scores, each at its index, no index twice."""
+    expected = scores.topk(k, 1).values
+    assert torch.equal(top, expected)
+    assert torch.equal(scores.gather(1, index), top)
+    assert all(len(set(row.tolist())) == k for row in index)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_give_the_top_k_of_any_rows(dtype):
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 10_037, generator=generator).to(dtype)  # a last chunk cut short: 37 columns
+    scores[1] = float("-inf")
+    scores[1, torch.randperm(10_037, generator=generator)[:30]] = 1.0  # fewer allowed items than k
+    scores[2] = float("-inf")  # none allowed
+    scores[3] = scores[3].round()  # ties everywhere
+    scores[4, -5:] = 50.0  # the best items past the last whole chunk
+    scores[5, :150] = torch.linspace(10, 11, 150)  # the best items crowded into the first chunks
+    for chunk, k in ((64, 100), (100, 100), (128, 10), (1000, 10)):
+        top, index = chunked_top_k(scores, k, torch.arange(chunk))
+        _assert_a_top_k(scores, top, index, k)
+
+
+def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
+    """The native graph as a GPU export builds it (max_k wide, chunks of 256 items), traced, against the same
+    graph selecting over whole rows: the same scores, plain and under business rules."""
+    run = make_random_run(tmp_path / "run", num_items=30_000, hidden=32, layers=1, heads=2, window=12)
+    spec = load_spec(run)
+    graph = build_graph(run, spec, 100)
+    inputs = example(9, spec.window - 1, spec, seed=3)
+    rules = example_inputs(spec, batch=9, length=1, seed=4)[3:]
+    chunked, whole = NativeGraph(graph, dynamic_k=False, chunk=256), NativeGraph(graph, dynamic_k=False)
+    assert chunked.chunk_columns is not None and whole.chunk_columns is None
+    methods = {"forward": inputs, "ruled": inputs + rules}
+    traced = torch.jit.trace_module(chunked.eval(), methods, check_trace=False)
+    with torch.inference_mode():
+        for got, expected in (
+            (traced(*inputs), whole(*inputs)),
+            (traced.ruled(*inputs, *rules), whole.ruled(*inputs, *rules)),
+        ):
+            np.testing.assert_array_equal(got[1].numpy(), expected[1].numpy())
+            tied = (expected[1][:, :, None] == expected[1][:, None, :]).sum(2) > 1
+            assert torch.equal(torch.where(tied, 0, got[0]), torch.where(tied, 0, expected[0]))
+            assert torch.equal(got[2], expected[2])
+
+
+def test_chunks_are_left_out_where_they_cannot_serve(tiny_run):
+    """A catalogue of fewer than max_k chunks, a graph that reads k on the host, and one that explores keep
+    ``topk`` over the row."""
+    graph = build_graph(tiny_run, load_spec(tiny_run), 100)
+    assert NativeGraph(graph, dynamic_k=False, chunk=256).chunk_columns is None  # 1,684 items: 6 chunks
+    assert NativeGraph(graph, dynamic_k=False, chunk=16).chunk_columns is not None
+    assert NativeGraph(graph, dynamic_k=True, chunk=16).chunk_columns is None
