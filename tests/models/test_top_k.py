@@ -40,21 +40,25 @@ def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
     run = make_random_run(tmp_path / "run", num_items=30_000, hidden=32, layers=1, heads=2, window=12)
     spec = load_spec(run)
     graph = build_graph(run, spec, 100)
-    inputs = example(9, spec.window - 1, spec, seed=3)
-    rules = example_inputs(spec, batch=9, length=1, seed=4)[3:]
     chunked, whole = NativeGraph(graph, dynamic_k=False, chunk=256), NativeGraph(graph, dynamic_k=False)
     assert chunked.chunk_columns is not None and whole.chunk_columns is None
-    methods = {"forward": inputs, "ruled": inputs + rules}
-    traced = torch.jit.trace_module(chunked.eval(), methods, check_trace=False)
+
+    def example_at(batch: int) -> tuple[tuple, tuple]:
+        return example(batch, spec.window - 1, spec, seed=batch), example_inputs(spec, batch, 1)[3:]
+
+    inputs, rules = example_at(9)
+    traced = torch.jit.trace_module(chunked.eval(), {"forward": inputs, "ruled": inputs + rules}, check_trace=False)
     with torch.inference_mode():
-        for got, expected in (
-            (traced(*inputs), whole(*inputs)),
-            (traced.ruled(*inputs, *rules), whole.ruled(*inputs, *rules)),
-        ):
-            np.testing.assert_array_equal(got[1].numpy(), expected[1].numpy())
-            tied = (expected[1][:, :, None] == expected[1][:, None, :]).sum(2) > 1
-            assert torch.equal(torch.where(tied, 0, got[0]), torch.where(tied, 0, expected[0]))
-            assert torch.equal(got[2], expected[2])
+        for batch in (9, 4, 1):  # the traced batch and others: one graph serves every batch size
+            inputs, rules = example_at(batch)
+            for got, expected in (
+                (traced(*inputs), whole(*inputs)),
+                (traced.ruled(*inputs, *rules), whole.ruled(*inputs, *rules)),
+            ):
+                np.testing.assert_array_equal(got[1].numpy(), expected[1].numpy())
+                tied = (expected[1][:, :, None] == expected[1][:, None, :]).sum(2) > 1
+                assert torch.equal(torch.where(tied, 0, got[0]), torch.where(tied, 0, expected[0]))
+                assert torch.equal(got[2], expected[2])
 
 
 def test_chunks_are_left_out_where_they_cannot_serve(tiny_run):

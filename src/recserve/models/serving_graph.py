@@ -122,9 +122,9 @@ def chunked_top_k(scores: torch.Tensor, k: int, columns: torch.Tensor) -> tuple[
     """The exact top ``k`` scores of each row of (B, V) ``scores`` and their indices, best first: each chunk's
     largest score, the ``k`` chunks with the largest, then the top ``k`` of their items and of the columns past
     the last whole chunk. Every item of the top k lies in a chunk whose largest score is at least the k-th's, so
-    the scores are ``topk``'s (indices may differ between equal scores). A radix select over the whole row reads
-    it four times; this reads it once and sorts k chunks' items: at 1M items on an H100, 0.21 against 0.56 ms at
-    batch 64, 0.12 against 0.18 at batch 16 (``benchmarks/output_layer_speed.py``).
+    the scores are ``topk``'s (indices may differ between equal scores). ``topk``'s radix select reads the whole
+    row in several passes; this reads it once and sorts the k best chunks' items: at 1M items on an H100, 0.21
+    against 0.56 ms at batch 64, 0.12 against 0.18 at batch 16 (``benchmarks/output_layer_speed.py``).
 
     Args:
         columns: (C,) 0..C-1 on the scores' device: the chunk's width C; at least k whole chunks in V.
