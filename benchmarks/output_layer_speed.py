@@ -70,9 +70,8 @@ def _try(name: str, call) -> float | None:
 
 def graph_rows(items: int, hidden: int, batches: list[int], k: int, work: Path, precision: str) -> list[dict]:
     from recserve.artifacts.export_manifest import ExportManifest
-    from recserve.bench.synthetic import synthetic_histories
+    from recserve.bench.synthetic import native_histories
     from recserve.export.exporter import export_run
-    from recserve.export.native_export import padded
 
     run = work / f"run-{items}-{hidden}"
     if not run.exists():
@@ -87,13 +86,8 @@ def graph_rows(items: int, hidden: int, batches: list[int], k: int, work: Path, 
     bank[:, 1:-1] = True
     rows = []
     for batch in batches:
-        histories = synthetic_histories(items, count=batch, seed=batch)
-        lengths = np.array([len(h) for h in histories])
-        ids = np.zeros((batch, max(lengths)), dtype=np.int64)
-        for r, h in enumerate(histories):
-            ids[r, ids.shape[1] - len(h) :] = h
         cuda = lambda a: torch.as_tensor(a).cuda()  # noqa: E731
-        inputs = (cuda(padded(ids, lengths, length)), cuda(np.full((batch, 1), 10, np.int32)))
+        inputs = (cuda(native_histories(items, batch, length, seed=batch)), cuda(np.full((batch, 1), 10, np.int32)))
         inputs += (cuda(np.ones((batch, 1), bool)), bank, cuda(np.zeros(batch, np.int64)))
         none = cuda(np.zeros((batch, 128), np.int64))
         with torch.inference_mode(), torch.jit.optimized_execution(False):

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.bench.synthetic import make_random_run, synthetic_histories
+from recserve.bench.synthetic import make_random_run, native_histories, synthetic_histories
 from recserve.rules.rule_book import RequestRules
 from recserve.serving.predictor import Predictor
 
@@ -123,7 +123,6 @@ def measure_native(
     import torch
 
     from recserve.export.exporter import export_run
-    from recserve.export.native_export import padded
 
     run = work / f"run-{items}"
     if not run.exists():
@@ -143,12 +142,7 @@ def measure_native(
     rows = []
     as_t = lambda a: torch.as_tensor(a).to(device)  # noqa: E731
     for batch in batches:
-        histories = synthetic_histories(items, count=batch, seed=batch)
-        lengths = np.array([len(h) for h in histories])
-        ids = np.zeros((batch, max(lengths)), dtype=np.int64)
-        for r, h in enumerate(histories):
-            ids[r, ids.shape[1] - len(h) :] = h
-        history = as_t(padded(ids, lengths, _native_length(export)))
+        history = as_t(native_histories(items, batch, _native_length(export), seed=batch))
         k, exclude = as_t(np.full((batch, 1), 10, np.int32)), as_t(np.ones((batch, 1), bool))
         none = as_t(np.zeros((batch, LISTED), np.int64))
         listed = np.zeros((batch, LISTED), np.int64)

@@ -74,6 +74,19 @@ def synthetic_histories(
     return [(rng.zipf(1.1, n) - 1) % num_items + 1 for n in lengths]
 
 
+def native_histories(num_items: int, count: int, length: int, seed: int = 0) -> np.ndarray:
+    """``count`` of ``synthetic_histories`` as a native model takes them: (count, ``length``) int64, each the most
+    recent ``length`` IDs, padding before them (``native_export.padded``)."""
+    from recserve.export.native_export import padded
+
+    histories = synthetic_histories(num_items, count=count, seed=seed)
+    lengths = np.array([len(h) for h in histories])
+    ids = np.zeros((count, max(lengths)), dtype=np.int64)
+    for row, history in enumerate(histories):
+        ids[row, ids.shape[1] - len(history) :] = history
+    return padded(ids, lengths, length)
+
+
 def zipf_log(users: int, items: int, per_user: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A log of ``users`` x ``per_user`` (Poisson, at least 5) interactions: ``user_id``, ``item_id`` (0..N-1)
     and ``timestamp`` columns, each user's rows together and items drawn by a Zipf-like popularity."""
