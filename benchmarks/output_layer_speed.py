@@ -3,16 +3,15 @@
 Each form is captured as a CUDA graph and replayed (as recserve's backend replays its steps), at each batch:
 
 - `graph`: the export's native graph (`recserve export --backend torchscript --precision P --device cuda`, P
-  bf16 and fp8),
-  its `ruled` method as the backend calls it (every row on the rule bank's first row, nothing excluded or
-  listed), with its kernels by GPU time at each batch;
+  bf16 and fp8), its `ruled` method as the backend calls it (every row on the rule bank's first row, nothing
+  excluded or listed), with its kernels by GPU time at each batch;
 - products (the query against the item table, each row's bias row added): bf16 into the gathered bias rows
-  (`addmm_`, today's), fp8 e4m3 with a scale a row (`torch._scaled_mm`, the query padded to 16 rows), int8
+  (`addmm_`), fp8 e4m3 with a scale a row (`recserve.models.output_table.scaled_product`, the export's fp8), int8
   (`torch._int_mm`, the query padded to 17 rows, its int32 scaled after), with the bytes a call reads over the
   time (GB/s);
 - top-k forms over the bf16 scores: `torch.topk` over the whole row, and `chunks-N`: each row's chunks of N
-  items' largest scores, the k chunks with the largest, the top k of their items (exact: every item of the top
-  k lies in a chunk whose largest score is at least the k-th's).
+  items' largest scores, the k chunks with the largest, the top k of their items
+  (`recserve.models.serving_graph.chunked_top_k`; exact).
 
     python benchmarks/output_layer_speed.py --items 1000000 --out runs/output-layer-speed.json
 """
@@ -29,19 +28,8 @@ import torch
 from recserve.bench.replay import replay_ms
 from recserve.bench.synthetic import make_random_run
 from recserve.host import cpu_model
-
-FP8_LARGEST = 448.0
-
-
-def chunked_top(scores: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact top k of each row of (B, V) ``scores`` (V a multiple of ``chunk``) through the k chunks with the
-    largest scores."""
-    rows, width = scores.shape
-    chunks = scores.view(rows, width // chunk, chunk)
-    best = chunks.amax(2).topk(min(k, width // chunk), 1).indices  # (B, k) chunks
-    index = (best[:, :, None] * chunk + torch.arange(chunk, device=scores.device)).view(rows, -1)
-    top, position = scores.gather(1, index).topk(k, 1)
-    return top, index.gather(1, position)
+from recserve.models.output_table import MULTIPLE, quantize_rows, scaled_product
+from recserve.models.serving_graph import chunked_top_k
 
 
 def _profile(call, calls: int = 20, count: int = 10) -> list[dict]:
@@ -106,22 +94,19 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
     width = -(-(items + 2) // max(chunks)) * max(chunks)  # the vocabulary padded to whole chunks
     table = (0.05 * torch.randn(width, hidden, generator=generator, device="cuda")).bfloat16()
     bias = torch.randn(2, width, generator=generator, device="cuda").bfloat16()
-    table_scale = table.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / FP8_LARGEST  # (V, 1)
-    table_fp8 = (table.float() / table_scale).to(torch.float8_e4m3fn)
+    table_fp8, table_scale = quantize_rows(table, MULTIPLE)
+    table_scale = table_scale.T.contiguous()  # (1, V): _scaled_mm's form
     int8_scale = table.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
     table_int8 = (table.float() / int8_scale).round().clamp(-127, 127).to(torch.int8)
+    chunks = [c for c in chunks if width // c >= k]  # chunked_top_k takes k chunks at least
+    columns = torch.arange(max(chunks, default=1), device="cuda")
     rows = []
     for batch in batches:
         query = torch.randn(batch, hidden, generator=generator, device="cuda").bfloat16()
         pick = torch.zeros(batch, dtype=torch.long, device="cuda")
 
         def fp8_product(query=query, pick=pick):
-            padded = torch.nn.functional.pad(query.float(), (0, 0, 0, (-query.shape[0]) % 16))
-            scale = padded.abs().amax(1, keepdim=True).clamp(min=1e-12) / FP8_LARGEST
-            product = torch._scaled_mm(
-                (padded / scale).to(torch.float8_e4m3fn), table_fp8.T, scale, table_scale.T, out_dtype=torch.bfloat16
-            )
-            return product[: query.shape[0]].add_(bias[pick])
+            return scaled_product(query, table_fp8, table_scale).add_(bias[pick])
 
         def int8_product(query=query, pick=pick):
             padded = torch.nn.functional.pad(query.float(), (0, 0, 0, max(17 - query.shape[0], 0)))
@@ -143,17 +128,19 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
             print(f"batch {batch}: product {name}: {ms} ms, {gbps} GB/s of the table", flush=True)
         expected = scores.topk(k, 1).values
         tops = {"topk": lambda s=scores: s.topk(k, 1)} | {
-            f"chunks-{c}": (lambda s=scores, c=c: chunked_top(s, k, c)) for c in chunks
+            f"chunks-{c}": (lambda s=scores, c=c: chunked_top_k(s, k, columns[:c])) for c in chunks
         }
         for name, call in tops.items():
             exact = bool(torch.equal(call()[0], expected))
             ms = _try(name, call)
             rows.append({"form": f"top-k {name}", "batch": batch, "ms": ms, "exact": exact})
             print(f"batch {batch}: top-k {name}: {ms} ms (exact: {exact})", flush=True)
-        for name, call in {"fp8 + chunks": fp8_product, "bf16 + chunks": forms["bf16 addmm_"][0]}.items():
+        for name, call in (
+            {"fp8 + chunks": fp8_product, "bf16 + chunks": forms["bf16 addmm_"][0]}.items() if chunks else ()
+        ):
             best = min(chunks, key=lambda c: next(r["ms"] or 1e9 for r in rows if r["form"] == f"top-k chunks-{c}"))
             with torch.inference_mode():
-                ms = _try(name, lambda call=call, best=best: chunked_top(call(), k, best))
+                ms = _try(name, lambda call=call, best=best: chunked_top_k(call(), k, columns[:best]))
             rows.append({"form": f"{name}-{best}", "batch": batch, "ms": ms})
             print(f"batch {batch}: {name}-{best}: {ms} ms", flush=True)
     return rows
