@@ -62,8 +62,8 @@ def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
 
 
 def test_chunks_are_left_out_where_they_cannot_serve(tiny_run):
-    """A catalogue of fewer than max_k chunks, a graph that reads k on the host, and one that explores keep
-    ``topk`` over the row."""
+    """A catalogue of fewer than max_k chunks and a graph that reads k on the host keep ``topk`` over the row
+    (as does one that explores: its answer's columns are laid out by ``explored_top``)."""
     graph = build_graph(tiny_run, load_spec(tiny_run), 100)
     assert NativeGraph(graph, dynamic_k=False, chunk=256).chunk_columns is None  # 1,684 items: 6 chunks
     assert NativeGraph(graph, dynamic_k=False, chunk=16).chunk_columns is not None
