@@ -68,3 +68,11 @@ def test_chunks_are_left_out_where_they_cannot_serve(tiny_run):
     assert NativeGraph(graph, dynamic_k=False, chunk=256).chunk_columns is None  # 1,684 items: 6 chunks
     assert NativeGraph(graph, dynamic_k=False, chunk=16).chunk_columns is not None
     assert NativeGraph(graph, dynamic_k=True, chunk=16).chunk_columns is None
+
+
+def test_the_chunks_columns_are_made_where_the_graph_is(tiny_run):
+    """A GPU export moves the graph to its device and then wraps it: the columns must be made there too (a CPU
+    tensor beside CUDA scores fails the trace)."""
+    graph = build_graph(tiny_run, load_spec(tiny_run), 100).to("meta")
+    columns = NativeGraph(graph, dynamic_k=False, chunk=16).chunk_columns
+    assert columns is not None and columns.device.type == "meta"

@@ -492,7 +492,8 @@ class NativeGraph(nn.Module):
         self.dynamic_k = dynamic_k
         chunked = chunk > 0 and not dynamic_k and not graph.head.slots
         chunked = chunked and graph.head.special.shape[0] // chunk >= self.max_k
-        self.register_buffer("chunk_columns", torch.arange(chunk) if chunked else None, persistent=False)
+        columns = torch.arange(chunk, device=graph.head.special.device) if chunked else None  # beside the graph
+        self.register_buffer("chunk_columns", columns, persistent=False)
         self.train(graph.training)
 
     def forward(
