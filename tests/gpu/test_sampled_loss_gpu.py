@@ -62,34 +62,33 @@ def test_a_sampled_loss_step_never_waits_for_the_gpu(monkeypatch, kernels):
     _step(True, monkeypatch, no_sync=True, kernels=kernels)
 
 
+def _assert_as_exact_as_the_plain_blocks(monkeypatch, label: str, loss, grads) -> None:
+    """``loss`` and ``grads`` (a ``_step``'s) against the float32 computation: the loss within 1e-2, each
+    gradient no farther from it than twice the plain bf16 blocks' distance (plus 1e-3)."""
+    exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
+    _, plain_grads = _step(False, monkeypatch)
+    torch.testing.assert_close(loss, exact_loss, rtol=1e-2, atol=1e-2)
+    errors, plain_errors = _errors(grads, exact_grads), _errors(plain_grads, exact_grads)
+    for name, error, plain in zip(("query", "table", "bias"), errors, plain_errors):
+        print(f"{name}: {label} {error:.4f}, plain {plain:.4f} relative error")
+        assert error <= 2 * plain + 1e-3, name
+
+
 def test_compiled_blocks_are_as_exact_as_the_plain_blocks(monkeypatch, caplog):
     """Under bf16 autocast, both against the float32 computation: the compiled blocks no farther from it
     than twice the plain ones' distance. On one H200: query 0.0006 against 0.0004, table 0.0030 against
     0.0018, bias 0.0347 against 0.0215 (the relative error of each gradient)."""
-    exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
-    plain_loss, plain_grads = _step(False, monkeypatch)
     compiled_loss, compiled_grads = _step(True, monkeypatch)
     assert losses._fused_forward.compiled and losses._fused_weights.compiled and "runs uncompiled" not in caplog.text, (
         "the compiled blocks did not run"
     )
-    torch.testing.assert_close(compiled_loss, exact_loss, rtol=1e-2, atol=1e-2)
-    compiled_errors, plain_errors = _errors(compiled_grads, exact_grads), _errors(plain_grads, exact_grads)
-    for name, compiled, plain in zip(("query", "table", "bias"), compiled_errors, plain_errors):
-        print(f"{name}: compiled {compiled:.4f}, plain {plain:.4f} relative error")
-        assert compiled <= 2 * plain + 1e-3, name
+    _assert_as_exact_as_the_plain_blocks(monkeypatch, "compiled", compiled_loss, compiled_grads)
 
 
 def test_the_pool_kernels_are_as_exact_as_the_plain_blocks(monkeypatch):
     """The Triton kernels (no logit in memory) against the float32 computation: no farther from it than
     twice the plain bf16 blocks' distance."""
-    exact_loss, exact_grads = _step(False, monkeypatch, bf16=False)
-    plain_loss, plain_grads = _step(False, monkeypatch)
-    kernel_loss, kernel_grads = _step(False, monkeypatch, kernels=True)
-    torch.testing.assert_close(kernel_loss, exact_loss, rtol=1e-2, atol=1e-2)
-    kernel_errors, plain_errors = _errors(kernel_grads, exact_grads), _errors(plain_grads, exact_grads)
-    for name, kernel, plain in zip(("query", "table", "bias"), kernel_errors, plain_errors):
-        print(f"{name}: kernels {kernel:.4f}, plain {plain:.4f} relative error")
-        assert kernel <= 2 * plain + 1e-3, name
+    _assert_as_exact_as_the_plain_blocks(monkeypatch, "kernels", *_step(False, monkeypatch, kernels=True))
 
 
 def test_the_pool_kernels_repeat_bit_for_bit(monkeypatch):

@@ -62,8 +62,9 @@ def _check_fp8(backend: str, device: str) -> None:
 
     if backend not in FP8_BACKENDS:
         raise ExportError(f"precision fp8 exports on {', '.join(FP8_BACKENDS)}, not {backend}; use bf16 on {backend}")
-    if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        name, (major, minor) = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
+    capability = torch.cuda.get_device_capability() if device == "cuda" else None
+    if capability is not None and capability < (8, 9):
+        name, (major, minor) = torch.cuda.get_device_name(), capability
         raise ExportError(
             f"precision fp8 needs a GPU of compute capability 8.9 or later (L4, L40S, H100, H200); {name} is "
             f"{major}.{minor}: use bf16"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -13,9 +14,9 @@ from recserve.constants import MAX_RULE_ITEMS, MAX_RULE_MASKS
 from recserve.data.vocab import use_lookup_table
 from recserve.errors import ConfigError, ExportError
 from recserve.export.spec import GraphSpec
-from recserve.models.multvae import MultVAE
 from recserve.models.run_loader import load_config, load_run, model_name
 from recserve.models.serving_graph import InferenceGraph
+from recserve.models.transformer import ItemTransformer
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -51,6 +52,8 @@ def build_graph(
     if precision not in PRECISIONS:
         raise ExportError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     encoder = load_run(run_dir)
+    if precision == "fp8" and not isinstance(encoder, ItemTransformer):
+        raise ExportError("precision fp8 quantizes a transformer's output layer; for Mult-VAE use bf16 or fp16")
     table = spec.vocab_ids if spec.id_mapping == "graph" else np.arange(1, len(spec.vocab_ids) + 1)
     try:
         graph = InferenceGraph(encoder, table, spec.popularity, max_k, explore_new).eval()
@@ -61,10 +64,8 @@ def build_graph(
     elif precision != "fp32":
         encoder.to(DTYPES[precision])
     if precision == "fp8":
-        if isinstance(encoder, MultVAE):
-            raise ExportError("precision fp8 quantizes a transformer's output layer; for Mult-VAE use bf16 or fp16")
         try:
-            encoder.quantize_output()
+            cast(ItemTransformer, encoder).quantize_output()  # a transformer: refused above otherwise
         except ConfigError as err:
             raise ExportError(str(err)) from None
     return graph
