@@ -4,11 +4,13 @@ Each form is captured as a CUDA graph and replayed (as recserve's backend replay
 
 - `graph`: the export's native graph (`recserve export --backend torchscript --precision P --device cuda`, P
   bf16 and fp8), its `ruled` method as the backend calls it (every row on the rule bank's first row, nothing
-  excluded or listed), with its kernels by GPU time at each batch;
+  excluded or listed) and its plain `forward` (`graph P plain`: a batch without rules), with its kernels by GPU
+  time at each batch;
 - products (the query against the item table, each row's bias row added): bf16 into the gathered bias rows
-  (`addmm_`), fp8 e4m3 with a scale a row (`recserve.models.output_table.scaled_product`, the export's fp8), int8
-  (`torch._int_mm`, the query padded to 17 rows, its int32 scaled after), with the bytes a call reads over the
-  time (GB/s);
+  (`addmm_`: rows of whole chunks; `addmm_ V`: the catalogue's own 1M + 2 columns; `addmm_ V in W`: those in
+  rows of whole chunks, as the GPU's graph lays them), fp8 e4m3 with a scale a row
+  (`recserve.models.output_table.scaled_product`, the export's fp8), int8 (`torch._int_mm`, the query padded to
+  17 rows, its int32 scaled after), with the bytes a call reads over the time (GB/s);
 - top-k forms over the bf16 scores: `torch.topk` over the whole row, and `chunks-N`: each row's chunks of N
   items' largest scores, the k chunks with the largest, the top k of their items
   (`recserve.models.serving_graph.chunked_top_k`; exact).
@@ -78,14 +80,19 @@ def graph_rows(items: int, hidden: int, batches: list[int], k: int, work: Path, 
         inputs = (cuda(native_histories(items, batch, length, seed=batch)), cuda(np.full((batch, 1), 10, np.int32)))
         inputs += (cuda(np.ones((batch, 1), bool)), bank, cuda(np.zeros(batch, np.int64)))
         none = cuda(np.zeros((batch, 128), np.int64))
-        with torch.inference_mode(), torch.jit.optimized_execution(False):
-            call = lambda inputs=inputs, none=none: module.ruled(*inputs, none, none)  # noqa: E731
-            ms = replay_ms(call)
-            kernels = _profile(call)
-        rows.append({"form": f"graph {precision}", "batch": batch, "ms": ms, "kernels": kernels})
-        print(f"graph {precision}, batch {batch}: {ms:.3f} ms", flush=True)
-        for kernel in kernels[:8]:
-            print(f"    {kernel['ms']:.4f} ms x{kernel['count']:.0f} {kernel['kernel']}", flush=True)
+        calls = {
+            "ruled": lambda inputs=inputs, none=none: module.ruled(*inputs, none, none),
+            "plain": lambda inputs=inputs: module(*inputs[:3]),
+        }
+        for method, call in calls.items():
+            with torch.inference_mode(), torch.jit.optimized_execution(False):
+                ms = replay_ms(call)
+                kernels = _profile(call)
+            form = f"graph {precision}" + (" plain" if method == "plain" else "")
+            rows.append({"form": form, "batch": batch, "ms": ms, "kernels": kernels})
+            print(f"{form}, batch {batch}: {ms:.3f} ms", flush=True)
+            for kernel in kernels[:8]:
+                print(f"    {kernel['ms']:.4f} ms x{kernel['count']:.0f} {kernel['kernel']}", flush=True)
     return rows
 
 
@@ -98,6 +105,8 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
     table_scale = table_scale.T.contiguous()  # (1, V): _scaled_mm's form
     int8_scale = table.float().abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
     table_int8 = (table.float() / int8_scale).round().clamp(-127, 127).to(torch.int8)
+    vocab = items + 2
+    table_v, bias_v = table[:vocab], bias[:, :vocab].contiguous()
     chunks = [c for c in chunks if width // c >= k]  # chunked_top_k takes k chunks at least
     columns = torch.arange(max(chunks, default=1), device="cuda")
     rows = []
@@ -116,6 +125,9 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
 
         forms = {
             "bf16 addmm_": (lambda query=query, pick=pick: bias[pick].addmm_(query, table.T), 2),
+            # the catalogue's own V columns (1M + 2: rows not a multiple of 8), whole rows and in rows of W
+            "bf16 addmm_ V": (lambda query=query, pick=pick: bias_v[pick].addmm_(query, table_v.T), 2),
+            "bf16 addmm_ V in W": (lambda query=query, pick=pick: bias[pick][:, :vocab].addmm_(query, table_v.T), 2),
             "fp8 scaled_mm": (fp8_product, 1),
             "int8 int_mm": (int8_product, 1),
         }

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from recserve.bench.synthetic import make_random_run
+from recserve.constants import NATIVE_PAD_ID
 from recserve.export.graph import build_graph, example_inputs, load_spec
 from recserve.export.native_export import example
 from recserve.models.serving_graph import NativeGraph, chunked_top_k
@@ -59,6 +60,34 @@ def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
                 tied = (expected[1][:, :, None] == expected[1][:, None, :]).sum(2) > 1
                 assert torch.equal(torch.where(tied, 0, got[0]), torch.where(tied, 0, expected[0]))
                 assert torch.equal(got[2], expected[2])
+
+
+def test_a_gpus_native_graph_lays_rows_in_whole_chunks_and_answers_only_items(tmp_path):
+    """A GPU's graph lays each row of scores over whole chunks (a row stride the matrix kernels align to), the
+    columns past the catalogue at -inf. A rule that lets through fewer than k items, all in the last chunk, puts
+    those columns among the top k's candidates: the answer holds the allowed items, then padding, and never an
+    index past the catalogue (it would fail the IDs' lookup)."""
+    run = make_random_run(tmp_path / "run", num_items=26_000, hidden=16, layers=1, heads=1, window=8)
+    spec = load_spec(run)
+    graph = NativeGraph(build_graph(run, spec, 100), dynamic_k=False, chunk=256)
+    vocab = 26_002
+    assert graph.width == 26_112  # 102 chunks, the last 110 columns past the catalogue
+    item_ids, k, _ = example(3, spec.window - 1, spec, seed=0)
+    masks = torch.zeros((1, vocab), dtype=torch.bool)
+    allowed = torch.arange(vocab - 8, vocab - 1)  # seven items, the catalogue's last
+    masks[0, allowed] = True
+    none = torch.zeros((3, 1), dtype=torch.int64)
+    with torch.inference_mode():
+        ids, top, _ = graph.ruled(item_ids, k, torch.zeros((3, 1), dtype=torch.bool), masks, none[:, 0], none, none)
+    expected = graph.fused.index_to_id[allowed]
+    assert torch.equal(ids[:, :7].sort(1).values, expected.expand(3, -1)) and bool((top[:, :7] > -1e30).all())
+    assert bool((ids[:, 7:] == NATIVE_PAD_ID).all()) and bool((top[:, 7:] == float("-inf")).all())
+    # which -inf columns fill a row is the top k's choice among ties (a GPU's radix select may take those past
+    # the catalogue): the selection keeps every index in range, whatever the columns past it hold
+    scores = torch.full((2, graph.width), float("-inf"))
+    scores[:, vocab:] = 1.0
+    _, index = graph._top(scores, k[:2])
+    assert int(index.max()) == vocab - 1
 
 
 def test_chunks_are_left_out_where_they_cannot_serve(tiny_run):

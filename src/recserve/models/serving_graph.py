@@ -300,12 +300,15 @@ class TopKHead(nn.Module):
         self,
         tokens: torch.Tensor,
         exclude_seen: torch.Tensor,
-        masks: torch.Tensor,
-        mask_of_row: torch.Tensor,
-        excluded: torch.Tensor,
+        masks: torch.Tensor | None = None,
+        mask_of_row: torch.Tensor | None = None,
+        excluded: torch.Tensor | None = None,
+        width: int = 0,
     ) -> torch.Tensor:
         """``scores`` under business rules, for one graph that serves every batch (a GPU's replays): the
-        rules as ``allowed_items`` takes them, less the lists to keep to (``top_k_of_lists``, after the top k).
+        rules as ``allowed_items`` takes them, less the lists to keep to (``top_k_of_lists``, after the top k);
+        without ``masks``, every item (a GPU's plain step: one pass over the scores besides the product, where
+        ``scores`` makes three).
 
         A transformer's rules ride in its output layer's bias. Each mask becomes two bias rows, the layer's
         own bias and the popularity of rows without a known item, -inf where the mask keeps an item out; each
@@ -318,23 +321,38 @@ class TopKHead(nn.Module):
         and seen items are set to -inf in one scatter. An encoder without that bias (Mult-VAE) takes the rules
         as ``scores`` does.
 
+        Args:
+            width: lay each row of scores over this many columns, -inf past the catalogue's V (a GPU's graph:
+                a row stride in whole chunks of ``chunked_top_k``, which the matrix kernels align to); 0 or
+                less than V: V.
+
         Returns:
-            (B, V) scores in the encoder's precision, as ``scores`` returns them under ``allowed_items``.
+            (B, max(width, V)) scores in the encoder's precision, as ``scores`` returns them under
+            ``allowed_items``.
         """
         encoder = self.encoder
         if not isinstance(encoder, (Bert4Rec, SASRec)):
-            return self.scores(tokens, exclude_seen, _masked_rows(masks, mask_of_row, excluded))
+            allowed = None if masks is None else _masked_rows(masks, mask_of_row, excluded)
+            return self.scores(tokens, exclude_seen, allowed)
         known = _known(tokens)
         query = encoder.query(tokens)
         dtype = query.dtype
-        bias = torch.stack([(encoder.out_bias + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
-        rows = torch.where(masks[None], bias[:, None], float("-inf")).flatten(0, 1)  # (2R, V): known, then not
-        row = (~known[:, 0]).long() * masks.shape[0] + mask_of_row  # (B,): each row's bias row
+        bias = torch.stack([(encoder.item_bias() + self.special).to(dtype), self.popularity.to(dtype)])  # (2, V)
+        items = encoder.cfg.vocab_size
+        unknown = (~known[:, 0]).long()
+        if masks is None or mask_of_row is None:  # every item: the known rows' bias row, or popularity's
+            rows, row = bias, unknown
+        else:  # (2R, V): known, then not
+            rows = torch.where(masks[None], bias[:, None], float("-inf")).flatten(0, 1)
+            row = unknown * masks.shape[0] + mask_of_row  # (B,): each row's bias row
+        if width > items:
+            rows = F.pad(rows, (0, width - items), value=float("-inf"))
         # whole rows copied by index_select: advanced indexing's gather took 0.31 of the graph's 1.52 ms at
         # batch 64 x 1M items on an H100 (benchmarks/output_layer_speed.py)
-        scores = encoder.add_output(rows.index_select(0, row), query * known.to(dtype))
+        scores = rows.index_select(0, row)
+        encoder.add_output(scores[:, :items], query * known.to(dtype))
         seen = _seen(tokens, exclude_seen)
-        return scores.scatter_(1, torch.cat([seen, excluded], 1), float("-inf"))
+        return scores.scatter_(1, seen if excluded is None else torch.cat([seen, excluded], 1), float("-inf"))
 
     def popular(
         self, tokens: torch.Tensor, top_scores: torch.Tensor, top_indices: torch.Tensor
@@ -494,6 +512,11 @@ class NativeGraph(nn.Module):
         chunked = chunked and graph.head.special.shape[0] // chunk >= self.max_k
         columns = torch.arange(chunk, device=graph.head.special.device) if chunked else None  # beside the graph
         self.register_buffer("chunk_columns", columns, persistent=False)
+        items = graph.head.special.shape[0]
+        # the scores' row stride in whole chunks: no columns past the last one, and a stride the GPU's matrix
+        # kernels align to (1M items + 2 is not a multiple of 8)
+        self.width = -(-items // chunk) * chunk if chunked else 0
+        self.last_index = items - 1
         self.train(graph.training)
 
     def forward(
@@ -506,9 +529,12 @@ class NativeGraph(nn.Module):
             neither padding nor in the catalogue).
         """
         tokens, unknown = self._tokens(item_ids)
-        g = self.fused
-        scores = g.head.scores(tokens, exclude_seen[:, 0])
-        top_scores, top_indices = g.head.popular(tokens, *self._top(scores, k))
+        head = self.fused.head
+        if self.width:  # a GPU's graph: the bias rows' one pass, each row's scores in whole chunks
+            scores = head.ruled_scores(tokens, exclude_seen[:, 0], width=self.width)
+        else:
+            scores = head.scores(tokens, exclude_seen[:, 0])
+        top_scores, top_indices = head.popular(tokens, *self._top(scores, k))
         return (*self._answer(top_scores, top_indices, k), unknown)
 
     def ruled(
@@ -530,7 +556,7 @@ class NativeGraph(nn.Module):
             scores = self.fused.head.scores(tokens, exclude_seen[:, 0], host_rules=rules)
             top_scores, top_indices = self._top(scores, k)
         else:  # one graph for every batch (a GPU's replays): the rules' bytes over the catalogue kept few
-            scores = self.fused.head.ruled_scores(tokens, exclude_seen[:, 0], masks, mask_of_row, excluded)
+            scores = self.fused.head.ruled_scores(tokens, exclude_seen[:, 0], masks, mask_of_row, excluded, self.width)
             top_scores, top_indices = top_k_of_lists(scores, *self._top(scores, k), included)
         top_scores = top_scores.float()
         return (*self._answer(top_scores, top_indices, k, top_scores > float("-inf")), unknown)
@@ -546,8 +572,9 @@ class NativeGraph(nn.Module):
     def _top(self, scores: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.dynamic_k and not self.fused.head.slots:  # exploration's columns are laid out for max_k
             return _top_k(scores, k, self.max_k)
-        if self.chunk_columns is not None:
-            return chunked_top_k(scores, self.max_k, self.chunk_columns)
+        if self.chunk_columns is not None:  # an index past the catalogue scores -inf: kept in range for the IDs
+            top_scores, top_indices = chunked_top_k(scores, self.max_k, self.chunk_columns)
+            return top_scores, top_indices.clamp_max(self.last_index)
         return self.fused.head.top_k(scores, self.max_k)
 
     def _answer(
