@@ -18,6 +18,7 @@ from recserve.serving.triton_server.launcher import TritonServer
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 MAX_BATCH = 16  # buckets 1, 2, 4, 8, 16
+ITEMS = 30_000  # past 100 chunks of 256 items: the GPU graph's top k through chunks, its rows in whole chunks
 
 
 def _repository(tmp_path: Path, gpu: int) -> Path:
@@ -26,7 +27,7 @@ def _repository(tmp_path: Path, gpu: int) -> Path:
     from recserve.serving.triton_repository.repository_settings import RepositorySettings
 
     require_native("recserve")
-    run = make_random_run(tmp_path / "run", num_items=5_000, hidden=64, layers=2, heads=2, window=20)
+    run = make_random_run(tmp_path / "run", num_items=ITEMS, hidden=64, layers=2, heads=2, window=20)
     repo = tmp_path / "repo"
     settings = RepositorySettings(device="gpu", gpus=(gpu,), max_batch_size=MAX_BATCH, instance_count=1)
     repository_from_run(run, repo, ("native",), settings, backend="torchscript", precision="fp32")
@@ -37,7 +38,7 @@ def _repository(tmp_path: Path, gpu: int) -> Path:
 
 def _requests(rows: int, length: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    ids = np.where(rng.random((rows, length)) < 0.4, -1, rng.integers(1, 5_001, (rows, length)))
+    ids = np.where(rng.random((rows, length)) < 0.4, -1, rng.integers(1, ITEMS + 1, (rows, length)))
     ids[0] = -1  # an empty history
     return {
         "item_ids": ids.astype(np.int64),
