@@ -146,13 +146,16 @@ def test_a_hide_retried_after_a_slow_reply_moves_the_version_once_a_hide(store_d
 
 def test_a_hide_of_a_million_ids_is_sent_in_changes_each_within_the_timeout(store_dir):
     """A million IDs once always timed out (one transaction past the 0.25 s timeout): now one change of 10,000
-    a transaction, each acknowledged within it."""
+    a transaction. On a loaded machine a chunk's reply may still come past the timeout: its retry finds it
+    applied (``applied_before``) and applies nothing twice, so the version moves once a chunk."""
     ids = [str(10**12 + n) for n in range(1_000_000)]
     with SessionStore(embedded_store.role_settings(store_dir, "operator")) as store:
         result = store.hide(ids)
-        assert result.changed == 1_000_000
+        assert result.changed + result.applied_before == 1_000_000 and result.version == 100
         assert len(store.hidden()[1]) == 1_000_000
-        assert store.hide(ids, hidden=False).changed == 1_000_000
+        shown = store.hide(ids, hidden=False)
+        assert shown.changed + shown.applied_before == 1_000_000 and shown.version == 200
+        assert store.hidden() == (200, [])
 
 
 def test_no_prefix_can_list_or_reach_anothers_keys(store_dir):
