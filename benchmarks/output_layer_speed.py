@@ -140,7 +140,7 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
             print(f"batch {batch}: product {name}: {ms} ms, {gbps} GB/s of the table", flush=True)
         expected = scores.topk(k, 1).values
         tops = {"topk": lambda s=scores: s.topk(k, 1)} | {
-            f"chunks-{c}": (lambda s=scores, c=c: chunked_top_k(s, k, columns[:c])) for c in chunks
+            f"chunks-{c}": (lambda s=scores, c=c: chunked_top_k(s, k, columns[:c], width, c)) for c in chunks
         }
         for name, call in tops.items():
             exact = bool(torch.equal(call()[0], expected))
@@ -152,7 +152,7 @@ def form_rows(items: int, hidden: int, batches: list[int], k: int, chunks: list[
         ):
             best = min(chunks, key=lambda c: next(r["ms"] or 1e9 for r in rows if r["form"] == f"top-k chunks-{c}"))
             with torch.inference_mode():
-                ms = _try(name, lambda call=call, best=best: chunked_top_k(call(), k, columns[:best]))
+                ms = _try(name, lambda call=call, best=best: chunked_top_k(call(), k, columns[:best], width, best))
             rows.append({"form": f"{name}-{best}", "batch": batch, "ms": ms})
             print(f"batch {batch}: {name}-{best}: {ms} ms", flush=True)
     return rows

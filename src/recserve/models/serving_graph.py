@@ -118,25 +118,29 @@ def top_k_of_lists(
 TOP_K_CHUNK = 256  # items a chunk in ``chunked_top_k``: the fastest of 256 and 1024 at batch 16 and 64 (H100)
 
 
-def chunked_top_k(scores: torch.Tensor, k: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_top_k(
+    scores: torch.Tensor, k: int, columns: torch.Tensor, width: int, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact top ``k`` scores of each row of (B, V) ``scores`` and their indices, best first: each chunk's
-    largest score, the ``k`` chunks with the largest, then the top ``k`` of their items and of the columns past
+    largest score, the ``k`` chunks with the largest, then the top k of their items and of the columns past
     the last whole chunk. Every item of the top k lies in a chunk whose largest score is at least the k-th's, so
     the scores are ``topk``'s (indices may differ between equal scores). ``topk``'s radix select reads the whole
     row in several passes; this reads it once and sorts the k best chunks' items: at 1M items on an H100, 0.21
     against 0.56 ms at batch 64, 0.12 against 0.18 at batch 16 (``benchmarks/output_layer_speed.py``).
 
     Args:
-        columns: (C,) 0..C-1 on the scores' device: the chunk's width C; at least k whole chunks in V.
+        columns: (C,) 0..C-1 on the scores' device.
+        width: V, the scores' columns; chunk: C, the chunk's width; at least k whole chunks in V. Python ints,
+            not the tensors' shapes: a traced graph keeps them as constants, where arithmetic on traced shapes
+            became tensors that a GPU's graph reads back to the host, which a CUDA graph's capture refuses.
     """
-    rows, width = scores.shape
-    chunk = columns.shape[0]
-    whole = width // chunk * chunk  # a graph's constant: its catalogue is fixed
-    largest = scores[:, :whole].view(rows, whole // chunk, chunk).amax(2)  # (B, V // C)
+    whole = width // chunk * chunk
+    largest = scores[:, :whole].unflatten(1, (whole // chunk, chunk)).amax(2)  # (B, V // C)
     best = largest.topk(k, 1).indices  # (B, k)
     index = (best[:, :, None] * chunk + columns).flatten(1)  # (B, k * C)
-    tail = columns[: width - whole] + whole  # the columns past the last whole chunk
-    index = torch.cat([index, tail.expand(rows, -1)], 1)
+    if whole < width:  # the columns past the last whole chunk
+        tail = columns[: width - whole] + whole
+        index = torch.cat([index, tail.expand(index.shape[0], -1)], 1)
     top, position = scores.gather(1, index).topk(k, 1)
     return top, index.gather(1, position)
 
@@ -513,9 +517,11 @@ class NativeGraph(nn.Module):
         columns = torch.arange(chunk, device=graph.head.special.device) if chunked else None  # beside the graph
         self.register_buffer("chunk_columns", columns, persistent=False)
         items = graph.head.special.shape[0]
-        # the scores' row stride in whole chunks: no columns past the last one, and a stride the GPU's matrix
-        # kernels align to (1M items + 2 is not a multiple of 8)
-        self.width = -(-items // chunk) * chunk if chunked else 0
+        # a transformer's rows of scores in whole chunks: no columns past the last one, and a row stride that
+        # the GPU's matrix kernels align to (1M items + 2 is not a multiple of 8); Mult-VAE's as they come
+        padded = isinstance(graph.head.encoder, (Bert4Rec, SASRec))
+        self.width = (-(-items // chunk) * chunk if padded else items) if chunked else 0
+        self.chunk = chunk
         self.last_index = items - 1
         self.train(graph.training)
 
@@ -530,7 +536,7 @@ class NativeGraph(nn.Module):
         """
         tokens, unknown = self._tokens(item_ids)
         head = self.fused.head
-        if self.width:  # a GPU's graph: the bias rows' one pass, each row's scores in whole chunks
+        if self.chunk_columns is not None:  # a GPU's graph: the bias rows' one pass, rows in whole chunks
             scores = head.ruled_scores(tokens, exclude_seen[:, 0], width=self.width)
         else:
             scores = head.scores(tokens, exclude_seen[:, 0])
@@ -573,7 +579,7 @@ class NativeGraph(nn.Module):
         if self.dynamic_k and not self.fused.head.slots:  # exploration's columns are laid out for max_k
             return _top_k(scores, k, self.max_k)
         if self.chunk_columns is not None:  # an index past the catalogue scores -inf: kept in range for the IDs
-            top_scores, top_indices = chunked_top_k(scores, self.max_k, self.chunk_columns)
+            top_scores, top_indices = chunked_top_k(scores, self.max_k, self.chunk_columns, self.width, self.chunk)
             return top_scores, top_indices.clamp_max(self.last_index)
         return self.fused.head.top_k(scores, self.max_k)
 
