@@ -85,15 +85,19 @@ def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
 
 
 def test_a_gpus_native_graph_lays_rows_in_whole_chunks_and_answers_only_items(tmp_path):
-    """A GPU's graph lays each row of scores over whole chunks (a row stride the matrix kernels align to), the
-    columns past the catalogue at -inf. A rule that lets through fewer than k items, all in the last chunk, puts
-    those columns among the top k's candidates: the answer holds the allowed items, then padding, and never an
-    index past the catalogue (it would fail the IDs' lookup)."""
+    """A GPU's graph lays each row of scores over whole chunks, and its item table as many rows (shapes the
+    matrix kernels align to), the columns past the catalogue at -inf. A rule that lets through fewer than k
+    items, all in the last chunk, puts those columns among the top k's candidates: the answer holds the allowed
+    items, then padding, and never an index past the catalogue (it would fail the IDs' lookup)."""
     run = make_random_run(tmp_path / "run", num_items=26_000, hidden=16, layers=1, heads=1, window=8)
     spec = load_spec(run)
-    graph = NativeGraph(build_graph(run, spec, 100), dynamic_k=False, chunk=256)
+    fused = build_graph(run, spec, 100)
+    graph = NativeGraph(fused, dynamic_k=False, chunk=256)
     vocab = 26_002
     assert graph.width == 26_112  # 102 chunks, the last 110 columns past the catalogue
+    # the item table as wide, so that the product spans whole rows; in the native graph's own copy
+    assert graph.fused.head.encoder.item_emb.weight.shape == (26_112, 16)
+    assert fused.head.encoder.item_emb.weight.shape == (vocab, 16)
     item_ids, k, _ = example(3, spec.window - 1, spec, seed=0)
     masks = torch.zeros((1, vocab), dtype=torch.bool)
     allowed = torch.arange(vocab - 8, vocab - 1)  # seven items, the catalogue's last

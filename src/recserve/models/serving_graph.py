@@ -10,6 +10,9 @@ outside the graph (tensors cannot hold strings), so the graph's ID table is then
 
 from __future__ import annotations
 
+import copy
+from typing import cast
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -336,8 +339,9 @@ class TopKHead(nn.Module):
         """
         encoder = self.encoder
         if not isinstance(encoder, (Bert4Rec, SASRec)):
-            allowed = None if masks is None else _masked_rows(masks, mask_of_row, excluded)
-            return self.scores(tokens, exclude_seen, allowed)
+            if masks is None or mask_of_row is None or excluded is None:
+                return self.scores(tokens, exclude_seen)
+            return self.scores(tokens, exclude_seen, _masked_rows(masks, mask_of_row, excluded))
         known = _known(tokens)
         query = encoder.query(tokens)
         dtype = query.dtype
@@ -354,7 +358,7 @@ class TopKHead(nn.Module):
         # whole rows copied by index_select: advanced indexing's gather took 0.31 of the graph's 1.52 ms at
         # batch 64 x 1M items on an H100 (benchmarks/output_layer_speed.py)
         scores = rows.index_select(0, row)
-        encoder.add_output(scores[:, :items], query * known.to(dtype))
+        encoder.add_output(scores, query * known.to(dtype))
         seen = _seen(tokens, exclude_seen)
         return scores.scatter_(1, seen if excluded is None else torch.cat([seen, excluded], 1), float("-inf"))
 
@@ -508,7 +512,6 @@ class NativeGraph(nn.Module):
                 them and no answer explores; 0: ``topk`` over the whole row.
         """
         super().__init__()
-        self.fused = graph  # not "graph": torch.export's modules have an attribute of that name
         self.max_k = graph.head.max_k
         self.k_limit = graph.head.k_limit  # k up to this is answered, with at most max_k items
         self.dynamic_k = dynamic_k
@@ -523,6 +526,10 @@ class NativeGraph(nn.Module):
         self.width = (-(-items // chunk) * chunk if padded else items) if chunked else 0
         self.chunk = chunk
         self.last_index = items - 1
+        if self.width > items:  # the item table in whole chunks too, in a copy: the caller's graph keeps its own
+            graph = copy.deepcopy(graph)
+            cast(Bert4Rec | SASRec, graph.head.encoder).pad_items(self.width)
+        self.fused = graph  # not "graph": torch.export's modules have an attribute of that name
         self.train(graph.training)
 
     def forward(

@@ -385,6 +385,7 @@ class ItemTransformer(nn.Module):
         self.output_scale: torch.Tensor | None
         self.register_buffer("output_rows", None, persistent=False)
         self.register_buffer("output_scale", None, persistent=False)
+        self.table_rows = cfg.vocab_size  # the item table's rows: more after ``pad_items``
         columns = getattr(cfg, "attribute_columns", 0)
         self.attributes = (
             ItemAttributeEmbedding(cfg.vocab_size, columns, cfg.attribute_rows, cfg.hidden, cfg.id_dropout)
@@ -459,12 +460,26 @@ class ItemTransformer(nn.Module):
             product = scaled_product(query, rows, scale)[:, : self.cfg.vocab_size]
         return product + self.item_bias() if with_bias else product
 
-    def add_output(self, scores: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        """``scores`` (B, N + 2) plus the output layer's product with ``query`` (B, H), its bias left out: in
-        place, in one matrix kernel where the table is in the query's precision."""
+    def add_output(self, scores: torch.Tensor, query: torch.Tensor) -> None:
+        """Adds to ``scores`` (B, W) the output layer's product with ``query`` (B, H), its bias left out, over the
+        first columns, one an item of the table (W at least its rows: a serving graph's rows may run past the
+        catalogue): in place, in one matrix kernel where the table is in the query's precision."""
         if self.output_rows is None:
-            return scores.addmm_(query, self.item_vectors().T)
-        return scores.add_(self.tied_output(query, with_bias=False))
+            scores[:, : self.table_rows].addmm_(query, self.item_vectors().T)
+        else:
+            scores[:, : self.cfg.vocab_size].add_(self.tied_output(query, with_bias=False))
+
+    def pad_items(self, width: int) -> None:
+        """The item table grown to ``width`` rows of zeros, for a serving graph whose rows of scores are that wide
+        (``serving_graph.NativeGraph`` on a GPU): the output layer's product then spans whole rows, a shape the
+        GPU's matrix kernels align to (1M items on an H100: 0.19 against 0.29 ms at batch 1, 0.33 against 0.40 at
+        batch 64; ``benchmarks/output_layer_speed.py``). No input reaches the rows past the catalogue; the 8-bit
+        copy (``quantize_output``) keeps its own rows. After ``prepare_inference``."""
+        weight = self.item_emb.weight
+        if self.attributes is not None or width < weight.shape[0]:
+            raise ConfigError(f"pad_items({width}): a plain table of at most {width} rows only (prepare_inference)")
+        self.item_emb.weight = nn.Parameter(F.pad(weight.detach(), (0, 0, 0, width - weight.shape[0])), False)
+        self.table_rows = width
 
     def quantize_output(self) -> None:
         """Scores against a float8 e4m3 copy of the item table from now on (``recserve.models.output_table``):
