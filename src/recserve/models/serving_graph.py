@@ -515,11 +515,10 @@ class NativeGraph(nn.Module):
         self.max_k = graph.head.max_k
         self.k_limit = graph.head.k_limit  # k up to this is answered, with at most max_k items
         self.dynamic_k = dynamic_k
-        chunked = chunk > 0 and not dynamic_k and not graph.head.slots
-        chunked = chunked and graph.head.special.shape[0] // chunk >= self.max_k
+        items = graph.head.special.shape[0]
+        chunked = chunk > 0 and not dynamic_k and not graph.head.slots and items // chunk >= self.max_k
         columns = torch.arange(chunk, device=graph.head.special.device) if chunked else None  # beside the graph
         self.register_buffer("chunk_columns", columns, persistent=False)
-        items = graph.head.special.shape[0]
         # a transformer's rows of scores in whole chunks: no columns past the last one, and a row stride that
         # the GPU's matrix kernels align to (1M items + 2 is not a multiple of 8); Mult-VAE's as they come
         padded = isinstance(graph.head.encoder, (Bert4Rec, SASRec))
