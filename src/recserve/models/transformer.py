@@ -477,7 +477,10 @@ class ItemTransformer(nn.Module):
         copy (``quantize_output``) keeps its own rows. After ``prepare_inference``."""
         weight = self.item_emb.weight
         if self.attributes is not None or width < weight.shape[0]:
-            raise ConfigError(f"pad_items({width}): a plain table of at most {width} rows only (prepare_inference)")
+            raise ConfigError(
+                f"pad_items({width}): pads a plain table (after prepare_inference) of at most {width} rows; this one "
+                f"has {weight.shape[0]} rows{' and attribute rows' if self.attributes is not None else ''}"
+            )
         self.item_emb.weight = nn.Parameter(F.pad(weight.detach(), (0, 0, 0, width - weight.shape[0])), False)
         self.table_rows = width
 
