@@ -77,3 +77,27 @@ def test_new_written_rules_reach_the_device_copy_row_by_row(tmp_path, backend, d
             assert all(i % 20 in (a, b) for i in ids) and (n < 40 or min(ids) > 200), (n, ids)
             wanted = want.rows(row, row + 1, 10)[0][0].tolist()
             assert len(ids) == len(wanted) == 10 and len(set(ids) & set(wanted)) >= 9, (n, ids, wanted)
+
+
+def test_a_gpu_export_captures_its_native_model_and_refuses_one_that_reads_the_host(tmp_path):
+    """A GPU's TorchScript export is captured as CUDA graphs before it is written, each method at batch 1 and 4,
+    as recserve's backend captures it when it loads it; a native graph that reads a value back to the host
+    mid-call (the CPU's form, which reads the batch's largest k) is refused with what the backend would meet.
+    30,000 items: past the 100 chunks where a GPU's graph takes its top k through chunks."""
+    from recserve.bench.synthetic import make_random_run
+    from recserve.errors import ExportError
+    from recserve.export import native_export
+    from recserve.export.torchscript import trace_frozen
+    from recserve.models.serving_graph import NativeGraph
+
+    run = make_random_run(tmp_path / "run", num_items=30_000, hidden=32, layers=1, heads=2, window=12)
+    manifest = export_run(run, "torchscript", "bf16", tmp_path / "out", device="cuda")
+    assert manifest.validation["native_captured"] == ["forward@1", "ruled@1", "forward@4", "ruled@4"]
+
+    spec = load_spec(run)
+    host_k = NativeGraph(build_graph(run, spec, 100).cuda(), dynamic_k=True)
+    inputs = tuple(t.cuda() for t in native_export.example(4, spec.window - 1, spec))
+    with torch.inference_mode():
+        torch.jit.save(trace_frozen(host_k, inputs), tmp_path / "host_k.pt")
+    with pytest.raises(ExportError, match="forward cannot be captured as a CUDA graph at batch 1"):
+        native_export.check_capture(tmp_path, "host_k.pt", spec, "cuda", ruled=False)

@@ -8,7 +8,7 @@ import torch
 from recserve.bench.synthetic import make_random_run
 from recserve.constants import NATIVE_PAD_ID
 from recserve.export.graph import build_graph, example_inputs, load_spec
-from recserve.export.native_export import example
+from recserve.export.native_export import _capture_failure, example
 from recserve.models.serving_graph import NativeGraph, chunked_top_k
 
 
@@ -82,6 +82,28 @@ def test_a_gpus_native_graph_answers_alike_through_chunks(tmp_path):
                 tied = (expected[1][:, :, None] == expected[1][:, None, :]).sum(2) > 1
                 assert torch.equal(torch.where(tied, 0, got[0]), torch.where(tied, 0, expected[0]))
                 assert torch.equal(got[2], expected[2])
+
+
+def test_a_refused_capture_names_the_cuda_error_and_the_graphs_line():
+    """A GPU export captures its native model before it is written (``native_export.check_capture``, run by the
+    GPU tests); where the capture fails, the refusal says in one line what CUDA said and which line of the
+    frozen graph met it, from the TorchScript interpreter's traceback (the one the capture defect gave)."""
+    failure = RuntimeError(
+        "The following operation failed in the TorchScript interpreter.\n"
+        "Traceback of TorchScript, serialized code (most recent call last):\n"
+        '  File "code/__torch__/recserve/models/serving_graph.py", line 33, in forward\n'
+        "    whole = torch.mul(_31, CONSTANTS.c19)\n"
+        "    _32 = int(whole)\n"
+        "          ~~~ <--- HERE\n"
+        "RuntimeError: CUDA error: operation not permitted when stream is capturing\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call\n"
+    )
+    assert (
+        _capture_failure(failure)
+        == "CUDA error: operation not permitted when stream is capturing (at `_32 = int(whole)`)"
+    )
+    assert _capture_failure(RuntimeError("CUDA error: out of memory")) == "CUDA error: out of memory"
+    assert _capture_failure(RuntimeError()) == "RuntimeError"
 
 
 def test_a_gpus_native_graph_lays_rows_in_whole_chunks_and_answers_only_items(tmp_path):

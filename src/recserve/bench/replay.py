@@ -7,19 +7,13 @@ from collections.abc import Callable
 
 import torch
 
+from recserve.export.native_export import captured
+
 
 def replay_ms(fn: Callable[[], object], repeats: int = 50) -> float:
     """Median milliseconds of one replay of ``fn`` captured as a CUDA graph (warmed up first, on a side stream
     as capturing asks), timed by CUDA events."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = captured(fn)
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -64,4 +64,5 @@ def export(
         f"{backend} {precision} -> {out}: max score difference {v['max_score_diff']:.2e}, "
         f"top-10 overlap {v['top10_overlap']:.3f}"
         + (f", NDCG@10 change {v['ndcg10_delta']:+.4f}" if v.get("ndcg10_delta") is not None else "")
+        + ("; its native model captured as CUDA graphs" if v.get("native_captured") else "")
     )

@@ -16,6 +16,7 @@ from recserve.constants import (
     DEFAULT_MAX_K,
     ITEMS_FILE,
     MODEL_CONFIG_FILE,
+    NATIVE_TORCHSCRIPT_FILE,
     POPULARITY_FILE,
 )
 from recserve.errors import ExportError
@@ -125,6 +126,10 @@ def export_run(
             validation["native"] = check_parity(reference, served, spec, precision, spec.window - 1, rules=False)
             if manifest.native_rules:  # its ruled method, under business rules (recserve's backend)
                 validation["native_ruled"] = check_parity(reference, served, spec, precision, spec.window - 1)
+            if device.startswith("cuda") and manifest.native_model == NATIVE_TORCHSCRIPT_FILE:  # as served on GPUs
+                validation["native_captured"] = native_export.check_capture(
+                    tmp, manifest.native_model, spec, device, bool(manifest.native_rules)
+                )
         if precision != "fp32":
             validation |= _quality_change(reference, runner, spec, run_dir, data_dir)
         manifest = dataclasses.replace(manifest, validation=validation)

@@ -7,15 +7,18 @@ against eager fp32 before the export is written.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from recserve.constants import NATIVE_ONNX_FILE, NATIVE_PAD_ID
+from recserve.errors import ExportError
 from recserve.export.spec import GraphSpec
 
 NativeFn = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]  # (ids, k, exclude_seen[, *rules])
+CAPTURED_BATCHES = (1, 4)  # a GPU export's native model captured at these before the export is written
 
 
 def unsupported(spec: GraphSpec) -> str | None:
@@ -96,3 +99,72 @@ def load(export_dir: Path, file: str, device: str = "cpu") -> NativeFn:
         return tuple(t.cpu().numpy() if t.dtype != torch.bfloat16 else t.float().cpu().numpy() for t in out)
 
     return run_torch
+
+
+def captured(fn: Callable[[], object], warmups: int = 3):
+    """``fn`` captured as a CUDA graph, as recserve's backend captures a native model: called ``warmups`` times
+    on a side stream first (allocations, lazy initialisation), then recorded. Returns the graph and what the
+    recorded call returned (the graph's own tensors, which each replay writes again)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def check_capture(export_dir: Path, file: str, spec: GraphSpec, device: str, ruled: bool) -> list[str]:
+    """A GPU's native TorchScript model captured as CUDA graphs, as recserve's backend captures it when it
+    loads it: ``forward`` (and ``ruled``) at each of ``CAPTURED_BATCHES``, replayed, its scores the uncaptured
+    call's. A graph that reads a value back to the host mid-call (a size computed on the device, a
+    data-dependent shape) cannot be captured, and the backend would refuse to load it: the export is refused
+    instead. Returns what was captured, as "forward@1".
+
+    Raises:
+        ExportError: a method could not be captured, or its replay answered other than the call.
+    """
+    import torch
+
+    from recserve.export.graph import example_inputs
+
+    module = torch.jit.load(str(Path(export_dir) / file), map_location=device).eval()
+    done = []
+    for batch in CAPTURED_BATCHES:
+        inputs = tuple(t.to(device) for t in example(batch, spec.window - 1, spec, seed=batch))
+        rules = tuple(t.to(device) for t in example_inputs(spec, batch, 1, seed=batch)[3:])
+        calls = {"forward": (module.forward, inputs)} | ({"ruled": (module.ruled, inputs + rules)} if ruled else {})
+        for name, (method, args) in calls.items():
+            with torch.inference_mode(), torch.jit.optimized_execution(False):  # as Triton's backends run it
+                called = method(*args)
+                try:
+                    graph, replayed = captured(functools.partial(method, *args))
+                    graph.replay()
+                    torch.cuda.synchronize(device)
+                except RuntimeError as error:
+                    raise ExportError(
+                        f"the native model's {name} cannot be captured as a CUDA graph at batch {batch}, so "
+                        f"recserve's backend could not load it: {_capture_failure(error)}"
+                    ) from error
+            if not torch.allclose(replayed[1].float(), called[1].float(), rtol=1e-3, atol=1e-3):
+                raise ExportError(
+                    f"the native model's {name} captured at batch {batch} answers other scores than called: "
+                    "recserve's backend would serve the captured ones"
+                )
+            done.append(f"{name}@{batch}")
+    return done
+
+
+def _capture_failure(error: RuntimeError) -> str:
+    """What a failed capture says in one line: the CUDA error, and the TorchScript line that met it, where the
+    interpreter's traceback names one (the line before its "<--- HERE")."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = next((line.removeprefix("RuntimeError: ") for line in lines if line.startswith("RuntimeError:")), None)
+    reason = reason or (lines[0] if lines else type(error).__name__)
+    at = [lines[i - 1] for i, line in enumerate(lines) if "<--- HERE" in line and i > 0]
+    return reason + (f" (at `{at[-1]}`)" if at else "")
