@@ -462,6 +462,12 @@ ModelState::ReadRules()
   return nullptr;
 }
 
+static double
+SteadySeconds()  // the monotonic clock, in seconds
+{
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // The steps of a batch, timed: its requests read and staged, the store's round trips (sessions, hidden items:
 // commands sent, replies awaited and decoded by hiredis), the sessions' replies parsed into item IDs and copied
 // into the batch's rows, the graph's inputs copied, the graph run (on a GPU: replayed and waited for), the
@@ -533,10 +539,7 @@ class StepClock {
   }
 
  private:
-  static double Now()
-  {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  static double Now() { return SteadySeconds(); }
   int64_t period_s_;
   double started_ = 0, last_ = 0, period_start_ = -1;
   double spent_[kBatchSteps] = {};
@@ -603,8 +606,17 @@ class ModelInstanceState : public BackendModelInstance {
   void StageHistories(const SessionRows& batch, std::vector<Slot>* slots);
   // Business rules: the request's rows' mask and listed items staged (rows [first_row, first_row + rows)).
   TRITONSERVER_Error* StageRules(TRITONBACKEND_Request* request, int64_t first_row, int64_t rows);
-  // The hidden items brought to the store's (`version`: by session, as the sessions' round trip read it).
-  void RefreshHidden(int64_t version);
+  // The hidden items brought to the store's (`version`: by session, as the sessions' round trip read it; -1
+  // without sessions: the reply of SendHiddenVersion's GET where one was sent, else a GET now). True where the
+  // masks changed.
+  bool RefreshHidden(int64_t version);
+  // Without sessions: the hidden items' version asked for now (SessionStore::SendVersion), so that the store
+  // answers while the batch's graph runs. False where no store is there to ask, a failed read's pause lasts,
+  // or the store could not be asked (its problem said as a failed read's is).
+  bool SendHiddenVersion();
+  // A read of the hidden items failed: the items read last stay hidden; said once a problem (again every
+  // minute it lasts), and the next try made after a pause, not on every batch.
+  void HiddenProblem(const std::string& problem, double clock);
   TRITONSERVER_Error* Respond(const Slot& slot);
   // Runs rows [0, rows) of the staged inputs (under their rules where `ruled`); the answers land in outputs_
   // (host tensors).
@@ -1164,33 +1176,54 @@ ModelInstanceState::StageRules(TRITONBACKEND_Request* request, int64_t first_row
 }
 
 void
+ModelInstanceState::HiddenProblem(const std::string& problem, double clock)
+{
+  if (problem != hidden_problem_ || clock >= hidden_logged_at_ + 60) {
+    LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
+    hidden_logged_at_ = clock;
+  }
+  hidden_problem_ = problem;
+  hidden_retry_at_ = clock + kHiddenRetryS;
+}
+
+bool
+ModelInstanceState::SendHiddenVersion()
+{
+  const double clock = SteadySeconds();
+  if (hidden_store_ == nullptr || (!hidden_problem_.empty() && clock < hidden_retry_at_)) {
+    return false;
+  }
+  const std::string problem = hidden_store_->SendVersion();
+  if (!problem.empty()) {
+    HiddenProblem(problem, clock);
+    return false;
+  }
+  return true;
+}
+
+bool
 ModelInstanceState::RefreshHidden(int64_t version)
 {
   SessionStore* store = model_->BySession() ? store_.get() : hidden_store_.get();
-  const double clock = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const double clock = SteadySeconds();
   // no version to follow (none in the store, or not a count: read as 0): the whole set every kHiddenWholeS
   const bool whole_due = hidden_version_ <= 0 && clock >= hidden_whole_at_ + kHiddenWholeS;
   if (store == nullptr || (model_->BySession() && version == hidden_version_ && !whole_due)) {
-    return;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
+    return false;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
   }
   if (!hidden_problem_.empty() && clock < hidden_retry_at_) {
-    return;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
+    return false;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
   }
   SessionStore::HiddenRead read;
   const std::string problem =
       store->Hidden(hidden_version_, hidden_entry_, &read, model_->BySession() && !whole_due, whole_due);
-  if (!problem.empty()) {  // the items read last stay hidden; said once a problem (again every minute it lasts)
-    if (problem != hidden_problem_ || clock >= hidden_logged_at_ + 60) {
-      LOG_MESSAGE(TRITONSERVER_LOG_WARN, ("recserve backend: the hidden items were not read: " + problem).c_str());
-      hidden_logged_at_ = clock;
-    }
-    hidden_problem_ = problem;
-    hidden_retry_at_ = clock + kHiddenRetryS;
-    return;
+  if (!problem.empty()) {
+    HiddenProblem(problem, clock);
+    return false;
   }
   hidden_problem_.clear();
   if (!read.changed) {
-    return;  // the version has not moved: what was read last holds
+    return false;  // the version has not moved: what was read last holds
   }
   // the items not hidden, on the host: the whole set anew, or the changes since the entry read last, in order
   bool* flags = visible_host_.data_ptr<bool>();
@@ -1233,6 +1266,7 @@ ModelInstanceState::RefreshHidden(int64_t version)
   hidden_version_ = read.version;
   hidden_entry_ = read.entry;
   hidden_count_ = count;
+  return true;
 }
 
 std::vector<at::Tensor>
@@ -1593,15 +1627,29 @@ ModelInstanceState::Execute(TRITONBACKEND_Request** requests, uint32_t request_c
     clock_.Mark(kStepParse);  // after a failure: its remains (StageHistories marks its own steps)
   }
   if (rows > 0 && failure.empty()) {
-    try {
-      if (model_->Rules() && !model_->BySession()) {
-        RefreshHidden(-1);
+    // Without sessions the hidden items' version is asked for once the batch's requests are read, and its
+    // reply read after the graph ran, so the store answers while the graph runs; where it moved, the items are
+    // read and the batch runs again under them before anything is answered (so a batch that begins after the
+    // store acknowledged a hide still never answers the item).
+    const bool asked = model_->Rules() && !model_->BySession() && SendHiddenVersion();
+    clock_.Mark(kStepStore);
+    auto guarded = [&](auto&& step) {
+      try {
+        step();
       }
-      clock_.Mark(kStepStore);
-      Run(rows, ruled_ || hidden_count_ > 0);
-    }
-    catch (const std::exception& ex) {
-      failure = std::string("recserve backend: running the graph failed: ") + ex.what();
+      catch (const std::exception& ex) {
+        failure = std::string("recserve backend: running the graph failed: ") + ex.what();
+      }
+    };
+    guarded([&] { Run(rows, ruled_ || hidden_count_ > 0); });
+    if (asked) {
+      guarded([&] {
+        const bool moved = RefreshHidden(-1);  // the reply read even where the graph failed: none is left behind
+        clock_.Mark(kStepStore);
+        if (moved && failure.empty()) {
+          Run(rows, ruled_ || hidden_count_ > 0);
+        }
+      });
     }
   }
   SET_TIMESTAMP(times.compute_end);

@@ -346,6 +346,7 @@ SessionStore::Drop()
     redisFree(c_);
     c_ = nullptr;
   }
+  version_sent_ = false;
 }
 
 std::string
@@ -630,6 +631,35 @@ SessionStore::AppendAndRead(
 }
 
 std::string
+SessionStore::SendVersion()
+{
+  if (version_sent_) {  // an earlier ask's reply was never read: this connection's next reply would be that one
+    Drop();
+  }
+  if (c_ == nullptr) {
+    const std::string problem = Connect();
+    if (!problem.empty()) {
+      return problem;
+    }
+  }
+  redisSetTimeout(c_, Timeval(s_.timeout_s));
+  const std::vector<std::string> words = {"GET", s_.prefix + "items:version"};  // store_contract.HIDDEN_VERSION_KEY
+  Argv command(words);
+  int done = 0;
+  bool sent = redisAppendCommandArgv(c_, command.argc(), command.argv.data(), command.lengths.data()) == REDIS_OK;
+  while (sent && !done) {  // written now, not when the reply is awaited
+    sent = redisBufferWrite(c_, &done) == REDIS_OK;
+  }
+  if (!sent) {
+    const std::string why = c_->err != 0 ? std::string(c_->errstr) : "out of memory";
+    Drop();
+    return "the session store at " + s_.url + ": asking for the hidden items' version failed: " + why;
+  }
+  version_sent_ = true;
+  return "";
+}
+
+std::string
 SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, bool version_read, bool whole_due)
 {
   read->changed = false;
@@ -650,7 +680,16 @@ SessionStore::Hidden(int64_t known, const std::string& entry, HiddenRead* read, 
     return "the session store at " + s_.url + ": " + what + " failed: " + why;
   };
   if (!version_read) {
-    Reply reply = Command(c_, {"GET", version_key});
+    Reply reply;
+    if (version_sent_) {  // SendVersion's GET, answered while the batch ran
+      void* raw = nullptr;
+      version_sent_ = false;
+      if (redisGetReply(c_, &raw) == REDIS_OK) {
+        reply.reset(static_cast<redisReply*>(raw));
+      }
+    } else {
+      reply = Command(c_, {"GET", version_key});
+    }
     if (reply == nullptr) {
       return failed("reading the hidden items' version");
     }

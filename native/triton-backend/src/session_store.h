@@ -99,6 +99,11 @@ class SessionStore {
   std::string Hidden(
       int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false, bool whole_due = false);
 
+  // The hidden items' version asked for now, its reply read by the next Hidden (which then sends no GET of its
+  // own): a batch sends it as it begins and runs its graph while the store answers. Returns "" or the store's
+  // problem (then nothing is pending, and Hidden asks again itself).
+  std::string SendVersion();
+
   const StoreSettings& Settings() const { return s_; }
 
  private:
@@ -116,6 +121,7 @@ class SessionStore {
 
   StoreSettings s_;
   redisContext* c_ = nullptr;
+  bool version_sent_ = false;  // SendVersion's GET awaits its reply on c_
   double retry_at_ = 0;  // steady-clock seconds before which no new connection is tried
   double backoff_s_ = 0;
   std::string last_problem_;
