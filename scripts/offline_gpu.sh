@@ -113,7 +113,8 @@ carried_server() {  # the carried server, perf_analyzer and wheels set up; the n
 
 # OUTPUT_SPEED=1 first: the served graph's replays at 1M items and its output layer's and top-k's forms
 # (benchmarks/output_layer_speed.py, with OUTPUT_ARGS), in the same call as the sweep; GPU_TESTS=1 then: the GPU
-# tests of recserve's backend and the native graph (gpu-tests.txt, at most GPU_TESTS_S seconds).
+# tests of recserve's backend, the native graph and a GPU export's capture (gpu-tests.txt, at most GPU_TESTS_S
+# seconds).
 cmd_bench() {
   nvidia-smi --query-gpu=utilization.gpu --format=csv || true
   if [ "${OUTPUT_SPEED:-0}" = 1 ]; then
@@ -121,7 +122,8 @@ cmd_bench() {
   fi
   if [ "${GPU_TESTS:-0}" = 1 ]; then  # the graphs recserve's backend replays against the graph run eagerly
     timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_recserve_backend_gpu.py \
-      tests/gpu/test_native_graph_gpu.py > "$out/gpu-tests.txt" 2>&1
+      tests/gpu/test_native_graph_gpu.py "tests/gpu/test_gpu_export.py::test_a_gpu_export_captures_its_native_model_and_refuses_one_that_reads_the_host" \
+      > "$out/gpu-tests.txt" 2>&1
     tail -n 5 "$out/gpu-tests.txt"
   fi
   python3 benchmarks/serving_layouts.py --out "$out" "$@"
