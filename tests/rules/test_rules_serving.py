@@ -464,6 +464,44 @@ def test_a_version_that_goes_back_or_is_gone_makes_every_reader_read_the_whole_s
         assert client.recommend(HISTORIES[1], k=3).item_ids.tolist() == top
 
 
+def test_a_store_gone_down_keeps_the_items_hidden_last_and_every_request_answered(shop, tmp_path):
+    """recserve's backend by item IDs asks for the hidden items' version before its graph runs and reads the
+    reply after. With its store stopped (the ask, or the connection, failing), every request is still answered and
+    the item hidden last stays hidden; the log says so, not once a batch. The store back, a show is read again."""
+    import time
+
+    server, _, _ = shop
+    store_dir, repo, log = tmp_path / "store", tmp_path / "repo", tmp_path / "server.log"
+    embedded_store.start(store_dir)
+    settings = RepositorySettings(session_store=str(store_dir), native_runtime="recserve", native_instance_count=1)
+    write_repository(server.repo.parent / "export", repo, ("native",), settings)
+    try:
+        with (
+            TritonServer(repo, server_settings(), log_path=log) as alone,
+            RecommenderClient(alone.grpc_url, model=NATIVE_MODEL) as client,
+        ):
+            top = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            with _store(store_dir) as store:
+                store.hide([str(top[0])])
+            assert top[0] not in client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            embedded_store.stop(store_dir)
+            for _ in range(30):
+                got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+                assert top[0] not in got and len(got) == 3, got
+            embedded_store.start(store_dir)  # the same folder: its port, password and hidden items kept
+            with _store(store_dir) as store:
+                store.hide([str(top[0])], hidden=False)
+            deadline = time.monotonic() + 10
+            while got != top and time.monotonic() < deadline:
+                time.sleep(0.1)
+                got = client.recommend(HISTORIES[1], k=3).item_ids.tolist()
+            assert got == top
+        said = log.read_text(errors="replace").count("the hidden items were not read")
+        assert 1 <= said <= 3, said  # a line a problem, not one a batch
+    finally:
+        embedded_store.stop(store_dir)
+
+
 def test_rules_from_the_command_line_and_a_hide_there_show_in_the_next_answer(shop):
     server, store_dir, _ = shop
     runner = CliRunner()
