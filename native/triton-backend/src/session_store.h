@@ -100,8 +100,8 @@ class SessionStore {
       int64_t known, const std::string& entry, HiddenRead* read, bool version_read = false, bool whole_due = false);
 
   // The hidden items' version asked for now, its reply read by the next Hidden (which then sends no GET of its
-  // own): a batch sends it as it begins and runs its graph while the store answers. Returns "" or the store's
-  // problem (then nothing is pending, and Hidden asks again itself).
+  // own): a batch sends it once its requests are read and runs its graph while the store answers. Returns ""
+  // or the store's problem (then nothing is pending, and Hidden asks again itself).
   std::string SendVersion();
 
   const StoreSettings& Settings() const { return s_; }
