@@ -462,12 +462,6 @@ ModelState::ReadRules()
   return nullptr;
 }
 
-static double
-SteadySeconds()  // the monotonic clock, in seconds
-{
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The steps of a batch, timed: its requests read and staged, the store's round trips (sessions, hidden items:
 // commands sent, replies awaited and decoded by hiredis), the sessions' replies parsed into item IDs and copied
 // into the batch's rows, the graph's inputs copied, the graph run (on a GPU: replayed and waited for), the
@@ -539,7 +533,7 @@ class StepClock {
   }
 
  private:
-  static double Now() { return SteadySeconds(); }
+  static double Now() { return Monotonic(); }
   int64_t period_s_;
   double started_ = 0, last_ = 0, period_start_ = -1;
   double spent_[kBatchSteps] = {};
@@ -617,6 +611,8 @@ class ModelInstanceState : public BackendModelInstance {
   // A read of the hidden items failed: the items read last stay hidden; said once a problem (again every
   // minute it lasts), and the next try made after a pause, not on every batch.
   void HiddenProblem(const std::string& problem, double clock);
+  // A read of the hidden items failed lately and its pause lasts: no store is asked before it ends.
+  bool HiddenPaused(double clock) const { return !hidden_problem_.empty() && clock < hidden_retry_at_; }
   TRITONSERVER_Error* Respond(const Slot& slot);
   // Runs rows [0, rows) of the staged inputs (under their rules where `ruled`); the answers land in outputs_
   // (host tensors).
@@ -1189,8 +1185,8 @@ ModelInstanceState::HiddenProblem(const std::string& problem, double clock)
 bool
 ModelInstanceState::SendHiddenVersion()
 {
-  const double clock = SteadySeconds();
-  if (hidden_store_ == nullptr || (!hidden_problem_.empty() && clock < hidden_retry_at_)) {
+  const double clock = Monotonic();
+  if (hidden_store_ == nullptr || HiddenPaused(clock)) {
     return false;
   }
   const std::string problem = hidden_store_->SendVersion();
@@ -1205,13 +1201,13 @@ bool
 ModelInstanceState::RefreshHidden(int64_t version)
 {
   SessionStore* store = model_->BySession() ? store_.get() : hidden_store_.get();
-  const double clock = SteadySeconds();
+  const double clock = Monotonic();
   // no version to follow (none in the store, or not a count: read as 0): the whole set every kHiddenWholeS
   const bool whole_due = hidden_version_ <= 0 && clock >= hidden_whole_at_ + kHiddenWholeS;
   if (store == nullptr || (model_->BySession() && version == hidden_version_ && !whole_due)) {
     return false;  // by session: the version as the sessions' round trip read it has not moved (or was not read)
   }
-  if (!hidden_problem_.empty() && clock < hidden_retry_at_) {
+  if (HiddenPaused(clock)) {
     return false;  // a read failed lately: the items read last stay hidden until the next try, not a try a batch
   }
   SessionStore::HiddenRead read;

@@ -65,11 +65,6 @@ double Now()
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-double Monotonic()
-{
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The host's first address as text, looked up in a thread of its own so that a slow resolver costs a batch
 // at most `timeout_s` (getaddrinfo has no timeout of its own); "" and `why` where none came in time.
 std::string Resolve(const std::string& host, double timeout_s, std::string* why)
@@ -135,6 +130,12 @@ bool ParseVersion(const redisReply* reply, int64_t* version)
 }
 
 }  // namespace
+
+double
+Monotonic()
+{
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 bool
 ParseItemId(const char* text, size_t length, int64_t* id)

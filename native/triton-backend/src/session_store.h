@@ -48,6 +48,9 @@ std::string SessionIdProblem(const std::string& session);
 // An integer item ID as the store keeps it (store_contract.is_integer_id: canonical decimal, int64, not -1).
 bool ParseItemId(const char* text, size_t length, int64_t* id);
 
+// The steady clock, in seconds: deadlines, pauses and the batches' step times.
+double Monotonic();
+
 // A password file's password as recserve reads it (its first line; empty or padded refused): "" or the problem.
 std::string ReadPassword(const std::string& path, std::string* password);
 
