@@ -1,4 +1,5 @@
-"""The ranking kernels' tile settings compared on one GPU: for each of --configs (BLOCK/BLOCK_K/warps/stages)
+"""The ranking kernels' tile settings compared on one GPU: for each of --configs (BLOCK/BLOCK_K/warps/stages, and
+optionally /programs a multiprocessor)
 and each precision, the count of --users users against --items items (hidden --hidden) timed, the pair
 kernel's scores of the targets checked against the count's own, and the counts of settings with the same
 BLOCK_K (the same order of sums) compared. Printed and written as JSON; the fastest is what
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         default="128/32/8/3,128/64/8/3,128/32/4/3,128/64/4/3,128/32/8/4,128/64/8/2,64/32/4/3,64/64/4/3,64/64/4/4",
-        help="BLOCK/BLOCK_K/warps/stages, comma-separated",
+        help="BLOCK/BLOCK_K/warps/stages[/programs a multiprocessor], comma-separated",
     )
     parser.add_argument("--precisions", default="split,tf32x3,ieee")
     parser.add_argument("--out", type=Path, required=True)
@@ -58,10 +59,12 @@ def main() -> None:
     target = torch.randint(1, args.items + 1, (args.users,), device="cuda", generator=generator)
     mask_index = args.items + 1
     rows, counts = [], {}
+    default_programs = kernels.PROGRAMS_PER_SM
     for precision in args.precisions.split(","):
         for config in args.configs.split(","):
-            block, block_k, warps, stages = (int(x) for x in config.split("/"))
+            block, block_k, warps, stages, *programs = (int(x) for x in config.split("/"))
             kernels.BLOCK, kernels.BLOCK_K, kernels.NUM_WARPS, kernels.NUM_STAGES = block, block_k, warps, stages
+            kernels.PROGRAMS_PER_SM = programs[0] if programs else default_programs
             kernels.TileScores.precision = precision
             scores = kernels.TileScores(query, table, bias)
             try:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import recserve.train.leave_one_out as leave_one_out
+import recserve.train.rank_kernels as rank_kernels
 from recserve.bench.synthetic import zipf_sequences
 from recserve.models import SASRec, SASRecConfig
 from recserve.train.fused import GpuFused
@@ -79,8 +80,22 @@ def main() -> None:
         help="some of: tiled (the kernels count, no scores in memory), compiled (dense scores, the count and "
         "draws compiled), plain (dense scores, plain operations); the dense ways at each of --budgets",
     )
+    parser.add_argument(
+        "--kernel-config",
+        default="",
+        help="the kernels' BLOCK/BLOCK_K/warps/stages/programs a multiprocessor (benchmarks/rank_kernel_configs.py); "
+        "empty: recserve.train.rank_kernels' defaults",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.kernel_config:
+        (
+            rank_kernels.BLOCK,
+            rank_kernels.BLOCK_K,
+            rank_kernels.NUM_WARPS,
+            rank_kernels.NUM_STAGES,
+            rank_kernels.PROGRAMS_PER_SM,
+        ) = (int(x) for x in args.kernel_config.split("/"))
     seq = zipf_sequences(args.users, args.items, 50)
     inputs, targets = seq.truncated(1), seq.last(1)
     torch.manual_seed(0)
@@ -123,7 +138,23 @@ def main() -> None:
         print(f"ranks against the first run's, the share of users alike: {json.dumps(same)}")
         profile = profile_ranking(ranker, model, args.profile_users, sync) if args.profile_users else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    settings = {"items": args.items, "users": args.users, "device": device, "model": "SASRec, random weights"}
+    kernel = "/".join(
+        str(x)
+        for x in (
+            rank_kernels.BLOCK,
+            rank_kernels.BLOCK_K,
+            rank_kernels.NUM_WARPS,
+            rank_kernels.NUM_STAGES,
+            rank_kernels.PROGRAMS_PER_SM,
+        )
+    )
+    settings = {
+        "items": args.items,
+        "users": args.users,
+        "device": device,
+        "model": "SASRec, random weights",
+        "kernel_config": kernel,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps({"settings": settings, "ranks_alike": same, "results": rows, "profile": profile}, indent=2) + "\n"

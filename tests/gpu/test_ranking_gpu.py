@@ -36,14 +36,15 @@ def _tied_model_and_ranker(items: int = 50_000, users: int = 3_000):
     return model, ranker
 
 
+@pytest.mark.parametrize("hidden", [64, 72])  # a tile's product in one step of the hidden width, and in two
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_the_kernels_count_the_scores_they_make(monkeypatch, precision):
+def test_the_kernels_count_the_scores_they_make(monkeypatch, precision, hidden):
     """1,000 users x 30,001 items (the tiles' edges cut), items tying in pairs: the count is that of the scores
     the count kernel met (written out for the test), the named items' scores (targets, any column) are those
     scores to the bit, the scores are float32's within 1e-5, and a NaN query flags its row alone."""
     monkeypatch.setattr(TileScores, "precision", precision)
     generator = torch.Generator("cuda").manual_seed(0)
-    users, items, hidden, mask_index = 1_000, 30_001, 72, 30_000
+    users, items, mask_index = 1_000, 30_001, 30_000
     query = torch.randn(users, hidden, device="cuda", generator=generator)
     table = torch.randn(items, hidden, device="cuda", generator=generator) * 0.2
     bias = torch.randn(items, device="cuda", generator=generator)

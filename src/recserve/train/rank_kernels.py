@@ -28,8 +28,11 @@ except ImportError:  # pragma: no cover - the CPU test machines have no Triton
     triton = None
 
 BLOCK = 128  # users and items a tile (both: a pair's score is the diagonal of a tile of the same shape)
-BLOCK_K = 32  # the hidden width a step of a tile's product
-NUM_WARPS, NUM_STAGES = 8, 3  # each program's warps and its loads' pipeline depth
+BLOCK_K = 64  # the hidden width a step of a tile's product
+# each program's warps and its loads' pipeline depth: the count's (two tiles of items in flight, 192 KB of shared
+# memory under "split" beside the users' rows), and the pair kernel's (one step of the hidden width at a time:
+# its few tiles gain nothing from a pipeline that would not fit an H100's 227 KB)
+NUM_WARPS, NUM_STAGES, PAIR_STAGES = 8, 2, 1
 PROGRAMS_PER_SM = 4  # the count's grid: about this many programs a multiprocessor, each a run of item tiles
 # the first that compiles is used. split: three TF32 products of high and low parts made once a batch
 # (``split_tf32``); tf32x3: the same, Triton's, which splits both operands again in every tile; ieee: float32
@@ -43,6 +46,30 @@ def available(device: torch.device) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _operand(ptr, low_ptr, rows, row_ok, ks, k_ok, stride, PRECISION: tl.constexpr):
+        """The rows ``rows`` of a matrix at the columns ``ks`` (zero where masked), and their low parts under
+        "split" (the rows again otherwise, unused)."""
+        at = rows[:, None] * stride + ks[None, :]
+        mask = row_ok[:, None] & k_ok[None, :]
+        high = tl.load(ptr + at, mask=mask, other=0.0)
+        low = high
+        if PRECISION == "split":  # no return in the branch: Triton would compile what follows it too
+            low = tl.load(low_ptr + at, mask=mask, other=0.0)
+        return high, low
+
+    @triton.jit
+    def _product(acc, q, q_low, e, e_low, PRECISION: tl.constexpr):
+        """``acc`` plus the products of query rows with item rows over one step of the hidden width: under
+        "split" three TF32 products of the parts (the low-by-low one dropped), in this order."""
+        if PRECISION == "split":
+            acc = tl.dot(q_low, tl.trans(e), acc, input_precision="tf32")
+            acc = tl.dot(q, tl.trans(e_low), acc, input_precision="tf32")
+            acc = tl.dot(q, tl.trans(e), acc, input_precision="tf32")
+        else:
+            acc = tl.dot(q, tl.trans(e), acc, input_precision=PRECISION)
+        return acc
 
     @triton.jit
     def _tile(
@@ -61,26 +88,15 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        """(BLOCK, BLOCK) float32 products of the query rows ``rows`` with the item rows ``cols``. Under
-        "split" the operands come as high and low parts made beforehand (``split_tf32``): three TF32 products
-        of parts read from memory, the low-by-low one dropped."""
+        """(BLOCK, BLOCK) float32 products of the query rows ``rows`` with the item rows ``cols``, step by step
+        of ``BLOCK_K`` of the hidden width: the sums in the count's order."""
         acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < hidden
-            q_at = rows[:, None] * q_stride + ks[None, :]
-            e_at = cols[:, None] * e_stride + ks[None, :]
-            q_mask, e_mask = row_ok[:, None] & k_ok[None, :], col_ok[:, None] & k_ok[None, :]
-            q = tl.load(q_ptr + q_at, mask=q_mask, other=0.0)
-            e = tl.load(e_ptr + e_at, mask=e_mask, other=0.0)
-            if PRECISION == "split":
-                q_low = tl.load(q_low_ptr + q_at, mask=q_mask, other=0.0)
-                e_low = tl.load(e_low_ptr + e_at, mask=e_mask, other=0.0)
-                acc = tl.dot(q_low, tl.trans(e), acc, input_precision="tf32")
-                acc = tl.dot(q, tl.trans(e_low), acc, input_precision="tf32")
-                acc = tl.dot(q, tl.trans(e), acc, input_precision="tf32")
-            else:
-                acc = tl.dot(q, tl.trans(e), acc, input_precision=PRECISION)
+            q, q_low = _operand(q_ptr, q_low_ptr, rows, row_ok, ks, k_ok, q_stride, PRECISION)
+            e, e_low = _operand(e_ptr, e_low_ptr, cols, col_ok, ks, k_ok, e_stride, PRECISION)
+            acc = _product(acc, q, q_low, e, e_low, PRECISION)
         return acc
 
     @triton.jit
@@ -104,12 +120,18 @@ if triton is not None:
         items_per_program,
         BLOCK: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        K_STEPS: tl.constexpr,
         PRECISION: tl.constexpr,
         WRITE_SCORES: tl.constexpr,
     ):
         """Program (m, n): users ``m * BLOCK`` on, items ``n * items_per_program`` on; adds to each user's
         count the rankable items (not padding, the mask token or the target) scoring at least the target's
-        score, and flags a rankable item's NaN or infinite score. WRITE_SCORES (tests): every score too."""
+        score, and flags a rankable item's NaN or infinite score. WRITE_SCORES (tests): every score too.
+
+        One loop over the program's (item tile, step of the hidden width) pairs, ``K_STEPS`` steps a tile, each
+        tile counted after its last step: the loads of the next tiles are in flight while a tile is multiplied
+        and counted (a loop nested in the tiles' loop would wait for each tile's loads). With one step a tile
+        the users' rows are read once, before the loop."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < users
         target = tl.load(target_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # a tile's compares in 32 bits
@@ -117,35 +139,34 @@ if triton is not None:
         above = tl.zeros((BLOCK,), dtype=tl.int32)
         bad = tl.zeros((BLOCK,), dtype=tl.int32)
         first = tl.program_id(1) * items_per_program
-        for start in range(first, tl.minimum(first + items_per_program, items), BLOCK):
-            cols = start + tl.arange(0, BLOCK)
+        tiles = tl.cdiv(tl.minimum(first + items_per_program, items) - first, BLOCK)
+        if K_STEPS == 1:
+            ks = tl.arange(0, BLOCK_K)
+            q, q_low = _operand(q_ptr, q_low_ptr, rows, row_ok, ks, ks < hidden, q_stride, PRECISION)
+        acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for step in range(0, tiles * K_STEPS):
+            cols = first + (step // K_STEPS) * BLOCK + tl.arange(0, BLOCK)
             col_ok = cols < items
-            scores = _tile(
-                q_ptr,
-                e_ptr,
-                q_low_ptr,
-                e_low_ptr,
-                rows,
-                cols,
-                row_ok,
-                col_ok,
-                hidden,
-                q_stride,
-                e_stride,
-                BLOCK,
-                BLOCK_K,
-                PRECISION,
-            )
-            scores = scores + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
-            rankable = (col_ok & (cols != 0) & (cols != mask_index))[None, :] & row_ok[:, None]
-            counted = rankable & (cols[None, :] != target[:, None]) & (scores >= target_score[:, None])
-            above += tl.sum(counted.to(tl.int32), 1)
-            finite = (scores == scores) & (tl.abs(scores) != float("inf"))
-            bad = tl.maximum(bad, tl.max((rankable & ~finite).to(tl.int32), 1))
-            if WRITE_SCORES:
-                tl.store(
-                    scores_ptr + rows[:, None] * items + cols[None, :], scores, mask=row_ok[:, None] & col_ok[None, :]
-                )
+            ks = (step % K_STEPS) * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = ks < hidden
+            if K_STEPS > 1:
+                q, q_low = _operand(q_ptr, q_low_ptr, rows, row_ok, ks, k_ok, q_stride, PRECISION)
+            e, e_low = _operand(e_ptr, e_low_ptr, cols, col_ok, ks, k_ok, e_stride, PRECISION)
+            acc = _product(acc, q, q_low, e, e_low, PRECISION)
+            if step % K_STEPS == K_STEPS - 1:  # the tile's products are whole: count them
+                scores = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
+                rankable = (col_ok & (cols != 0) & (cols != mask_index))[None, :] & row_ok[:, None]
+                counted = rankable & (cols[None, :] != target[:, None]) & (scores >= target_score[:, None])
+                above += tl.sum(counted.to(tl.int32), 1)
+                finite = (scores == scores) & (tl.abs(scores) != float("inf"))
+                bad = tl.maximum(bad, tl.max((rankable & ~finite).to(tl.int32), 1))
+                if WRITE_SCORES:
+                    tl.store(
+                        scores_ptr + rows[:, None] * items + cols[None, :],
+                        scores,
+                        mask=row_ok[:, None] & col_ok[None, :],
+                    )
+                acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
         tl.atomic_add(above_ptr + rows, above, mask=row_ok)
         tl.atomic_max(bad_ptr + rows, bad, mask=row_ok)
 
@@ -237,7 +258,7 @@ class TileScores:
                     BLOCK_K=BLOCK_K,
                     PRECISION=precision,
                     num_warps=NUM_WARPS,
-                    num_stages=NUM_STAGES,
+                    num_stages=PAIR_STAGES,
                 )
             )
         return out.view(columns.shape)
@@ -272,6 +293,7 @@ class TileScores:
                 per_program,
                 BLOCK=BLOCK,
                 BLOCK_K=BLOCK_K,
+                K_STEPS=triton.cdiv(self.query.shape[1], BLOCK_K),
                 PRECISION=precision,
                 WRITE_SCORES=scores_out is not None,
                 num_warps=NUM_WARPS,
