@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import recserve.train.leave_one_out as leave_one_out
+import recserve.train.rank_kernels as rank_kernels
 from recserve.bench.synthetic import zipf_sequences
 from recserve.models import SASRec, SASRecConfig
 from recserve.train.fused import GpuFused
@@ -65,6 +66,22 @@ def test_the_kernels_count_the_scores_they_make(monkeypatch, precision, hidden):
     query[7, 3] = float("nan")
     _, _, bad = TileScores(query, table, bias).tally(target, mask_index)
     assert bad.nonzero().flatten().tolist() == [7]
+
+
+def test_a_count_whose_pipeline_does_not_fit_runs_one_stage_deep_and_counts_alike(monkeypatch):
+    """A pipeline of more tiles than the GPU's shared memory holds (as the default's two would on an A10G): the
+    count runs its loads one tile at a time, with the same counts."""
+    generator = torch.Generator("cuda").manual_seed(1)
+    query = torch.randn(300, 64, device="cuda", generator=generator)
+    table = torch.randn(20_000, 64, device="cuda", generator=generator) * 0.2
+    bias = torch.randn(20_000, device="cuda", generator=generator)
+    target = torch.randint(1, 19_999, (300,), device="cuda", generator=generator)
+    monkeypatch.setattr(TileScores, "count_stages", None)
+    expected = TileScores(query, table, bias).tally(target, 19_999)[1]
+    monkeypatch.setattr(rank_kernels, "NUM_STAGES", 8)
+    monkeypatch.setattr(TileScores, "count_stages", None)
+    assert torch.equal(TileScores(query, table, bias).tally(target, 19_999)[1], expected)
+    assert TileScores.count_stages == 1
 
 
 def test_the_tiled_ranking_ranks_as_the_dense_scores_do(monkeypatch):

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 try:  # Triton ships with PyTorch's CUDA builds; a CPU install has none
     import triton  # type: ignore[import-not-found, unused-ignore]
     import triton.language as tl  # type: ignore[import-not-found, unused-ignore]
+    from triton.runtime.errors import OutOfResources  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # pragma: no cover - the CPU test machines have no Triton
     triton = None
 
@@ -230,6 +231,7 @@ class TileScores:
 
     enabled = True  # False: the dense scores everywhere (for comparison)
     precision: str | None = None  # the first of PRECISIONS that compiled here, once known
+    count_stages: int | None = None  # the count's pipeline depth that fits here, once known
 
     def __init__(self, query: torch.Tensor, table: torch.Tensor, bias: torch.Tensor):
         self.query = query.float().contiguous()
@@ -275,8 +277,8 @@ class TileScores:
         sms = torch.cuda.get_device_properties(target.device).multi_processor_count
         splits = max(1, min(triton.cdiv(items, BLOCK), triton.cdiv(PROGRAMS_PER_SM * sms, user_blocks)))
         per_program = triton.cdiv(triton.cdiv(items, splits), BLOCK) * BLOCK
-        self._launch(
-            lambda precision: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
+        self._count(
+            lambda precision, stages: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
                 *self._operands(precision),
                 self.bias,
                 target.contiguous(),
@@ -297,10 +299,25 @@ class TileScores:
                 PRECISION=precision,
                 WRITE_SCORES=scores_out is not None,
                 num_warps=NUM_WARPS,
-                num_stages=NUM_STAGES,
+                num_stages=stages,
             )
         )
         return target_score, above.long(), bad.bool()
+
+    def _count(self, launch) -> None:
+        """Runs the count's ``launch(precision, stages)`` at ``NUM_STAGES``, or at one stage on a GPU whose shared
+        memory a program's ``NUM_STAGES`` tiles would not fit (an A100's 164 KB, an A10G's 99 KB): a pipeline's
+        depth changes no sum, so the counts are the same."""
+        if TileScores.count_stages is None:
+            try:
+                self._launch(lambda precision: launch(precision, NUM_STAGES))
+                TileScores.count_stages = NUM_STAGES
+                return
+            except OutOfResources as err:
+                log.warning("the ranking's count runs its loads one tile at a time: %s", err)
+                TileScores.count_stages = 1
+        stages = TileScores.count_stages
+        self._launch(lambda precision: launch(precision, stages))
 
     def _operands(self, precision: str) -> tuple[torch.Tensor, ...]:
         """The query and the table, then their low parts (their own selves but under "split")."""
