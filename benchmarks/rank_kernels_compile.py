@@ -50,8 +50,8 @@ def main() -> None:
         for precision in kernels.PRECISIONS:
             shared = {}
             try:
-                count = {"BLOCK": block, "BLOCK_K": block_k, "PRECISION": precision, "WRITE_SCORES": False}
-                count["K_STEPS"] = triton.cdiv(args.hidden, block_k)
+                kernels.BLOCK, kernels.BLOCK_K = block, block_k
+                count = kernels.count_constants(args.hidden, precision)
                 shared["count"] = compile_kernel(kernels._count_kernel, count, args.arch, warps, stages).metadata.shared
                 pair = {"BLOCK": block, "BLOCK_K": block_k, "PRECISION": precision}
                 pair_stages = kernels.PAIR_STAGES

@@ -34,7 +34,9 @@ BLOCK_K = 64  # the hidden width a step of a tile's product
 # memory under "split" beside the users' rows), and the pair kernel's (one step of the hidden width at a time:
 # its few tiles gain nothing from a pipeline that would not fit an H100's 227 KB)
 NUM_WARPS, NUM_STAGES, PAIR_STAGES = 8, 2, 1
-PROGRAMS_PER_SM = 4  # the count's grid: about this many programs a multiprocessor, each a run of item tiles
+# the count's grid: about this many programs a multiprocessor, each a run of item tiles (16: the last wave of
+# programs a smaller share of the count than with 4 or 8; benchmarks/rank_kernel_configs.py on an H100)
+PROGRAMS_PER_SM = 16
 # the first that compiles is used. split: three TF32 products of high and low parts made once a batch
 # (``split_tf32``); tf32x3: the same, Triton's, which splits both operands again in every tile; ieee: float32
 # products on CUDA cores (benchmarks/rank_kernel_configs.py compares them)
@@ -122,6 +124,7 @@ if triton is not None:
         BLOCK: tl.constexpr,
         BLOCK_K: tl.constexpr,
         K_STEPS: tl.constexpr,
+        HOLD_ROWS: tl.constexpr,
         PRECISION: tl.constexpr,
         WRITE_SCORES: tl.constexpr,
     ):
@@ -131,8 +134,8 @@ if triton is not None:
 
         One loop over the program's (item tile, step of the hidden width) pairs, ``K_STEPS`` steps a tile, each
         tile counted after its last step: the loads of the next tiles are in flight while a tile is multiplied
-        and counted (a loop nested in the tiles' loop would wait for each tile's loads). With one step a tile
-        the users' rows are read once, before the loop."""
+        and counted (a loop nested in the tiles' loop would wait for each tile's loads). HOLD_ROWS (one step a
+        tile): the users' rows are read once, before the loop."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < users
         target = tl.load(target_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # a tile's compares in 32 bits
@@ -141,7 +144,7 @@ if triton is not None:
         bad = tl.zeros((BLOCK,), dtype=tl.int32)
         first = tl.program_id(1) * items_per_program
         tiles = tl.cdiv(tl.minimum(first + items_per_program, items) - first, BLOCK)
-        if K_STEPS == 1:
+        if HOLD_ROWS:
             ks = tl.arange(0, BLOCK_K)
             q, q_low = _operand(q_ptr, q_low_ptr, rows, row_ok, ks, ks < hidden, q_stride, PRECISION)
         acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
@@ -150,7 +153,7 @@ if triton is not None:
             col_ok = cols < items
             ks = (step % K_STEPS) * BLOCK_K + tl.arange(0, BLOCK_K)
             k_ok = ks < hidden
-            if K_STEPS > 1:
+            if not HOLD_ROWS:
                 q, q_low = _operand(q_ptr, q_low_ptr, rows, row_ok, ks, k_ok, q_stride, PRECISION)
             e, e_low = _operand(e_ptr, e_low_ptr, cols, col_ok, ks, k_ok, e_stride, PRECISION)
             acc = _product(acc, q, q_low, e, e_low, PRECISION)
@@ -213,6 +216,21 @@ if triton is not None:
         diagonal = tl.arange(0, BLOCK)[:, None] == tl.arange(0, BLOCK)[None, :]
         scores = tl.sum(tl.where(diagonal, products, 0.0), 1) + tl.load(bias_ptr + cols, mask=ok, other=0.0)
         tl.store(out_ptr + index, scores, mask=ok)
+
+
+def count_constants(hidden: int, precision: str, write_scores: bool = False) -> dict:
+    """The count kernel's compile-time arguments for queries ``hidden`` wide under ``precision``."""
+    k_steps = -(-hidden // BLOCK_K)
+    return {
+        "BLOCK": BLOCK,
+        "BLOCK_K": BLOCK_K,
+        "K_STEPS": k_steps,
+        # held on CUDA cores (ieee), the rows gave a target's score another rounding than the pair kernel's (an
+        # H100, tests/gpu/test_ranking_gpu.py): there they are read with each tile, as the pair kernel reads them
+        "HOLD_ROWS": k_steps == 1 and precision != "ieee",
+        "PRECISION": precision,
+        "WRITE_SCORES": write_scores,
+    }
 
 
 def split_tf32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,11 +311,7 @@ class TileScores:
                 self.table.stride(0),
                 mask_index,
                 per_program,
-                BLOCK=BLOCK,
-                BLOCK_K=BLOCK_K,
-                K_STEPS=triton.cdiv(self.query.shape[1], BLOCK_K),
-                PRECISION=precision,
-                WRITE_SCORES=scores_out is not None,
+                **count_constants(self.query.shape[1], precision, scores_out is not None),
                 num_warps=NUM_WARPS,
                 num_stages=stages,
             )
