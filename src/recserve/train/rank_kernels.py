@@ -133,9 +133,10 @@ if triton is not None:
         score, and flags a rankable item's NaN or infinite score. WRITE_SCORES (tests): every score too.
 
         One loop over the program's (item tile, step of the hidden width) pairs, ``K_STEPS`` steps a tile, each
-        tile counted after its last step: the loads of the next tiles are in flight while a tile is multiplied
-        and counted (a loop nested in the tiles' loop would wait for each tile's loads). HOLD_ROWS (one step a
-        tile): the users' rows are read once, before the loop."""
+        tile counted after its last step, so that Triton can pipeline the tiles' loads (a loop nested in the
+        tiles' loop pipelines only its own few steps). HOLD_ROWS (one step a tile): the users' rows are read once,
+        before the loop; that, not the pipeline, is what made the count faster on an H100 (44 against 57 ms for
+        20,000 users x 1M items; one stage as fast as two)."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < users
         target = tl.load(target_ptr + rows, mask=row_ok, other=-1).to(tl.int32)  # a tile's compares in 32 bits
