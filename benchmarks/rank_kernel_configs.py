@@ -65,7 +65,7 @@ def main() -> None:
             block, block_k, warps, stages, *programs = (int(x) for x in config.split("/"))
             kernels.BLOCK, kernels.BLOCK_K, kernels.NUM_WARPS, kernels.NUM_STAGES = block, block_k, warps, stages
             kernels.PROGRAMS_PER_SM = programs[0] if programs else default_programs
-            kernels.TileScores.precision = precision
+            kernels.TileScores.precision, kernels.TileScores.count_stages = precision, None
             scores = kernels.TileScores(query, table, bias)
             try:
                 seconds, above = time_count(scores, target, mask_index, args.rounds)

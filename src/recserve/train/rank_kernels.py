@@ -287,7 +287,38 @@ class TileScores:
     def tally(self, target: torch.Tensor, mask_index: int, scores_out: torch.Tensor | None = None):
         """``leave_one_out``'s tally: each target's score (B, 1), how many rankable items other than it score
         at least as high (B,), and whether a rankable item scored NaN or +-inf (B,). ``scores_out`` (B, V)
-        float32, for tests: every score written there as the count met it."""
+        float32, for tests: every score written there as the count met it.
+
+        Where a kernel needs more shared memory than the GPU has, the whole tally runs again lighter
+        (``lighter``): the target's score and the count always come from the same precision."""
+        while True:
+            try:
+                return self._tally(target, mask_index, scores_out)
+            except OutOfResources as err:
+                if not TileScores.lighter():
+                    raise
+                log.warning(
+                    "the ranking's count runs %s, %d stage(s) deep: %s",
+                    TileScores.precision,
+                    TileScores.count_stages or NUM_STAGES,
+                    err,
+                )
+
+    @staticmethod
+    def lighter() -> bool:
+        """After a kernel needed more shared memory than the GPU has (an A100's 164 KB, an A10G's 99 KB): the
+        count's loads one tile at a time (the same sums), else the next of ``PRECISIONS`` from the start; False
+        where none is left."""
+        if TileScores.count_stages != 1:
+            TileScores.count_stages = 1
+            return True
+        at = PRECISIONS.index(TileScores.precision) if TileScores.precision in PRECISIONS else -1
+        if at + 1 >= len(PRECISIONS):
+            return False
+        TileScores.precision, TileScores.count_stages = PRECISIONS[at + 1], None
+        return True
+
+    def _tally(self, target: torch.Tensor, mask_index: int, scores_out: torch.Tensor | None):
         target_score = self.at(target[:, None])
         users, items = self.query.shape[0], self.table.shape[0]
         above = torch.zeros(users, dtype=torch.int32, device=target.device)
@@ -296,8 +327,9 @@ class TileScores:
         sms = torch.cuda.get_device_properties(target.device).multi_processor_count
         splits = max(1, min(triton.cdiv(items, BLOCK), triton.cdiv(PROGRAMS_PER_SM * sms, user_blocks)))
         per_program = triton.cdiv(triton.cdiv(items, splits), BLOCK) * BLOCK
-        self._count(
-            lambda precision, stages: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
+        stages = TileScores.count_stages or NUM_STAGES
+        self._launch(
+            lambda precision: _count_kernel[(user_blocks, triton.cdiv(items, per_program))](
                 *self._operands(precision),
                 self.bias,
                 target.contiguous(),
@@ -317,22 +349,8 @@ class TileScores:
                 num_stages=stages,
             )
         )
+        TileScores.count_stages = stages
         return target_score, above.long(), bad.bool()
-
-    def _count(self, launch) -> None:
-        """Runs the count's ``launch(precision, stages)`` at ``NUM_STAGES``, or at one stage on a GPU whose shared
-        memory a program's ``NUM_STAGES`` tiles would not fit (an A100's 164 KB, an A10G's 99 KB): a pipeline's
-        depth changes no sum, so the counts are the same."""
-        if TileScores.count_stages is None:
-            try:
-                self._launch(lambda precision: launch(precision, NUM_STAGES))
-                TileScores.count_stages = NUM_STAGES
-                return
-            except OutOfResources as err:
-                log.warning("the ranking's count runs its loads one tile at a time: %s", err)
-                TileScores.count_stages = 1
-        stages = TileScores.count_stages
-        self._launch(lambda precision: launch(precision, stages))
 
     def _operands(self, precision: str) -> tuple[torch.Tensor, ...]:
         """The query and the table, then their low parts (their own selves but under "split")."""
