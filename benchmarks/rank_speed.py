@@ -89,13 +89,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.kernel_config:
+        fields = args.kernel_config.split("/")
+        if len(fields) != 5 or not all(f.isdigit() and int(f) > 0 for f in fields):
+            parser.error(f"--kernel-config {args.kernel_config!r}: expected five positive integers joined by /")
         (
             rank_kernels.BLOCK,
             rank_kernels.BLOCK_K,
             rank_kernels.NUM_WARPS,
             rank_kernels.NUM_STAGES,
             rank_kernels.PROGRAMS_PER_SM,
-        ) = (int(x) for x in args.kernel_config.split("/"))
+        ) = (int(f) for f in fields)
     seq = zipf_sequences(args.users, args.items, 50)
     inputs, targets = seq.truncated(1), seq.last(1)
     torch.manual_seed(0)
