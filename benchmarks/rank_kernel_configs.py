@@ -62,9 +62,11 @@ def main() -> None:
     default_programs = kernels.PROGRAMS_PER_SM
     for precision in args.precisions.split(","):
         for config in args.configs.split(","):
-            block, block_k, warps, stages, *programs = (int(x) for x in config.split("/"))
-            kernels.BLOCK, kernels.BLOCK_K, kernels.NUM_WARPS, kernels.NUM_STAGES = block, block_k, warps, stages
-            kernels.PROGRAMS_PER_SM = programs[0] if programs else default_programs
+            kernels.PROGRAMS_PER_SM = default_programs  # unless the setting names its own
+            try:
+                kernels.use_setting(config)
+            except ValueError as err:
+                parser.error(f"--configs {err}")
             kernels.TileScores.precision, kernels.TileScores.count_stages = precision, None
             scores = kernels.TileScores(query, table, bias)
             try:
@@ -73,7 +75,7 @@ def main() -> None:
                 rows.append({"config": config, "precision": precision, "error": str(err)[:200]})
                 print(json.dumps(rows[-1]), flush=True)
                 continue
-            key = (precision, block_k)
+            key = (precision, kernels.BLOCK_K)
             alike = float((above == counts[key]).float().mean()) if key in counts else 1.0
             counts.setdefault(key, above)
             rows.append(

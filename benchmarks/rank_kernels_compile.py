@@ -43,20 +43,21 @@ def main() -> None:
         "--configs", default="", help="BLOCK/BLOCK_K/warps/stages, comma-separated; empty: the defaults"
     )
     args = parser.parse_args()
-    defaults = f"{kernels.BLOCK}/{kernels.BLOCK_K}/{kernels.NUM_WARPS}/{kernels.NUM_STAGES}"
     failed = False
-    for config in (args.configs or defaults).split(","):
-        block, block_k, warps, stages = (int(x) for x in config.split("/"))
+    for config in (args.configs or kernels.setting()).split(","):
+        try:
+            kernels.use_setting(config)
+        except ValueError as err:
+            parser.error(f"--configs {err}")
+        warps, stages = kernels.NUM_WARPS, kernels.NUM_STAGES
         for precision in kernels.PRECISIONS:
             shared = {}
             try:
-                kernels.BLOCK, kernels.BLOCK_K = block, block_k
                 count = kernels.count_constants(args.hidden, precision)
                 shared["count"] = compile_kernel(kernels._count_kernel, count, args.arch, warps, stages).metadata.shared
-                pair = {"BLOCK": block, "BLOCK_K": block_k, "PRECISION": precision}
-                pair_stages = kernels.PAIR_STAGES
+                pair = kernels.pair_constants(precision)
                 shared["pair"] = compile_kernel(
-                    kernels._pair_kernel, pair, args.arch, warps, pair_stages
+                    kernels._pair_kernel, pair, args.arch, warps, kernels.PAIR_STAGES
                 ).metadata.shared
             except Exception as err:  # Triton's compile errors have no common base class
                 failed = True

@@ -83,22 +83,16 @@ def main() -> None:
     parser.add_argument(
         "--kernel-config",
         default="",
-        help="the kernels' BLOCK/BLOCK_K/warps/stages/programs a multiprocessor (benchmarks/rank_kernel_configs.py); "
+        help="the kernels' BLOCK/BLOCK_K/warps/stages[/programs a multiprocessor] (benchmarks/rank_kernel_configs.py); "
         "empty: recserve.train.rank_kernels' defaults",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.kernel_config:
-        fields = args.kernel_config.split("/")
-        if len(fields) != 5 or not all(f.isdigit() and int(f) > 0 for f in fields):
-            parser.error(f"--kernel-config {args.kernel_config!r}: expected five positive integers joined by /")
-        (
-            rank_kernels.BLOCK,
-            rank_kernels.BLOCK_K,
-            rank_kernels.NUM_WARPS,
-            rank_kernels.NUM_STAGES,
-            rank_kernels.PROGRAMS_PER_SM,
-        ) = (int(f) for f in fields)
+        try:
+            rank_kernels.use_setting(args.kernel_config)
+        except ValueError as err:
+            parser.error(f"--kernel-config {err}")
     seq = zipf_sequences(args.users, args.items, 50)
     inputs, targets = seq.truncated(1), seq.last(1)
     torch.manual_seed(0)
@@ -141,22 +135,12 @@ def main() -> None:
         print(f"ranks against the first run's, the share of users alike: {json.dumps(same)}")
         profile = profile_ranking(ranker, model, args.profile_users, sync) if args.profile_users else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    kernel = "/".join(
-        str(x)
-        for x in (
-            rank_kernels.BLOCK,
-            rank_kernels.BLOCK_K,
-            rank_kernels.NUM_WARPS,
-            rank_kernels.NUM_STAGES,
-            rank_kernels.PROGRAMS_PER_SM,
-        )
-    )
     settings = {
         "items": args.items,
         "users": args.users,
         "device": device,
         "model": "SASRec, random weights",
-        "kernel_config": kernel,
+        "kernel_config": rank_kernels.setting(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

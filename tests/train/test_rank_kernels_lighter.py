@@ -30,3 +30,20 @@ def test_a_count_that_does_not_fit_first_goes_one_stage_deep_then_to_each_next_p
 def test_kernels_that_never_launched_begin_again_at_the_first_precision(fresh):
     TileScores.count_stages = 1  # the pair kernel failed under every precision before any was chosen
     assert TileScores.lighter() and states() == (PRECISIONS[0], None)
+
+
+def test_a_setting_reads_back_as_written_and_a_bad_one_changes_nothing(monkeypatch):
+    """The kernels' setting as the benchmarks take it: four fields keep the programs a multiprocessor, five set
+    them, and anything else is refused before any field is taken."""
+    import recserve.train.rank_kernels as kernels
+
+    for name in kernels.SETTING:
+        monkeypatch.setattr(kernels, name, getattr(kernels, name))
+    kernels.use_setting("64/32/4/3/8")
+    assert kernels.setting() == "64/32/4/3/8"
+    kernels.use_setting("128/64/8/2")
+    assert kernels.setting() == "128/64/8/2/8"
+    for bad in ("", "1/2", "128/64/8/2/16/1", "128/0/8/2", "128/-64/8/2", "a/b/c/d", "128/64/8/2.5"):
+        with pytest.raises(ValueError, match="expected BLOCK/BLOCK_K/warps/stages"):
+            kernels.use_setting(bad)
+        assert kernels.setting() == "128/64/8/2/8"

@@ -219,6 +219,31 @@ if triton is not None:
         tl.store(out_ptr + index, scores, mask=ok)
 
 
+SETTING = ("BLOCK", "BLOCK_K", "NUM_WARPS", "NUM_STAGES", "PROGRAMS_PER_SM")  # a setting's fields, in order
+
+
+def setting() -> str:
+    """The kernels' setting as the benchmarks write it: BLOCK/BLOCK_K/warps/stages/programs a multiprocessor."""
+    return "/".join(str(globals()[name]) for name in SETTING)
+
+
+def use_setting(text: str) -> None:
+    """Takes a setting as ``setting`` writes it; its first four fields alone leave the programs as they are.
+
+    Raises:
+        ValueError: not four or five positive integers joined by /.
+    """
+    fields = text.split("/")
+    if len(fields) not in (4, 5) or not all(f.isdigit() and int(f) > 0 for f in fields):
+        raise ValueError(f"{text!r}: expected BLOCK/BLOCK_K/warps/stages[/programs], positive integers")
+    globals().update((name, int(f)) for name, f in zip(SETTING, fields))
+
+
+def pair_constants(precision: str) -> dict:
+    """The pair kernel's compile-time arguments under ``precision``."""
+    return {"BLOCK": BLOCK, "BLOCK_K": BLOCK_K, "PRECISION": precision}
+
+
 def count_constants(hidden: int, precision: str, write_scores: bool = False) -> dict:
     """The count kernel's compile-time arguments for queries ``hidden`` wide under ``precision``."""
     k_steps = -(-hidden // BLOCK_K)
@@ -275,9 +300,7 @@ class TileScores:
                     self.query.shape[1],
                     self.query.stride(0),
                     self.table.stride(0),
-                    BLOCK=BLOCK,
-                    BLOCK_K=BLOCK_K,
-                    PRECISION=precision,
+                    **pair_constants(precision),
                     num_warps=NUM_WARPS,
                     num_stages=PAIR_STAGES,
                 )
